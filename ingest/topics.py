@@ -1,0 +1,40 @@
+"""Topic administration against any Kafka-protocol broker."""
+
+from __future__ import annotations
+
+from kafka import KafkaConsumer
+from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+
+def topic_partitions(bootstrap_servers: str, topic: str) -> int | None:
+    """Number of partitions of ``topic``, None when it does not exist."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, request_timeout_ms=10_000)
+    try:
+        parts = consumer.partitions_for_topic(topic)
+        return len(parts) if parts else None
+    finally:
+        consumer.close()
+
+
+def ensure_topic(bootstrap_servers: str, topic: str, *, partitions: int = 1, replication: int = 1) -> int:
+    """Create ``topic`` if missing; returns its partition count.
+
+    Topics are always created explicitly: an auto-created topic may get a
+    different partition count (and key -> partition mapping) than intended.
+    """
+    if partitions < 1:
+        raise ValueError(f"partitions must be >= 1, got {partitions}")
+    existing = topic_partitions(bootstrap_servers, topic)
+    if existing is not None:
+        return existing
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=10_000)
+    try:
+        admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=replication)])
+    except TopicAlreadyExistsError:
+        pass
+    except KafkaError as exc:
+        raise RuntimeError(f"could not create topic {topic!r} on {bootstrap_servers}: {exc}") from exc
+    finally:
+        admin.close()
+    return topic_partitions(bootstrap_servers, topic) or partitions

@@ -1,0 +1,50 @@
+"""The wire contract (events) and the table schemas of trajlake."""
+
+from schemas.errors import InvalidEvent
+from schemas.events import (
+    DEFAULT_TOPIC,
+    EVENT_TYPES,
+    Event,
+    Harness,
+    LlmRequest,
+    LlmRequestEvent,
+    LlmResponse,
+    LlmResponseEvent,
+    Reward,
+    RewardEvent,
+    RolloutFinished,
+    RolloutFinishedEvent,
+    RolloutStarted,
+    RolloutStartedEvent,
+    ToolCall,
+    ToolCallEvent,
+    ToolResult,
+    ToolResultEvent,
+)
+from schemas.versions import MAX_EVENT_BYTES, SCHEMA_VERSION, decode_event, validate_event
+
+__all__ = [
+    "DEFAULT_TOPIC",
+    "EVENT_TYPES",
+    "MAX_EVENT_BYTES",
+    "SCHEMA_VERSION",
+    "Event",
+    "Harness",
+    "InvalidEvent",
+    "LlmRequest",
+    "LlmRequestEvent",
+    "LlmResponse",
+    "LlmResponseEvent",
+    "Reward",
+    "RewardEvent",
+    "RolloutFinished",
+    "RolloutFinishedEvent",
+    "RolloutStarted",
+    "RolloutStartedEvent",
+    "ToolCall",
+    "ToolCallEvent",
+    "ToolResult",
+    "ToolResultEvent",
+    "decode_event",
+    "validate_event",
+]

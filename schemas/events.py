@@ -1,0 +1,248 @@
+"""The wire contract: one JSON object per Kafka message, key = rollout_id.
+
+Every event is an envelope (identity, ordering, harness) plus a payload typed
+by ``type``. Non-Python producers write this directly; ``schemas/EVENTS.md``
+documents it field for field. Adding an optional field does not bump
+``SCHEMA_VERSION``; a breaking change does, and ``schemas.versions`` upgrades
+every older version the ingester ever accepted.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, field_validator, model_validator
+
+DEFAULT_TOPIC = "trajlake.events"
+INT32_MAX = 2**31 - 1
+
+TokenIds = list[StrictInt]
+"""Token ids exactly as the engine sampled them (stored as list<int32>); strings are refused."""
+
+
+def _check_token_ids(ids: list[int] | None) -> list[int] | None:
+    if ids and (min(ids) < 0 or max(ids) > INT32_MAX):
+        raise ValueError(f"token ids must lie in [0, {INT32_MAX}]")
+    return ids
+
+
+class _Model(BaseModel):
+    # Unknown fields are ignored so that an older reader accepts events that
+    # carry optional fields added later (no schema_version bump for those).
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Harness(_Model):
+    """Identity of the harness that produced the rollout: part of the policy."""
+
+    name: str = Field(min_length=1, max_length=200)
+    version: str = Field(min_length=1, max_length=200)
+    config_hash: str | None = Field(default=None, max_length=200)
+
+
+# ---------------------------------------------------------------- payloads
+
+
+class RolloutStarted(_Model):
+    """A rollout (one attempt at one task) began."""
+
+    group_id: str | None = None
+    """GRPO group; None means the task_id."""
+    policy_version: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+RolloutStatus = Literal["succeeded", "failed", "truncated", "cancelled"]
+
+
+class RolloutFinished(_Model):
+    """A rollout ended; ``steps`` counts the agent's steps."""
+
+    status: RolloutStatus
+    reason: str | None = None
+    steps: int | None = Field(default=None, ge=0)
+
+
+class LlmRequest(_Model):
+    """What the harness asked the engine, with the prompt's exact token ids."""
+
+    call_id: str = Field(min_length=1, max_length=200)
+    model: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    """Plain-text prompt of a /v1/completions call (chat calls use ``messages``)."""
+    tools: list[dict[str, Any]] | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    prompt_token_ids: TokenIds | None = None
+    tokenizer: str | None = None
+    chat_template_hash: str | None = None
+    idempotency_key: str | None = None
+
+    _ids = field_validator("prompt_token_ids")(_check_token_ids)
+
+
+TokenSource = Literal["engine", "retokenized", "none"]
+
+
+class LlmResponse(_Model):
+    """What the engine returned: sampled token ids and one logprob per token."""
+
+    call_id: str = Field(min_length=1, max_length=200)
+    text: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    finish_reason: str | None = None
+    response_token_ids: TokenIds | None = None
+    logprobs: list[float] | None = None
+    token_source: TokenSource = "none"
+    usage: dict[str, Any] | None = None
+    latency_ms: float | None = Field(default=None, ge=0)
+    upstream_retries: int = Field(default=0, ge=0)
+    policy_version: str | None = None
+    error: str | None = None
+
+    _ids = field_validator("response_token_ids")(_check_token_ids)
+
+    @model_validator(mode="after")
+    def _logprobs_match_tokens(self) -> LlmResponse:
+        if self.logprobs is not None and self.response_token_ids is not None:
+            if len(self.logprobs) != len(self.response_token_ids):
+                raise ValueError(
+                    f"logprobs has {len(self.logprobs)} entries but response_token_ids has "
+                    f"{len(self.response_token_ids)}: send one logprob per response token"
+                )
+        if self.token_source == "engine" and self.response_token_ids is None:
+            raise ValueError("token_source 'engine' needs response_token_ids")
+        return self
+
+
+class ToolCall(_Model):
+    """The agent invoked a tool."""
+
+    call_id: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, max_length=200)
+    arguments: Any = None
+
+
+class ToolResult(_Model):
+    """A tool returned; ``state_changed`` is evidence that the action changed the world."""
+
+    call_id: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, max_length=200)
+    result: Any = None
+    error: str | None = None
+    duration_ms: float | None = Field(default=None, ge=0)
+    state_changed: bool | None = None
+
+
+class Reward(_Model):
+    """A scalar reward for the rollout; may arrive late, several per rollout."""
+
+    name: str = Field(min_length=1, max_length=200)
+    value: float
+    source: str | None = None
+
+    @field_validator("value")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("reward value must be a finite number")
+        return v
+
+
+# ---------------------------------------------------------------- envelope
+
+
+class _Envelope(_Model):
+    event_id: str = Field(min_length=1, max_length=200)
+    """Producer-assigned, globally unique (UUIDv7 suggested): the dedupe key."""
+    schema_version: int
+    ts: datetime
+    """RFC 3339 timestamp at the producer; stored in UTC."""
+    tenant: str = Field(default="default", min_length=1, max_length=200)
+    task_id: str = Field(min_length=1, max_length=500)
+    rollout_id: str = Field(min_length=1, max_length=500)
+    attempt: StrictInt = Field(default=0, ge=0, le=INT32_MAX)
+    seq: StrictInt = Field(ge=0)
+    span_id: str | None = None
+    parent_span_id: str | None = None
+    harness: Harness | None = None
+
+    @field_validator("ts")
+    @classmethod
+    def _utc(cls, v: datetime) -> datetime:
+        if v.tzinfo is None:
+            raise ValueError("timestamp needs a UTC offset, e.g. 2026-01-01T00:00:00Z")
+        return v.astimezone(timezone.utc)
+
+
+class RolloutStartedEvent(_Envelope):
+    type: Literal["rollout.started"]
+    payload: RolloutStarted
+
+
+class RolloutFinishedEvent(_Envelope):
+    type: Literal["rollout.finished"]
+    payload: RolloutFinished
+
+
+class LlmRequestEvent(_Envelope):
+    type: Literal["llm.request"]
+    payload: LlmRequest
+
+
+class LlmResponseEvent(_Envelope):
+    type: Literal["llm.response"]
+    payload: LlmResponse
+
+
+class ToolCallEvent(_Envelope):
+    type: Literal["tool.call"]
+    payload: ToolCall
+
+
+class ToolResultEvent(_Envelope):
+    type: Literal["tool.result"]
+    payload: ToolResult
+
+
+class RewardEvent(_Envelope):
+    type: Literal["reward"]
+    payload: Reward
+
+
+Event = Annotated[
+    Union[
+        RolloutStartedEvent,
+        RolloutFinishedEvent,
+        LlmRequestEvent,
+        LlmResponseEvent,
+        ToolCallEvent,
+        ToolResultEvent,
+        RewardEvent,
+    ],
+    Field(discriminator="type"),
+]
+
+EVENT_TYPES: tuple[str, ...] = (
+    "rollout.started",
+    "rollout.finished",
+    "llm.request",
+    "llm.response",
+    "tool.call",
+    "tool.result",
+    "reward",
+)
+
+PAYLOAD_MODELS: dict[str, type[_Model]] = {
+    "rollout.started": RolloutStarted,
+    "rollout.finished": RolloutFinished,
+    "llm.request": LlmRequest,
+    "llm.response": LlmResponse,
+    "tool.call": ToolCall,
+    "tool.result": ToolResult,
+    "reward": Reward,
+}
+
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

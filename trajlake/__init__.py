@@ -1,0 +1,1 @@
+"""The application shell: the ``trajlake`` command, its settings and the demo."""
