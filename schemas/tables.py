@@ -179,3 +179,36 @@ INGESTED_TABLES: dict[str, pa.Schema] = {
     **{name: schema for name, schema in TYPED_TABLES.values()},
 }
 """Every table the ingester writes, by name."""
+
+SAMPLES = pa.schema(
+    [
+        pa.field("sample_id", pa.string(), nullable=False),
+        pa.field("tenant", pa.string(), nullable=False),
+        pa.field("task_id", pa.string(), nullable=False),
+        pa.field("rollout_id", pa.string(), nullable=False),
+        pa.field("group_id", pa.string(), nullable=False),
+        pa.field("sample_index", pa.int32(), nullable=False),
+        pa.field("start_reason", pa.string(), nullable=False),
+        pa.field("call_ids", pa.list_(pa.string()), nullable=False),
+        pa.field("policy_version", pa.string()),
+        pa.field("tokenizer", pa.string()),
+        pa.field("input_ids", TOKENS, nullable=False),
+        pa.field("loss_mask", pa.list_(pa.int8()), nullable=False),
+        pa.field("old_logprobs", LOGPROBS, nullable=False),
+        pa.field("advantage", pa.float32(), nullable=False),
+        pa.field("token_weight", pa.float32(), nullable=False),
+        pa.field("reward", pa.float64(), nullable=False),
+        pa.field("n_tokens", pa.int32(), nullable=False),
+        pa.field("n_trained_tokens", pa.int32(), nullable=False),
+    ]
+)
+"""One merged training sample (table ``datasets/<name>``).
+
+``loss_mask`` is 1 on tokens the loss covers (the sampled response tokens; the
+observation tokens in observation-prediction datasets). ``old_logprobs`` holds
+the engine's logprob on masked positions and 0 elsewhere. ``advantage`` is the
+rollout's; ``token_weight`` is the rollout-level token mean 1 / (R x T_r), so
+sum(token_weight x loss_mask) over the dataset is 1. ``start_reason`` says why
+this sample began: ``first`` or the mismatch class that prevented merging
+(``chat_template``, ``retokenization``, ``truncation``, ``other``).
+"""
