@@ -1,18 +1,91 @@
 """SQL over the lake: a DuckDB connection with every table as a named view.
 
 Tables are read with ``delta_scan`` from the pip-installed delta extension
-(loaded from the file the wheel ships; nothing downloads). Joined views give
-the shapes people query: ``llm_calls`` (request + response), ``tool_steps``
-(call + result) and ``rollouts`` (start + end + counts + rewards).
+(loaded from the file the wheel ships; nothing downloads).
+
+View names: every Delta table under the lake root (any folder holding a
+``_delta_log``) becomes a view named by its path with ``/`` replaced by ``__``
+and any other character outside ``[A-Za-z0-9_]`` by ``_``: ``events``,
+``dataset_versions``, ``datasets/gsm8k-v2`` -> ``datasets__gsm8k_v2``. Folders
+starting with ``.`` or ``_`` are skipped. An ingested table that has not been
+written yet is an empty view typed from its Arrow schema, so queries never
+fail with "table not found" on a young lake. On top sit the joined views of
+``store/views.sql``: ``llm_calls`` (request + response), ``tool_steps``
+(call + result) and ``rollouts`` (one row per rollout with counts, token
+totals and rewards). Their names are reserved: a Delta table that carries one
+is exposed as ``<name>__table``.
+
+``run_query`` is the read-only entry point people (and the CLI) use: one
+SELECT/EXPLAIN statement, no file access outside the lake, settings locked.
+``connect`` stays a plain connection factory so services can add their own
+sandbox (tenant isolation) on top.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
 
+from schemas.tables import INGESTED_TABLES
 from store.lake import Lake
+
+log = logging.getLogger(__name__)
+
+VIEWS_SQL = Path(__file__).with_name("views.sql")
+JOINED_VIEWS: tuple[str, ...] = ("llm_calls", "tool_steps", "rollouts")
+"""Views defined in ``views.sql``, in creation order."""
+
+READ_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
+EXPORT_FORMATS: tuple[str, ...] = ("csv", "json", "parquet")
+
+ViewKind = Literal["delta", "empty", "joined"]
+
+
+class QueryError(Exception):
+    """A query DuckDB refused (or we did), with a hint on what to do next."""
+
+    def __init__(self, message: str, *, hint: str = "") -> None:
+        super().__init__(message + (f"\nhint: {hint}" if hint else ""))
+        self.message = message
+        self.hint = hint
+
+
+class WriteRefused(QueryError):
+    """A statement that would change something: the lake is read through views only."""
+
+
+class LakeMissing(LookupError):
+    """The lake root does not exist."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(
+            f"no lake at {root!r}: point --lake / TRAJLAKE_LAKE at an existing lake, "
+            "or ingest some events first (trajlake ingest)"
+        )
+        self.root = root
+
+
+@dataclass(frozen=True)
+class ViewInfo:
+    """One view of the connection: what it reads and how big it is."""
+
+    name: str
+    kind: ViewKind
+    """``delta`` (a Delta table), ``empty`` (a known table not written yet) or ``joined``."""
+    rows: int
+    table: str | None = None
+    """Table path under the lake root (``datasets/NAME``), None for joined views."""
+    version: int | None = None
+    """Current Delta version, None unless ``kind == "delta"``."""
 
 
 def delta_extension_path() -> str:
@@ -28,25 +101,206 @@ def delta_extension_path() -> str:
     return str(path)
 
 
-def connect(lake: Lake, *, tables: list[str] | None = None) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB with a view per existing lake table (and the joined views).
+def view_name(table: str) -> str:
+    """The view name of a table path: ``datasets/gsm8k-v2`` -> ``datasets__gsm8k_v2``."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", table.strip("/").replace("/", "__"))
+    return f"{name}__table" if name in JOINED_VIEWS else name
+
+
+def discover_tables(lake: Lake) -> dict[str, str]:
+    """View name -> table path of every Delta table in the lake.
+
+    A local lake is walked for ``_delta_log`` folders (a Delta table's
+    subfolders are not searched); an object-store lake lists the ingested
+    tables only. On a name clash the first path in sorted order wins.
+    """
+    paths = _walk_delta_tables(lake.root) if lake.is_local else [t for t in INGESTED_TABLES if lake.exists(t)]
+    found: dict[str, str] = {}
+    for path in sorted(paths):
+        name = view_name(path)
+        if name in found:
+            log.warning("view_name_clash view=%s kept=%s skipped=%s", name, found[name], path)
+            continue
+        found[name] = path
+    return found
+
+
+def _walk_delta_tables(root: str) -> list[str]:
+    base = Path(root.removeprefix("file://"))
+    found: list[str] = []
+    for folder, subdirs, _ in os.walk(base):
+        if "_delta_log" in subdirs:
+            found.append(Path(folder).relative_to(base).as_posix())
+            subdirs.clear()
+        else:
+            subdirs[:] = [d for d in subdirs if not d.startswith((".", "_"))]
+    return [p for p in found if p != "."]
+
+
+def connect(lake: Lake, *, tables: Iterable[str] | None = None, sandbox: bool = False) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with a view per lake table plus the joined views.
+
+    ``tables`` limits the Delta tables exposed (default: every one found).
+    ``sandbox`` turns off file access outside the lake root, Python
+    replacement scans and extension loading, then locks the configuration;
+    ``run_query`` always uses it.
 
     >>> con = connect(Lake("./lake"))  # doctest: +SKIP
-    >>> con.sql("SELECT count(*) FROM events").fetchone()  # doctest: +SKIP
+    >>> con.sql("SELECT status, count(*) FROM rollouts GROUP BY ALL").fetchall()  # doctest: +SKIP
     """
-    con = duckdb.connect(":memory:", config={"allow_unsigned_extensions": "true"})
+    found = discover_tables(lake)
+    if tables is not None:
+        wanted = {view_name(t) for t in tables}
+        found = {name: path for name, path in found.items() if name in wanted}
+    con = duckdb.connect(
+        ":memory:",
+        config={"allow_unsigned_extensions": "true", "python_enable_replacements": "false", "TimeZone": "UTC"},
+    )
     con.load_extension(delta_extension_path())
-    for name in tables if tables is not None else _lake_tables(lake):
-        if lake.exists(name):
-            view = name.replace("/", "__")
-            con.execute(f"CREATE VIEW \"{view}\" AS SELECT * FROM delta_scan('{_quote(lake.uri(name))}')")
+    for name, path in found.items():
+        con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM delta_scan(\'{_quote(lake.uri(path))}\')')
+    for name, schema in INGESTED_TABLES.items():
+        if name not in found:
+            con.register(name, schema.empty_table())
+    for statement in _joined_view_statements():
+        con.execute(statement)
+    if sandbox:
+        _lock_down(con, lake)
     return con
 
 
-def _lake_tables(lake: Lake) -> list[str]:
-    from schemas.tables import INGESTED_TABLES
+def _joined_view_statements() -> list[str]:
+    text = VIEWS_SQL.read_text(encoding="utf-8")
+    return [part.strip() for part in text.split("-- view\n")[1:] if part.strip()]
 
-    return list(INGESTED_TABLES)
+
+def _lock_down(con: duckdb.DuckDBPyConnection, lake: Lake) -> None:
+    root = lake.root.removeprefix("file://").rstrip("/") + "/"
+    con.execute("SET allowed_directories = [?]", [root])
+    con.execute("SET enable_external_access = false")
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    con.execute("SET lock_configuration = true")
+
+
+def run_query(lake: Lake, sql: str, *, max_rows: int | None = None) -> pa.Table:
+    """Run one read-only statement over the lake's views and return Arrow.
+
+    At most ``max_rows`` rows are fetched (ask for one more than you show to
+    learn whether there were more). Raises ``QueryError`` with DuckDB's
+    message and a hint, ``WriteRefused`` for anything but SELECT/EXPLAIN,
+    ``LakeMissing`` when the lake root does not exist.
+
+    >>> run_query(Lake("./lake"), "SELECT count(*) AS n FROM llm_calls").to_pylist()  # doctest: +SKIP
+    [{'n': 12}]
+    """
+    if max_rows is not None and max_rows < 0:
+        raise ValueError("max_rows must be >= 0")
+    check_lake(lake)
+    con = connect(lake, sandbox=True)
+    try:
+        _check_read_only(con, sql)
+        try:
+            batch_rows = 100_000 if max_rows is None else max(1, min(max_rows, 100_000))
+            return _read_at_most(con.execute(sql).fetch_record_batch(batch_rows), max_rows)
+        except duckdb.Error as e:
+            raise QueryError(str(e).strip(), hint=_hint(con, e)) from None
+    finally:
+        con.close()
+
+
+def check_lake(lake: Lake) -> None:
+    """Raise ``LakeMissing`` when a local lake root does not exist."""
+    if lake.is_local and not Path(lake.root.removeprefix("file://")).is_dir():
+        raise LakeMissing(lake.root)
+
+
+def _check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
+    if not sql.strip():
+        raise QueryError("empty query", hint="pass one SELECT statement, e.g. SELECT * FROM rollouts LIMIT 10")
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error as e:
+        raise QueryError(str(e).strip(), hint="check the SQL syntax near the marked position") from None
+    if len(statements) != 1:
+        raise QueryError(
+            f"got {len(statements)} statements", hint="run one statement at a time (no ';' between statements)"
+        )
+    kind = statements[0].type
+    if kind not in READ_STATEMENTS:
+        raise WriteRefused(
+            f"{kind.name} statements are not allowed: the lake is read-only here",
+            hint="use SELECT (or EXPLAIN); to export results use --format csv|json|parquet --output FILE, not COPY",
+        )
+
+
+def _read_at_most(reader: pa.RecordBatchReader, max_rows: int | None) -> pa.Table:
+    batches: list[pa.RecordBatch] = []
+    n = 0
+    for batch in reader:
+        batches.append(batch)
+        n += batch.num_rows
+        if max_rows is not None and n >= max_rows:
+            break
+    table = pa.Table.from_batches(batches, schema=reader.schema)
+    return table if max_rows is None else table.slice(0, max_rows)
+
+
+def _hint(con: duckdb.DuckDBPyConnection, e: duckdb.Error) -> str:
+    if isinstance(e, duckdb.CatalogException):
+        return "views: " + ", ".join(list_views(con)) + " (trajlake tables shows them with row counts)"
+    if isinstance(e, duckdb.BinderException):
+        return "check column names: DESCRIBE <view> lists a view's columns"
+    if isinstance(e, duckdb.PermissionException):
+        return "queries read the lake's views only; other files and settings are off limits"
+    if isinstance(e, duckdb.ParserException):
+        return "check the SQL syntax near the marked position"
+    return ""
+
+
+def list_views(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Names of the views (and registered empty tables) of a connection, sorted."""
+    rows = con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY view_name").fetchall()
+    return [r[0] for r in rows]
+
+
+def describe_views(lake: Lake) -> list[ViewInfo]:
+    """Every view of ``connect(lake)`` with its kind, row count and Delta version."""
+    check_lake(lake)
+    found = discover_tables(lake)
+    con = connect(lake, sandbox=True)
+    try:
+        infos: list[ViewInfo] = []
+        for name in list_views(con):
+            (rows,) = con.execute(f'SELECT count(*) FROM "{name}"').fetchone()
+            if name in found:
+                path = found[name]
+                infos.append(ViewInfo(name, "delta", rows, table=path, version=lake.table(path).version()))
+            else:
+                infos.append(ViewInfo(name, "joined" if name in JOINED_VIEWS else "empty", rows))
+        return infos
+    finally:
+        con.close()
+
+
+def export(table: pa.Table, path: str | Path, *, format: str) -> None:
+    """Write a query result to ``path`` as csv, json (one object per line) or parquet.
+
+    Parquet keeps the Arrow types exactly (token ids stay list<int32>); csv
+    writes lists as ``[1, 2, 3]`` and json as arrays.
+    """
+    if format not in EXPORT_FORMATS:
+        raise ValueError(f"unknown format {format!r}: use one of {', '.join(EXPORT_FORMATS)}")
+    if format == "parquet":
+        pq.write_table(table, str(path))
+        return
+    options = "FORMAT csv, HEADER true" if format == "csv" else "FORMAT json"
+    con = duckdb.connect(":memory:", config={"python_enable_replacements": "false"})
+    try:
+        con.register("result", table)
+        con.execute(f"COPY result TO '{_quote(str(path))}' ({options})")
+    finally:
+        con.close()
 
 
 def _quote(s: str) -> str:

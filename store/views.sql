@@ -1,0 +1,149 @@
+-- Joined views over the ingested tables (store/sql.py runs these after the
+-- base views, one statement per view, separated by lines that read `-- view`).
+--
+-- The ingested tables are append-only halves (a request and its response, a
+-- tool call and its result, a rollout's start and end) that arrive at
+-- different times; these views join them at query time, so a late half shows
+-- up as soon as it is ingested. A key seen twice (a harness that retried with
+-- a fresh event id) keeps its first row by seq; a rollout's end keeps its last.
+-- Token ids stay list<int32> and logprobs list<float32>: token-exact.
+
+-- view
+CREATE VIEW llm_calls AS
+WITH request AS (
+    SELECT * FROM llm_requests
+    QUALIFY row_number() OVER (PARTITION BY tenant, rollout_id, call_id ORDER BY seq, ts, event_id) = 1
+), response AS (
+    SELECT * FROM llm_responses
+    QUALIFY row_number() OVER (PARTITION BY tenant, rollout_id, call_id ORDER BY seq, ts, event_id) = 1
+)
+SELECT
+    q.tenant, q.task_id, q.rollout_id, q.attempt, q.seq, q.call_id,
+    q.span_id, q.parent_span_id,
+    q.harness_name, q.harness_version, q.harness_config_hash,
+    q.model, q.messages, q.prompt, q.tools, q.params,
+    q.prompt_token_ids,
+    coalesce(q.n_prompt_tokens, len(q.prompt_token_ids))::INTEGER AS n_prompt_tokens,
+    q.tokenizer, q.chat_template_hash, q.idempotency_key,
+    r.text, r.tool_calls, r.finish_reason,
+    r.response_token_ids, r.logprobs,
+    coalesce(r.n_response_tokens, len(r.response_token_ids))::INTEGER AS n_response_tokens,
+    r.token_source, r.usage, r.latency_ms, r.upstream_retries, r.policy_version, r.error,
+    r.event_id IS NOT NULL AS has_response,
+    q.ts AS requested_at, r.ts AS responded_at,
+    q.event_id AS request_event_id, r.event_id AS response_event_id,
+    r.seq AS response_seq
+FROM request AS q
+LEFT JOIN response AS r
+    ON r.tenant = q.tenant AND r.rollout_id = q.rollout_id AND r.call_id = q.call_id;
+
+-- view
+CREATE VIEW tool_steps AS
+WITH call AS (
+    SELECT * FROM tool_calls
+    QUALIFY row_number() OVER (PARTITION BY tenant, rollout_id, call_id ORDER BY seq, ts, event_id) = 1
+), result AS (
+    SELECT * FROM tool_results
+    QUALIFY row_number() OVER (PARTITION BY tenant, rollout_id, call_id ORDER BY seq, ts, event_id) = 1
+)
+SELECT
+    c.tenant, c.task_id, c.rollout_id, c.attempt, c.seq, c.call_id,
+    c.span_id, c.parent_span_id,
+    c.harness_name, c.harness_version, c.harness_config_hash,
+    c.name, c.arguments,
+    r.result, r.error, r.duration_ms, r.state_changed,
+    r.event_id IS NOT NULL AS has_result,
+    c.ts AS called_at, r.ts AS returned_at,
+    c.event_id AS call_event_id, r.event_id AS result_event_id,
+    r.seq AS result_seq
+FROM call AS c
+LEFT JOIN result AS r
+    ON r.tenant = c.tenant AND r.rollout_id = c.rollout_id AND r.call_id = c.call_id;
+
+-- view
+-- One row per (tenant, rollout_id) seen in any typed table, so a rollout shows
+-- up (status 'running') before its rollout.started or rollout.finished lands.
+-- Rewards: `rewards` lists the latest value of each reward name (by ts, then
+-- seq); `reward` is their sum (NULL when none); `n_rewards` counts every
+-- reward event, re-scores included.
+CREATE VIEW rollouts AS
+WITH seen AS (
+    SELECT tenant, rollout_id, task_id, attempt, ts, harness_name, harness_version, harness_config_hash FROM rollout_starts
+    UNION ALL SELECT tenant, rollout_id, task_id, attempt, ts, harness_name, harness_version, harness_config_hash FROM rollout_ends
+    UNION ALL SELECT tenant, rollout_id, task_id, attempt, ts, harness_name, harness_version, harness_config_hash FROM llm_requests
+    UNION ALL SELECT tenant, rollout_id, task_id, attempt, ts, harness_name, harness_version, harness_config_hash FROM tool_calls
+    UNION ALL SELECT tenant, rollout_id, task_id, attempt, ts, harness_name, harness_version, harness_config_hash FROM rewards
+), ids AS (
+    SELECT tenant, rollout_id,
+        arg_min(task_id, ts) AS task_id,
+        arg_min(attempt, ts) AS attempt,
+        arg_min(harness_name, ts) AS harness_name,
+        arg_min(harness_version, ts) AS harness_version,
+        arg_min(harness_config_hash, ts) AS harness_config_hash,
+        min(ts) AS first_event_at,
+        max(ts) AS last_event_at
+    FROM seen GROUP BY tenant, rollout_id
+), started AS (
+    SELECT * FROM rollout_starts
+    QUALIFY row_number() OVER (PARTITION BY tenant, rollout_id ORDER BY seq, ts, event_id) = 1
+), finished AS (
+    SELECT * FROM rollout_ends
+    QUALIFY row_number() OVER (PARTITION BY tenant, rollout_id ORDER BY seq DESC, ts DESC, event_id DESC) = 1
+), calls AS (
+    SELECT tenant, rollout_id,
+        count(*) AS n_llm_calls,
+        count(*) FILTER (WHERE error IS NOT NULL) AS n_llm_errors,
+        sum(n_prompt_tokens) AS n_prompt_tokens,
+        sum(n_response_tokens) AS n_response_tokens,
+        sum(latency_ms) AS llm_latency_ms,
+        arg_max(policy_version, seq) FILTER (WHERE policy_version IS NOT NULL) AS last_policy_version
+    FROM llm_calls GROUP BY tenant, rollout_id
+), tools AS (
+    SELECT tenant, rollout_id,
+        count(*) AS n_tool_calls,
+        count(*) FILTER (WHERE error IS NOT NULL) AS n_tool_errors
+    FROM tool_steps GROUP BY tenant, rollout_id
+), latest_reward AS (
+    SELECT tenant, rollout_id, name, value, source, ts,
+        count(*) OVER (PARTITION BY tenant, rollout_id) AS n_events
+    FROM rewards
+    QUALIFY row_number() OVER (PARTITION BY tenant, rollout_id, name ORDER BY ts DESC, seq DESC, event_id DESC) = 1
+), scored AS (
+    SELECT tenant, rollout_id,
+        sum(value) AS reward,
+        any_value(n_events) AS n_rewards,
+        list({'name': name, 'value': value, 'source': source, 'ts': ts} ORDER BY name) AS rewards
+    FROM latest_reward GROUP BY tenant, rollout_id
+)
+SELECT
+    i.tenant, i.task_id, i.rollout_id,
+    coalesce(s.group_id, i.task_id) AS group_id,
+    i.attempt,
+    coalesce(s.harness_name, i.harness_name) AS harness_name,
+    coalesce(s.harness_version, i.harness_version) AS harness_version,
+    coalesce(s.harness_config_hash, i.harness_config_hash) AS harness_config_hash,
+    coalesce(s.policy_version, c.last_policy_version) AS policy_version,
+    s.metadata,
+    s.ts AS started_at,
+    f.ts AS finished_at,
+    coalesce(f.status, 'running') AS status,
+    f.reason,
+    f.steps,
+    coalesce(c.n_llm_calls, 0) AS n_llm_calls,
+    coalesce(c.n_llm_errors, 0) AS n_llm_errors,
+    coalesce(t.n_tool_calls, 0) AS n_tool_calls,
+    coalesce(t.n_tool_errors, 0) AS n_tool_errors,
+    coalesce(c.n_prompt_tokens, 0)::BIGINT AS n_prompt_tokens,
+    coalesce(c.n_response_tokens, 0)::BIGINT AS n_response_tokens,
+    c.llm_latency_ms,
+    r.reward,
+    coalesce(r.n_rewards, 0) AS n_rewards,
+    r.rewards,
+    i.first_event_at,
+    i.last_event_at
+FROM ids AS i
+LEFT JOIN started AS s USING (tenant, rollout_id)
+LEFT JOIN finished AS f USING (tenant, rollout_id)
+LEFT JOIN calls AS c USING (tenant, rollout_id)
+LEFT JOIN tools AS t USING (tenant, rollout_id)
+LEFT JOIN scored AS r USING (tenant, rollout_id);
