@@ -154,7 +154,7 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, sandbox: bool = 
         found = {name: path for name, path in found.items() if name in wanted}
     con = duckdb.connect(
         ":memory:",
-        config={"allow_unsigned_extensions": "true", "python_enable_replacements": "false", "TimeZone": "UTC"},
+        config={"allow_unsigned_extensions": "true", "python_enable_replacements": "false"},
     )
     con.load_extension(delta_extension_path())
     for name, path in found.items():
