@@ -1,0 +1,201 @@
+"""The ``runs`` table: the scheduler's history, one row per state change of a run.
+
+A run is one job for one window (``job``, ``window_key``). Its rows are
+append-only: ``running`` when an attempt starts (and again on each lease
+renewal), ``failed`` when an attempt raised (with the error and, if attempts
+remain, ``retry_at``), ``succeeded`` with the results (dataset version,
+checkpoint, the rest as JSON), ``gave_up`` when the attempts ran out. The
+current state of a run is its newest row (highest ``claim``, then
+``recorded_at``).
+
+Exactly once: a row that takes a run carries the Delta app transaction
+``run:<job>:<window_key> -> claim``. delta-rs rejects a commit whose app
+transaction id was also written by a commit that landed after the writer's
+snapshot ("Concurrent transaction failed", a ``CommitFailedError``; checked
+in tests/store/test_scheduler.py), and a writer whose snapshot already holds
+the claim sees it and stays away. So of two schedulers that race for a window
+exactly one commits its claim, on local disk (atomic no-overwrite rename) and
+on S3 (conditional put, see ``store.storage``). Every later row of the run is
+written with the same app transaction after checking the table still names
+this claim (fencing), so a scheduler whose lease was taken over cannot write
+over the new owner.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError
+
+from schemas.tables import TS
+from store.lake import Lake
+
+RUNS_TABLE = "runs"
+
+RUNS = pa.schema(
+    [
+        pa.field("job", pa.string(), nullable=False),
+        pa.field("window_key", pa.string(), nullable=False),
+        pa.field("window_start", TS, nullable=False),
+        pa.field("window_end", TS, nullable=False),
+        pa.field("trigger", pa.string(), nullable=False),
+        pa.field("claim", pa.int64(), nullable=False),
+        pa.field("attempt", pa.int32(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("owner", pa.string(), nullable=False),
+        pa.field("started_at", TS, nullable=False),
+        pa.field("ended_at", TS),
+        pa.field("lease_until", TS),
+        pa.field("retry_at", TS),
+        pa.field("dataset_version", pa.int64()),
+        pa.field("checkpoint", pa.string()),
+        pa.field("results", pa.string()),
+        pa.field("error", pa.string()),
+        pa.field("recorded_at", TS, nullable=False),
+    ]
+)
+"""One state change of a scheduled run (see the module docstring)."""
+
+
+class RunStatus(StrEnum):
+    RUNNING = "running"
+    FAILED = "failed"
+    SUCCEEDED = "succeeded"
+    GAVE_UP = "gave_up"
+
+
+FINAL_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.GAVE_UP})
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One row of ``runs``."""
+
+    job: str
+    window_key: str
+    window_start: datetime
+    window_end: datetime
+    trigger: str
+    claim: int
+    attempt: int
+    status: RunStatus
+    owner: str
+    started_at: datetime
+    recorded_at: datetime
+    ended_at: datetime | None = None
+    lease_until: datetime | None = None
+    retry_at: datetime | None = None
+    dataset_version: int | None = None
+    checkpoint: str | None = None
+    results: Mapping[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def app_id(self) -> str:
+        return claim_app_id(self.job, self.window_key)
+
+    def evolve(self, **changes: Any) -> RunRecord:
+        return replace(self, **changes)
+
+    def to_row(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["status"] = str(self.status)
+        row["results"] = json.dumps(dict(self.results), default=str, sort_keys=True)
+        return row
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> RunRecord:
+        values = dict(row)
+        values["status"] = RunStatus(values["status"])
+        values["results"] = json.loads(values["results"] or "{}")
+        return cls(**values)
+
+
+def claim_app_id(job: str, window_key: str) -> str:
+    """The Delta app transaction id that owns one run."""
+    return f"run:{job}:{window_key}"
+
+
+class ClaimLost(RuntimeError):
+    """Another scheduler committed a claim on this run first (or took it over)."""
+
+
+class RunsTable:
+    """Reads and writes the ``runs`` table of a lake."""
+
+    def __init__(self, lake: Lake) -> None:
+        self.lake = lake
+
+    def snapshot(self) -> DeltaTable:
+        """The table as of now, created empty on first use."""
+        if not self.lake.exists(RUNS_TABLE):
+            try:
+                DeltaTable.create(
+                    self.lake.uri(RUNS_TABLE),
+                    RUNS,
+                    mode="ignore",
+                    storage_options=dict(self.lake.storage_options),
+                )
+            except DeltaError:
+                pass  # another scheduler created it at the same moment
+        return self.lake.table(RUNS_TABLE)
+
+    def history(self, snapshot: DeltaTable | None = None) -> list[RunRecord]:
+        """Every row, oldest first."""
+        table = (snapshot or self.snapshot()).to_pyarrow_table()
+        records = [RunRecord.from_row(row) for row in table.to_pylist()]
+        return sorted(records, key=_order)
+
+    def current(self, snapshot: DeltaTable | None = None) -> dict[tuple[str, str], RunRecord]:
+        """The newest row of every run, by (job, window_key)."""
+        latest: dict[tuple[str, str], RunRecord] = {}
+        for record in self.history(snapshot):
+            latest[(record.job, record.window_key)] = record
+        return latest
+
+    def claim(self, record: RunRecord, snapshot: DeltaTable) -> None:
+        """Commit ``record`` as a new claim on its run, on top of ``snapshot``.
+
+        Raises ``ClaimLost`` when a claim on the same run is already in
+        ``snapshot`` or was committed concurrently.
+        """
+        held = snapshot.transaction_version(record.app_id) or 0
+        if held >= record.claim:
+            raise ClaimLost(f"run {record.app_id} already claimed (claim {held})")
+        self._write(record, snapshot)
+
+    def record(self, record: RunRecord) -> None:
+        """Append a later row of a run this process holds (fenced on the claim)."""
+        snapshot = self.snapshot()
+        held = snapshot.transaction_version(record.app_id)
+        if held != record.claim:
+            raise ClaimLost(f"run {record.app_id} is now claim {held}, not ours ({record.claim})")
+        self._write(record, snapshot)
+
+    def _write(self, record: RunRecord, snapshot: DeltaTable) -> None:
+        data = pa.Table.from_pylist([record.to_row()], schema=RUNS)
+        txn = Transaction(app_id=record.app_id, version=record.claim)
+        try:
+            write_deltalake(
+                snapshot,
+                data,
+                mode="append",
+                commit_properties=CommitProperties(app_transactions=[txn]),
+            )
+        except CommitFailedError as exc:
+            raise ClaimLost(f"run {record.app_id}: concurrent commit on the same run ({exc})") from exc
+
+
+_STATUS_RANK = {RunStatus.RUNNING: 0, RunStatus.FAILED: 1, RunStatus.SUCCEEDED: 2, RunStatus.GAVE_UP: 2}
+
+
+def _order(record: RunRecord) -> tuple[Any, ...]:
+    """Rows of one run in the order their owner wrote them (robust to equal timestamps)."""
+    return (record.job, record.window_key, record.claim, record.attempt, record.recorded_at, _STATUS_RANK[record.status])

@@ -1,0 +1,211 @@
+"""Scheduler: windows run once (restart, two instances), retries with backoff, history in ``runs``."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta, timezone
+
+import pyarrow as pa
+import pytest
+
+from store.lake import Lake
+from store.runs import ClaimLost, RunRecord, RunsTable, RunStatus
+from store.scheduler import Job, Scheduler, Window
+
+NOW = datetime(2026, 11, 30, 7, 30, tzinfo=timezone.utc)
+NIGHTLY = "0 2 * * *"
+
+
+def writing_job(lake: Lake, name: str = "nightly", **options) -> Job:
+    """A real job: appends one row per window to a Delta table ``out_<name>``."""
+
+    def run(window: Window) -> dict:
+        version = lake.append(f"out_{name}", pa.table({"window": [window.key]}))
+        return {"dataset_version": version, "checkpoint": f"ckpt-{window.key}", "rows": 1}
+
+    return Job(name, options.pop("cron", NIGHTLY), run=run, **options)
+
+
+def windows_written(lake: Lake, name: str = "nightly") -> list[str]:
+    if not lake.exists(f"out_{name}"):
+        return []
+    return sorted(lake.read(f"out_{name}").column("window").to_pylist())
+
+
+def test_latest_window_runs_once_across_a_restart(lake: Lake) -> None:
+    first = Scheduler(lake, [writing_job(lake)], clock=lambda: NOW).run_pending()
+    assert [(r.window_key, r.status) for r in first] == [("2026-11-30T02:00:00Z", RunStatus.SUCCEEDED)]
+    assert first[0].window_start == datetime(2026, 11, 29, 2, tzinfo=timezone.utc)
+    assert first[0].dataset_version == 0 and first[0].checkpoint == "ckpt-2026-11-30T02:00:00Z"
+
+    restarted = Scheduler(lake, [writing_job(lake)], clock=lambda: NOW + timedelta(hours=3))
+    assert restarted.run_pending() == []
+    assert windows_written(lake) == ["2026-11-30T02:00:00Z"]
+
+
+def test_next_fire_time_opens_a_new_window(lake: Lake) -> None:
+    Scheduler(lake, [writing_job(lake)], clock=lambda: NOW).run_pending()
+    Scheduler(lake, [writing_job(lake)], clock=lambda: NOW + timedelta(days=1)).run_pending()
+    assert windows_written(lake) == ["2026-11-30T02:00:00Z", "2026-12-01T02:00:00Z"]
+
+
+def test_backfill_runs_each_missed_window_once(lake: Lake) -> None:
+    scheduler = Scheduler(lake, [writing_job(lake)], clock=lambda: NOW)
+    scheduler.run_pending()
+    done = scheduler.run_pending(backfill_from=NOW - timedelta(days=3))
+    assert [r.window_key for r in done] == ["2026-11-28T02:00:00Z", "2026-11-29T02:00:00Z"]
+    assert {r.trigger for r in done} == {"backfill"}
+    assert scheduler.run_pending(backfill_from=NOW - timedelta(days=3)) == []
+    assert len(windows_written(lake)) == 3 and len(set(windows_written(lake))) == 3
+
+
+def test_two_concurrent_commits_claiming_one_run_let_exactly_one_win(lake: Lake) -> None:
+    runs = RunsTable(lake)
+    snapshot_a, snapshot_b = runs.snapshot(), runs.snapshot()
+    row = _running("a", claim=1)
+    runs.claim(row, snapshot_a)
+    with pytest.raises(ClaimLost):
+        runs.claim(row.evolve(owner="b"), snapshot_b)
+    with pytest.raises(ClaimLost):  # a fresh snapshot sees the claim and stays away
+        runs.claim(row.evolve(owner="b"), runs.snapshot())
+    assert [r.owner for r in runs.history()] == ["a"]
+
+
+def test_two_scheduler_instances_run_each_window_once(lake: Lake) -> None:
+    start = threading.Barrier(2)
+
+    def instance(owner: str) -> None:
+        scheduler = Scheduler(lake, [writing_job(lake)], owner=owner, clock=lambda: NOW)
+        start.wait()
+        scheduler.run_pending(backfill_from=NOW - timedelta(days=6))
+
+    threads = [threading.Thread(target=instance, args=(name,)) for name in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(windows_written(lake)) == 6 and len(set(windows_written(lake))) == 6
+    finals = [r for r in RunsTable(lake).current().values()]
+    assert len(finals) == 6 and {r.status for r in finals} == {RunStatus.SUCCEEDED}
+
+
+def test_failed_job_retries_with_backoff_and_records_each_error(lake: Lake) -> None:
+    calls: list[str] = []
+    delays: list[float] = []
+
+    def flaky(window: Window) -> dict:
+        calls.append(window.key)
+        if len(calls) < 3:
+            raise ConnectionError(f"upstream down (call {len(calls)})")
+        return {"checkpoint": "ck-1"}
+
+    job = Job("train", NIGHTLY, run=flaky, max_attempts=3, backoff=timedelta(seconds=5))
+    [final] = Scheduler(lake, [job], clock=lambda: NOW, sleep=delays.append).run_pending()
+    assert final.status is RunStatus.SUCCEEDED and final.attempt == 3 and final.checkpoint == "ck-1"
+    assert delays == [5.0, 10.0]
+    failed = [r for r in RunsTable(lake).history() if r.status is RunStatus.FAILED]
+    assert [(r.attempt, r.error) for r in failed] == [
+        (1, "ConnectionError: upstream down (call 1)"),
+        (2, "ConnectionError: upstream down (call 2)"),
+    ]
+    assert failed[0].retry_at == NOW + timedelta(seconds=5)
+
+
+def test_job_that_keeps_failing_gives_up_and_is_not_rerun(lake: Lake) -> None:
+    calls = []
+
+    def broken(window: Window) -> dict:
+        calls.append(1)
+        raise ValueError("dataset empty")
+
+    job = Job("build", NIGHTLY, run=broken, max_attempts=2, backoff=timedelta(seconds=1))
+    [final] = Scheduler(lake, [job], clock=lambda: NOW, sleep=lambda s: None).run_pending()
+    assert final.status is RunStatus.GAVE_UP and final.error == "ValueError: dataset empty" and final.attempt == 2
+    assert Scheduler(lake, [job], clock=lambda: NOW, sleep=lambda s: None).run_pending() == []
+    assert len(calls) == 2
+
+
+def test_run_of_a_dead_scheduler_is_taken_over_after_its_lease(lake: Lake) -> None:
+    runs = RunsTable(lake)
+    dead = _running("dead", claim=1, lease_until=NOW - timedelta(minutes=1))
+    runs.claim(dead, runs.snapshot())
+    live = Scheduler(lake, [writing_job(lake)], owner="live", clock=lambda: NOW)
+    [final] = live.run_pending()
+    assert (final.owner, final.attempt, final.claim, final.status) == ("live", 2, 2, RunStatus.SUCCEEDED)
+    with pytest.raises(ClaimLost):  # the dead owner can no longer write to the run
+        runs.record(dead.evolve(status=RunStatus.SUCCEEDED))
+
+
+def test_run_held_under_a_live_lease_is_left_alone(lake: Lake) -> None:
+    runs = RunsTable(lake)
+    runs.claim(_running("other", claim=1, lease_until=NOW + timedelta(minutes=5)), runs.snapshot())
+    assert Scheduler(lake, [writing_job(lake)], clock=lambda: NOW).run_pending() == []
+    assert windows_written(lake) == []
+
+
+def test_heartbeat_renews_the_lease_of_a_long_job(lake: Lake) -> None:
+    seen_leases: list[RunRecord] = []
+    runs = RunsTable(lake)
+
+    def long_job(window: Window) -> dict:
+        for _ in range(200):  # at most ~10 s, then the assertion below fails
+            seen_leases[:] = [r for r in runs.history() if r.status is RunStatus.RUNNING]
+            if len(seen_leases) >= 2:
+                break
+            threading.Event().wait(0.05)
+        return {}
+
+    job = Job("long", NIGHTLY, run=long_job)
+    [final] = Scheduler(lake, [job], lease=timedelta(seconds=0.3)).run_pending()
+    assert final.status is RunStatus.SUCCEEDED
+    assert len(seen_leases) >= 2
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"cron": "every night"}, "not a cron expression"),
+        ({"cron": "61 2 * * *"}, "not a cron expression"),
+        ({"name": "a:b"}, "without ':'"),
+        ({"name": ""}, "non-empty"),
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"window": timedelta(0)}, "window must be positive"),
+    ],
+)
+def test_job_rejects_bad_definitions(options: dict, message: str) -> None:
+    values = {"name": "nightly", "cron": NIGHTLY, "run": lambda w: {}} | options
+    with pytest.raises(ValueError, match=message):
+        Job(**values)
+
+
+def test_scheduler_rejects_duplicate_job_names(lake: Lake) -> None:
+    with pytest.raises(ValueError, match="unique"):
+        Scheduler(lake, [writing_job(lake), writing_job(lake)])
+
+
+def test_due_windows_at_exact_fire_time_and_fixed_length() -> None:
+    job = Job("hourly", "0 * * * *", run=lambda w: {}, window=timedelta(hours=3))
+    [window] = job.due_windows(datetime(2026, 1, 1, 5, tzinfo=timezone.utc))
+    assert (window.start.hour, window.end.hour, window.key) == (2, 5, "2026-01-01T05:00:00Z")
+
+
+def test_backfill_over_too_many_windows_is_refused() -> None:
+    job = Job("minutely", "* * * * *", run=lambda w: {})
+    with pytest.raises(ValueError, match="shorter range"):
+        job.due_windows(NOW, backfill_from=NOW - timedelta(days=30))
+
+
+def test_results_that_are_not_json_are_kept_as_text(lake: Lake) -> None:
+    job = Job("odd", NIGHTLY, run=lambda w: {"when": datetime(2026, 1, 1), "dataset_version": "7"})
+    [final] = Scheduler(lake, [job], clock=lambda: NOW).run_pending()
+    stored = RunsTable(lake).current()[("odd", final.window_key)]
+    assert stored.dataset_version == 7 and stored.results["when"] == "2026-01-01 00:00:00"
+
+
+def _running(owner: str, *, claim: int, lease_until: datetime | None = None) -> RunRecord:
+    window = Job("nightly", NIGHTLY, run=lambda w: {}).window_ending(datetime(2026, 11, 30, 2, tzinfo=timezone.utc))
+    return RunRecord(
+        job="nightly", window_key=window.key, window_start=window.start, window_end=window.end,
+        trigger="schedule", claim=claim, attempt=1, status=RunStatus.RUNNING, owner=owner,
+        started_at=NOW, recorded_at=NOW, lease_until=lease_until or NOW + timedelta(minutes=10),
+    )
