@@ -1,0 +1,93 @@
+"""The Kafka side of the ingester: a consumer with auto-commit off, and its assignment.
+
+Offsets live in the Delta log, never in Kafka. With a consumer group the
+rebalance callbacks only raise a flag (no I/O inside kafka-python's poll);
+the loop then re-reads the Delta markers and seeks. In static mode
+(``partitions=[0, 1]``) the consumer assigns itself the partitions, without
+a group: the right mode for kill tests and for pinning work by hand.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
+from kafka.structs import OffsetAndMetadata
+
+log = logging.getLogger(__name__)
+
+
+class AssignmentFlag(ConsumerRebalanceListener):
+    """Set when partitions were revoked or assigned; the loop reacts after poll returns."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Event()
+
+    def on_partitions_revoked(self, revoked) -> None:
+        self._changed.set()
+
+    def on_partitions_assigned(self, assigned) -> None:
+        self._changed.set()
+
+    def raise_(self) -> None:
+        self._changed.set()
+
+    def take(self) -> bool:
+        """True once per change."""
+        changed = self._changed.is_set()
+        self._changed.clear()
+        return changed
+
+
+def open_consumer(
+    bootstrap_servers: str,
+    topic: str,
+    *,
+    group: str | None,
+    partitions: Sequence[int] | None,
+    flag: AssignmentFlag,
+    session_timeout_ms: int = 6000,
+    heartbeat_interval_ms: int = 2000,
+    max_partition_fetch_bytes: int = 8 * 1024 * 1024,
+) -> KafkaConsumer:
+    """A consumer subscribed with ``group`` or, when ``partitions`` is given, statically assigned."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap_servers,
+        group_id=None if partitions is not None else group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        session_timeout_ms=session_timeout_ms,
+        heartbeat_interval_ms=heartbeat_interval_ms,
+        max_partition_fetch_bytes=max_partition_fetch_bytes,
+        fetch_max_bytes=64 * 1024 * 1024,
+    )
+    if partitions is not None:
+        consumer.assign([TopicPartition(topic, p) for p in partitions])
+        flag.raise_()
+    else:
+        consumer.subscribe([topic], listener=flag)
+    return consumer
+
+
+def seek(consumer: KafkaConsumer, topic: str, resume: dict[int, int | None]) -> None:
+    """Position each partition where the Delta log says (None: from the beginning)."""
+    for p, offset in resume.items():
+        tp = TopicPartition(topic, p)
+        if offset is None:
+            consumer.seek_to_beginning(tp)
+        else:
+            consumer.seek(tp, offset)
+
+
+def report_progress(consumer: KafkaConsumer, topic: str, last_offsets: dict[int, int]) -> None:
+    """Commit offsets to the group for monitoring (lag dashboards) only; never read back as truth."""
+    if consumer.config.get("group_id") is None or not last_offsets:
+        return
+    offsets = {TopicPartition(topic, p): OffsetAndMetadata(o + 1, "", -1) for p, o in last_offsets.items()}
+    try:
+        consumer.commit(offsets)
+    except KafkaError as exc:  # a rebalance in flight; the Delta log already has the truth
+        log.debug("kafka offset commit skipped error=%s", exc)

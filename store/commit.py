@@ -1,0 +1,131 @@
+"""Exactly-once appends: rows and Kafka offsets land in the same Delta commit.
+
+Every commit to a table carries one transaction marker per Kafka partition,
+``app_id = "trajlake-ingest:{group}:{topic}:{partition}"`` -> the last offset
+that table is complete through (kafka-delta-ingest's design). Invariants:
+
+* A table holds a row for offset ``o`` of partition ``p`` iff ``o <= marker(p)``
+  (rows with offsets at or below the marker are skipped on write).
+* A reader resumes partition ``p`` at ``min(marker over the tables) + 1``; a
+  table whose marker is ahead simply skips the replayed rows.
+* Before each commit the table's markers are re-read; if they moved since we
+  loaded them, someone else owns the partition now: ``OffsetConflict``.
+* A table that gets no rows in a batch is not committed unless its marker
+  trails by more than ``refresh_offsets`` (or it has none), which bounds the
+  replay after a restart while saving a commit per idle table per batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+from store.lake import Lake
+
+log = logging.getLogger(__name__)
+
+Markers = dict[int, int | None]
+"""Partition -> last offset a table is complete through (None: never written)."""
+
+
+class OffsetConflict(RuntimeError):
+    """A table's markers moved under us: another writer owns the partition now. Re-read and re-seek."""
+
+
+def marker_app_id(group: str, topic: str, partition: int) -> str:
+    """The Delta transaction app id of one consumer group's progress on one partition."""
+    return f"trajlake-ingest:{group}:{topic}:{partition}"
+
+
+class MarkedTable:
+    """One lake table, kept open, written only through marker-carrying commits."""
+
+    def __init__(self, lake: Lake, name: str, schema: pa.Schema, *, group: str, topic: str) -> None:
+        self.name = name
+        self.schema = schema
+        self._group, self._topic = group, topic
+        if not lake.exists(name):
+            _create(lake, name, schema)
+        self._table: DeltaTable = lake.table(name)
+        self._markers: Markers = {}
+
+    def _read_markers(self, partitions: Iterable[int]) -> Markers:
+        return {p: self._table.transaction_version(marker_app_id(self._group, self._topic, p)) for p in partitions}
+
+    def load(self, partitions: Iterable[int]) -> Markers:
+        """Refresh from the log and remember these partitions' markers as ours."""
+        self._table.update_incremental()
+        self._markers = self._read_markers(partitions)
+        return dict(self._markers)
+
+    def unwritten(self, rows: pa.Table) -> pa.Table:
+        """The rows this table does not hold yet (offset above its partition's marker)."""
+        if rows.num_rows == 0:
+            return rows
+        part, off = rows.column("kafka_partition"), rows.column("kafka_offset")
+        keep = pa.array([False] * rows.num_rows)
+        for p in pc.unique(part).to_pylist():
+            mark = self._markers.get(p)
+            above = pc.greater(off, mark) if mark is not None else pa.array([True] * rows.num_rows)
+            keep = pc.or_(keep, pc.and_(pc.equal(part, p), above))
+        return rows.filter(keep)
+
+    def commit(self, rows: pa.Table, last_offsets: Mapping[int, int], *, refresh_offsets: int) -> int:
+        """Append the unwritten ``rows`` with markers ``last_offsets``; returns rows written.
+
+        Skips the commit when nothing is unwritten and no marker is stale.
+        """
+        if not last_offsets:
+            return 0
+        self._table.update_incremental()
+        fresh = self._read_markers(last_offsets)
+        moved = {p: (self._markers.get(p), m) for p, m in fresh.items() if m != self._markers.get(p)}
+        if moved:
+            raise OffsetConflict(
+                f"table {self.name}: markers moved under us {moved} (partition reassigned?); re-seeking"
+            )
+        rows = self.unwritten(rows)
+        if rows.num_rows == 0 and not self._stale(last_offsets, refresh_offsets):
+            return 0
+        txns = [
+            Transaction(app_id=marker_app_id(self._group, self._topic, p), version=int(o))
+            for p, o in sorted(last_offsets.items())
+        ]
+        write_deltalake(
+            self._table, rows.cast(self.schema), mode="append",
+            commit_properties=CommitProperties(app_transactions=txns),
+        )
+        self._markers.update(last_offsets)
+        log.debug("commit table=%s rows=%d version=%d", self.name, rows.num_rows, self._table.version())
+        return rows.num_rows
+
+    def _stale(self, last_offsets: Mapping[int, int], refresh_offsets: int) -> bool:
+        marks = [self._markers.get(p) for p in last_offsets]
+        return any(m is None or last_offsets[p] - m > refresh_offsets for p, m in zip(last_offsets, marks))
+
+
+def _create(lake: Lake, name: str, schema: pa.Schema) -> None:
+    """Create an empty table; losing a creation race to another writer is fine."""
+    try:
+        lake.append(name, schema.empty_table(), schema=schema)
+    except Exception:  # noqa: BLE001 - delta-rs reports a lost race with several error types
+        if not lake.exists(name):
+            raise
+
+
+def resume_offsets(tables: Iterable[MarkedTable], partitions: Iterable[int]) -> dict[int, int | None]:
+    """Where to resume each partition: min over the tables of marker + 1.
+
+    None means "from the beginning": some table has never seen the partition.
+    """
+    parts = list(partitions)
+    loaded = [t.load(parts) for t in tables]
+    resume: dict[int, int | None] = {}
+    for p in parts:
+        marks = [m[p] for m in loaded]
+        resume[p] = None if None in marks else min(m for m in marks if m is not None) + 1
+    return resume
