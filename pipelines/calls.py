@@ -1,0 +1,104 @@
+"""Which LLM calls of the selected rollouts are trained, and reading their tokens.
+
+A call is a request joined with its response (first response by seq for a
+call_id). Each call gets one status, decided here and nowhere else:
+
+- ``duplicate``: another call of the rollout has the same ``idempotency_key``
+  or the same ``call_id`` (retries): only one of them is trained, preferring
+  one with a usable response, then the earliest.
+- ``no_response``: no llm.response arrived (yet).
+- ``error``: the response carries an error.
+- ``non_engine``: the tokens were not sampled by the engine (token_source is
+  not ``engine``, or prompt/response token ids are missing); trained only with
+  ``allow_non_engine`` when both token lists are present.
+- ``ok``: trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import duckdb
+import pyarrow as pa
+
+CALL_INDEX = """
+CREATE OR REPLACE TEMP TABLE call_index AS
+WITH req AS (
+    SELECT rollout_id, call_id, seq, event_id AS req_event_id, idempotency_key,
+           prompt_token_ids IS NOT NULL AS has_prompt, coalesce(len(prompt_token_ids), 0) AS n_prompt
+    FROM llm_requests WHERE rollout_id IN (SELECT rollout_id FROM usable)),
+resp AS (
+    SELECT * FROM (
+        SELECT rollout_id, call_id, event_id AS resp_event_id, token_source, error,
+               response_token_ids IS NOT NULL AS has_response, coalesce(len(response_token_ids), 0) AS n_response,
+               row_number() OVER (PARTITION BY rollout_id, call_id ORDER BY seq, event_id) AS k
+        FROM llm_responses WHERE rollout_id IN (SELECT rollout_id FROM usable))
+    WHERE k = 1),
+calls AS (
+    SELECT req.*, resp.resp_event_id, resp.n_response,
+           CASE WHEN resp.resp_event_id IS NULL THEN 'no_response'
+                WHEN resp.error IS NOT NULL THEN 'error'
+                WHEN req.has_prompt AND resp.has_response AND (resp.token_source = 'engine' OR $allow) THEN 'ok'
+                ELSE 'non_engine' END AS base_status
+    FROM req LEFT JOIN resp ON req.rollout_id = resp.rollout_id AND req.call_id = resp.call_id),
+ranked AS (
+    SELECT *,
+           row_number() OVER (PARTITION BY rollout_id, coalesce(idempotency_key, 'call:' || call_id)
+                              ORDER BY base_status = 'ok' DESC, seq, req_event_id) AS key_rank,
+           row_number() OVER (PARTITION BY rollout_id, call_id
+                              ORDER BY base_status = 'ok' DESC, seq, req_event_id) AS id_rank
+    FROM calls)
+SELECT rollout_id, call_id, seq, req_event_id, resp_event_id, n_prompt, n_response,
+       CASE WHEN key_rank > 1 OR id_rank > 1 THEN 'duplicate' ELSE base_status END AS status
+FROM ranked
+"""
+
+CALL_STATUSES = ("ok", "duplicate", "no_response", "error", "non_engine")
+
+
+def index_calls(con: duckdb.DuckDBPyConnection, *, allow_non_engine: bool) -> dict[str, int]:
+    """Build ``call_index`` for the rollouts in temp table ``usable``; return calls per status."""
+    con.execute(CALL_INDEX, {"allow": allow_non_engine})
+    counts = dict(con.execute("SELECT status, count(*) FROM call_index GROUP BY status").fetchall())
+    return {status: int(counts.get(status, 0)) for status in CALL_STATUSES}
+
+
+def trained_tokens_per_rollout(con: duckdb.DuckDBPyConnection) -> pa.Table:
+    """rollout_id, trained (response) tokens, total tokens read, trained call count: for ok calls."""
+    return con.execute(
+        """SELECT rollout_id, sum(n_response)::BIGINT AS trained_tokens,
+                  sum(n_prompt + n_response)::BIGINT AS read_tokens
+           FROM call_index WHERE status = 'ok' GROUP BY rollout_id ORDER BY rollout_id"""
+    ).fetch_arrow_table()
+
+
+def read_call_tokens(con: duckdb.DuckDBPyConnection, first: str, last: str) -> pa.Table:
+    """Token-bearing rows of the ok calls of rollouts in [first, last] of temp table ``batch``.
+
+    Ordered by rollout, then seq: the order the merger needs.
+    """
+    return con.execute(
+        """SELECT c.rollout_id, c.call_id, c.seq, c.req_event_id, c.resp_event_id, q.span_id, q.tokenizer,
+                  q.chat_template_hash, q.prompt_token_ids, r.response_token_ids, r.logprobs, r.policy_version
+           FROM call_index c
+           JOIN batch b ON b.rollout_id = c.rollout_id
+           JOIN (SELECT * FROM llm_requests WHERE rollout_id BETWEEN $first AND $last) q ON q.event_id = c.req_event_id
+           JOIN (SELECT * FROM llm_responses WHERE rollout_id BETWEEN $first AND $last) r ON r.event_id = c.resp_event_id
+           WHERE c.status = 'ok'
+           ORDER BY c.rollout_id, c.seq, c.req_event_id""",
+        {"first": first, "last": last},
+    ).fetch_arrow_table()
+
+
+def iter_batches(rollout_ids: list[str], read_tokens: list[int], batch_tokens: int) -> Iterator[list[str]]:
+    """Consecutive runs of rollout ids whose read tokens stay within ``batch_tokens`` (one rollout at least)."""
+    batch: list[str] = []
+    size = 0
+    for rollout_id, n in zip(rollout_ids, read_tokens):
+        if batch and size + n > batch_tokens:
+            yield batch
+            batch, size = [], 0
+        batch.append(rollout_id)
+        size += n
+    if batch:
+        yield batch

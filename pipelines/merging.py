@@ -1,0 +1,148 @@
+"""Token-exact merging of a rollout's LLM calls into training samples.
+
+Calls are taken in order (seq). A call extends an open sample of its rollout
+when that sample's tokens so far (prompts + responses) are an exact token
+prefix of the call's prompt: the prompt's extra tokens are observations
+(loss mask 0), the response tokens are sampled (mask 1, engine logprobs).
+Every sample stays open for the rest of the rollout, so a sub-agent's calls
+interleaved with the parent's do not break the parent's sample. When several
+open samples are prefixes, the longest wins.
+
+When no open sample is a prefix, a new sample starts. Its ``start_reason`` is
+``first`` when no open sample has the call's span (a new agent or sub-agent
+context). Otherwise the call is compared with the sample of its span extended last
+(the one it should have extended) and the mismatch is classified:
+
+1. ``chat_template``: the tokenizer or chat-template hash changed.
+2. ``truncation`` (truncation or summarisation): the prompt is shorter than
+   the sample so far and keeps less than half of the sample's tokens after
+   the first divergence: the history was cut or replaced by a summary.
+3. ``retokenization``: the first divergence lies after the sample's first
+   prompt, in the responses/observations it accumulated: the history was
+   re-rendered from text and its tokens no longer match what was sampled.
+4. ``other``: anything else (e.g. a rewritten system prompt).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MISMATCH_CLASSES = ("chat_template", "retokenization", "truncation", "other")
+
+
+@dataclass(frozen=True)
+class Call:
+    """One trained LLM call, tokens as numpy views."""
+
+    call_id: str
+    span_id: str | None
+    tokenizer: str | None
+    chat_template_hash: str | None
+    prompt: np.ndarray
+    response: np.ndarray
+    logprobs: np.ndarray | None
+    policy_version: str | None = None
+
+
+@dataclass
+class Sample:
+    """A merged sample under construction."""
+
+    tokens: np.ndarray
+    span_id: str | None
+    tokenizer: str | None
+    chat_template_hash: str | None
+    first_prompt_len: int
+    start_reason: str
+    policy_version: str | None
+    call_ids: list[str] = field(default_factory=list)
+    last_call: int = 0
+    """Position (in the rollout's calls) of the call that last extended this sample."""
+    trained: list[tuple[int, np.ndarray | None, int]] = field(default_factory=list)
+    """(start, logprobs, length) of each sampled response inside ``tokens``."""
+
+    def add_response(self, call: Call) -> None:
+        start = len(call.prompt)
+        self.tokens = np.concatenate((call.prompt, call.response))
+        self.trained.append((start, call.logprobs, len(call.response)))
+        self.call_ids.append(call.call_id)
+        self.tokenizer, self.chat_template_hash = call.tokenizer, call.chat_template_hash
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """input_ids (int32), loss_mask (int8), old_logprobs (float32)."""
+        mask = np.zeros(len(self.tokens), dtype=np.int8)
+        logprobs = np.zeros(len(self.tokens), dtype=np.float32)
+        for start, values, length in self.trained:
+            mask[start : start + length] = 1
+            if values is not None:
+                logprobs[start : start + length] = values
+        return self.tokens.astype(np.int32, copy=False), mask, logprobs
+
+    @property
+    def n_trained(self) -> int:
+        return sum(length for _, _, length in self.trained)
+
+
+def is_prefix(prefix: np.ndarray, tokens: np.ndarray) -> bool:
+    """Exact token prefix: a length check, then one vectorised comparison."""
+    return len(prefix) <= len(tokens) and np.array_equal(tokens[: len(prefix)], prefix)
+
+
+def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
+
+
+def classify_mismatch(sample: Sample, call: Call) -> str:
+    """Why ``call`` could not extend ``sample`` (rule in the module docstring)."""
+    if _differs(sample.tokenizer, call.tokenizer) or _differs(sample.chat_template_hash, call.chat_template_hash):
+        return "chat_template"
+    diverge = common_prefix_length(sample.tokens, call.prompt)
+    kept_after = len(call.prompt) - diverge
+    lost_after = len(sample.tokens) - diverge
+    if len(call.prompt) < len(sample.tokens) and kept_after * 2 < lost_after:
+        return "truncation"
+    if diverge >= sample.first_prompt_len:
+        return "retokenization"
+    return "other"
+
+
+def _differs(a: str | None, b: str | None) -> bool:
+    return a is not None and b is not None and a != b
+
+
+def merge_calls(calls: list[Call]) -> list[Sample]:
+    """Merge one rollout's calls (in order) into samples, in the order they started."""
+    samples: list[Sample] = []
+    for position, call in enumerate(calls):
+        target = _longest_prefix(samples, call.prompt)
+        if target is None:
+            target = Sample(
+                tokens=call.prompt,
+                span_id=call.span_id,
+                tokenizer=call.tokenizer,
+                chat_template_hash=call.chat_template_hash,
+                first_prompt_len=len(call.prompt),
+                start_reason=_start_reason(samples, call),
+                policy_version=call.policy_version,
+            )
+            samples.append(target)
+        target.add_response(call)
+        target.last_call = position
+    return samples
+
+
+def _longest_prefix(samples: list[Sample], prompt: np.ndarray) -> Sample | None:
+    best: Sample | None = None
+    for sample in samples:
+        if (best is None or len(sample.tokens) > len(best.tokens)) and is_prefix(sample.tokens, prompt):
+            best = sample
+    return best
+
+
+def _start_reason(samples: list[Sample], call: Call) -> str:
+    same_span = [s for s in samples if s.span_id == call.span_id]
+    return classify_mismatch(max(same_span, key=lambda s: s.last_call), call) if same_span else "first"

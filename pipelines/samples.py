@@ -1,0 +1,215 @@
+"""Streaming the merged samples: batches of rollouts in, Arrow record batches out.
+
+Rollouts are processed in rollout_id order in batches bounded by
+``batch_tokens``, so memory follows one batch, not the dataset. The rows pass
+through a running SHA-256 (the content hash: config identity + every row in
+(rollout_id, sample_index) order) and the merge statistics on their way to
+the Delta writer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from pipelines.calls import iter_batches, read_call_tokens
+from pipelines.config import BuildConfig
+from pipelines.merging import MISMATCH_CLASSES, Call, Sample, merge_calls
+from schemas.tables import SAMPLES
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """The rollouts to merge, sorted by rollout_id, with their scalars."""
+
+    rollout_ids: list[str]
+    task_ids: list[str]
+    tenants: list[str]
+    group_ids: list[str]
+    policy_versions: list[str | None]
+    rewards: np.ndarray
+    advantages: np.ndarray
+    token_weights: np.ndarray
+    trained_tokens: np.ndarray
+    read_tokens: np.ndarray
+    reward_event_ids: list[list[str]]
+
+    @classmethod
+    def from_table(cls, table: pa.Table) -> RolloutPlan:
+        col = lambda name: table[name].to_pylist()  # noqa: E731
+        return cls(
+            rollout_ids=col("rollout_id"),
+            task_ids=col("task_id"),
+            tenants=col("tenant"),
+            group_ids=col("group_id"),
+            policy_versions=col("policy_version"),
+            rewards=table["reward"].to_numpy(),
+            advantages=table["advantage"].to_numpy(),
+            token_weights=table["token_weight"].to_numpy(),
+            trained_tokens=table["trained_tokens"].to_numpy(),
+            read_tokens=table["read_tokens"].to_numpy(),
+            reward_event_ids=col("reward_event_ids"),
+        )
+
+
+class SampleStream:
+    """Merges the plan's rollouts batch by batch; ``reader()`` feeds the Delta writer once."""
+
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        plan: RolloutPlan,
+        config: BuildConfig,
+        *,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self._con, self._plan, self._config, self._progress = con, plan, config, progress
+        self._index = {rollout_id: i for i, rollout_id in enumerate(plan.rollout_ids)}
+        self._hash = hashlib.sha256(json.dumps(config.identity(), sort_keys=True).encode())
+        self.samples_per_rollout: dict[str, int] = {}
+        self.start_reasons: Counter[str] = Counter()
+        self.n_samples = self.n_tokens = self.n_trained_tokens = 0
+
+    def reader(self) -> pa.RecordBatchReader:
+        return pa.RecordBatchReader.from_batches(SAMPLES, self._batches())
+
+    def content_hash(self) -> str:
+        return self._hash.hexdigest()
+
+    def merge_statistics(self) -> dict:
+        counts = np.array(list(self.samples_per_rollout.values()) or [0])
+        histogram = Counter(int(c) for c in counts)
+        return {
+            "samples_per_rollout_mean": round(float(counts.mean()), 4),
+            "samples_per_rollout_max": int(counts.max()),
+            "samples_per_rollout_histogram": {str(k): v for k, v in sorted(histogram.items())},
+            "single_sample_share": round(float((counts == 1).mean()), 4),
+            "mismatches": {cls: self.start_reasons.get(cls, 0) for cls in MISMATCH_CLASSES},
+        }
+
+    def _batches(self) -> Iterator[pa.RecordBatch]:
+        plan, done = self._plan, 0
+        self._con.execute("CREATE OR REPLACE TEMP TABLE batch (rollout_id VARCHAR)")
+        for batch in iter_batches(plan.rollout_ids, plan.read_tokens.tolist(), self._config.batch_tokens):
+            self._con.execute("DELETE FROM batch")
+            self._con.executemany("INSERT INTO batch VALUES (?)", [[r] for r in batch])
+            table = read_call_tokens(self._con, batch[0], batch[-1])
+            rows: list[tuple[int, int, Sample]] = []
+            for rollout_id, calls in calls_by_rollout(table):
+                i = self._index[rollout_id]
+                samples = merge_calls(calls)
+                self.samples_per_rollout[rollout_id] = len(samples)
+                rows.extend((i, k, sample) for k, sample in enumerate(samples))
+            yield self._record_batch(rows)
+            done += len(batch)
+            if self._progress is not None:
+                self._progress(done, len(plan.rollout_ids))
+
+    def _record_batch(self, rows: list[tuple[int, int, Sample]]) -> pa.RecordBatch:
+        plan = self._plan
+        ids, masks, logprobs, trained = [], [], [], []
+        for i, k, sample in rows:
+            input_ids, mask, lps = sample.arrays()
+            n_trained = int(mask.sum())
+            self._check_trained(plan.rollout_ids[i], sample, n_trained)
+            ids.append(input_ids)
+            masks.append(mask)
+            logprobs.append(lps)
+            trained.append(n_trained)
+            self.start_reasons[sample.start_reason] += 1
+            self._hash_row(plan.rollout_ids[i], k, sample, input_ids, mask, lps, i)
+        lengths = np.array([len(x) for x in ids], dtype=np.int64)
+        offsets = pa.array(np.concatenate(([0], np.cumsum(lengths))).astype(np.int32))
+        rollout = [i for i, _, _ in rows]
+        self.n_samples += len(rows)
+        self.n_tokens += int(lengths.sum())
+        self.n_trained_tokens += sum(trained)
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array([f"{plan.rollout_ids[i]}/{k}" for i, k, _ in rows], pa.string()),
+                pa.array([plan.tenants[i] for i in rollout], pa.string()),
+                pa.array([plan.task_ids[i] for i in rollout], pa.string()),
+                pa.array([plan.rollout_ids[i] for i in rollout], pa.string()),
+                pa.array([plan.group_ids[i] for i in rollout], pa.string()),
+                pa.array([k for _, k, _ in rows], pa.int32()),
+                pa.array([s.start_reason for _, _, s in rows], pa.string()),
+                pa.array([s.call_ids for _, _, s in rows], pa.list_(pa.string())),
+                pa.array([s.policy_version or plan.policy_versions[i] for i, _, s in rows], pa.string()),
+                pa.array([s.tokenizer for _, _, s in rows], pa.string()),
+                pa.ListArray.from_arrays(offsets, _concat(ids, np.int32)),
+                pa.ListArray.from_arrays(offsets, _concat(masks, np.int8)),
+                pa.ListArray.from_arrays(offsets, _concat(logprobs, np.float32)),
+                pa.array(plan.advantages[rollout], pa.float32()),
+                pa.array(plan.token_weights[rollout], pa.float32()),
+                pa.array(plan.rewards[rollout], pa.float64()),
+                pa.array(lengths, pa.int32()),
+                pa.array(trained, pa.int32()),
+            ],
+            schema=SAMPLES,
+        )
+
+    def _check_trained(self, rollout_id: str, sample: Sample, n_trained: int) -> None:
+        if n_trained != sample.n_trained:
+            raise RuntimeError(f"rollout {rollout_id}: overlapping responses in a sample ({sample.call_ids})")
+
+    def _hash_row(self, rollout_id: str, k: int, sample: Sample, ids: np.ndarray, mask: np.ndarray,
+                  lps: np.ndarray, i: int) -> None:
+        plan = self._plan
+        head = [rollout_id, k, sample.start_reason, sample.call_ids, sample.policy_version or plan.policy_versions[i],
+                sample.tokenizer, float(np.float32(plan.advantages[i])), float(np.float32(plan.token_weights[i])),
+                float(plan.rewards[i])]
+        self._hash.update(json.dumps(head).encode())
+        for array in (ids, mask, lps):
+            self._hash.update(len(array).to_bytes(8, "little"))
+            self._hash.update(array.tobytes())
+
+
+def _concat(arrays: list[np.ndarray], dtype: type) -> pa.Array:
+    return pa.array(np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype))
+
+
+def calls_by_rollout(table: pa.Table) -> Iterator[tuple[str, list[Call]]]:
+    """Group a batch's call rows (sorted by rollout, seq) into ``Call`` lists, tokens as numpy views."""
+    if table.num_rows == 0:
+        return
+    prompts = _list_views(table["prompt_token_ids"])
+    responses = _list_views(table["response_token_ids"])
+    logprobs = _list_views(table["logprobs"])
+    rollout_ids = table["rollout_id"].to_pylist()
+    columns = {name: table[name].to_pylist() for name in
+               ("call_id", "span_id", "tokenizer", "chat_template_hash", "policy_version")}
+    start = 0
+    for end in range(1, len(rollout_ids) + 1):
+        if end == len(rollout_ids) or rollout_ids[end] != rollout_ids[start]:
+            yield rollout_ids[start], [
+                Call(
+                    call_id=columns["call_id"][j],
+                    span_id=columns["span_id"][j],
+                    tokenizer=columns["tokenizer"][j],
+                    chat_template_hash=columns["chat_template_hash"][j],
+                    prompt=prompts(j),
+                    response=responses(j),
+                    logprobs=logprobs(j),
+                    policy_version=columns["policy_version"][j],
+                )
+                for j in range(start, end)
+            ]
+            start = end
+
+
+def _list_views(column: pa.ChunkedArray) -> Callable[[int], np.ndarray | None]:
+    """Row j of a list column as a zero-copy numpy slice (None when null)."""
+    array = column.combine_chunks()
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    offsets = array.offsets.to_numpy()
+    values = array.values.to_numpy(zero_copy_only=False)
+    valid = array.is_valid().to_numpy(zero_copy_only=False)
+    return lambda j: values[offsets[j] : offsets[j + 1]] if valid[j] else None

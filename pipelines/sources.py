@@ -1,0 +1,55 @@
+"""A consistent read of the source tables: each pinned at one Delta version.
+
+The ingester keeps appending while a build runs; pinning every table at the
+version seen when the build starts makes the build's inputs one snapshot, and
+the versions go into the manifest so the build can be replayed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+
+from store.lake import Lake
+from store.sql import delta_extension_path
+
+SOURCE_TABLES = ("rollout_starts", "rollout_ends", "llm_requests", "llm_responses", "rewards")
+"""Physical tables a build reads (the joined SQL views are deliberately not used)."""
+
+
+class SourceMissing(LookupError):
+    """The lake lacks a table a build needs."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Source table name -> the Delta version the build reads."""
+
+    versions: dict[str, int]
+
+    @classmethod
+    def pin(cls, lake: Lake, tables: tuple[str, ...] = SOURCE_TABLES) -> Snapshot:
+        """Pin every table at its current version; raises ``SourceMissing`` naming the first absent one."""
+        versions = {}
+        for name in tables:
+            version = lake.version(name)
+            if version is None:
+                raise SourceMissing(
+                    f"lake {lake.root!r} has no {name!r} table: ingest rollouts first (trajlake ingest), "
+                    "or point --lake / TRAJLAKE_LAKE at the right lake"
+                )
+            versions[name] = version
+        return cls(versions)
+
+
+def pinned_connection(lake: Lake, snapshot: Snapshot, *, memory_limit: str = "1GB") -> duckdb.DuckDBPyConnection:
+    """DuckDB with one view per source table, each at its pinned version."""
+    con = duckdb.connect(":memory:", config={"allow_unsigned_extensions": "true"})
+    con.load_extension(delta_extension_path())
+    con.execute(f"SET memory_limit = '{memory_limit}'")
+    con.execute("SET preserve_insertion_order = false")
+    for name, version in snapshot.versions.items():
+        uri = lake.uri(name).replace("'", "''")
+        con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM delta_scan(\'{uri}\', version={int(version)})')
+    return con
