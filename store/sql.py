@@ -33,6 +33,7 @@ from typing import Literal
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from schemas.tables import INGESTED_TABLES
@@ -287,7 +288,8 @@ def export(table: pa.Table, path: str | Path, *, format: str) -> None:
     """Write a query result to ``path`` as csv, json (one object per line) or parquet.
 
     Parquet keeps the Arrow types exactly (token ids stay list<int32>); csv
-    writes lists as ``[1, 2, 3]`` and json as arrays.
+    writes lists as ``[1, 2, 3]``, json as arrays; timestamps become RFC 3339
+    text in UTC (``2026-01-01T00:00:01.250000Z``) in both.
     """
     if format not in EXPORT_FORMATS:
         raise ValueError(f"unknown format {format!r}: use one of {', '.join(EXPORT_FORMATS)}")
@@ -297,10 +299,21 @@ def export(table: pa.Table, path: str | Path, *, format: str) -> None:
     options = "FORMAT csv, HEADER true" if format == "csv" else "FORMAT json"
     con = duckdb.connect(":memory:", config={"python_enable_replacements": "false"})
     try:
-        con.register("result", table)
+        con.register("result", _timestamps_as_text(table))
         con.execute(f"COPY result TO '{_quote(str(path))}' ({options})")
     finally:
         con.close()
+
+
+def _timestamps_as_text(table: pa.Table) -> pa.Table:
+    for i, field in enumerate(table.schema):
+        if pa.types.is_timestamp(field.type):
+            column = table.column(i)
+            if field.type.tz is not None:
+                column = column.cast(pa.timestamp(field.type.unit, tz="UTC"))
+            text = pc.strftime(column, format="%Y-%m-%dT%H:%M:%S" + ("Z" if field.type.tz else ""))
+            table = table.set_column(i, pa.field(field.name, pa.string()), text)
+    return table
 
 
 def _quote(s: str) -> str:

@@ -1,0 +1,182 @@
+"""``trajlake sql`` and ``trajlake tables``: read the lake with SQL (DuckDB views)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from datetime import datetime, timezone
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from store.lake import Lake
+from store.sql import LakeMissing, QueryError, describe_views, export, run_query
+from store.trajectory import excerpt
+from trajlake.settings import CommonSettings
+
+CELL_CHARS = 60
+"""Longest cell text in the table format; longer values end in an ellipsis."""
+
+
+class SqlSettings(CommonSettings):
+    """Settings of ``trajlake sql``."""
+
+    sql_max_rows: int = 100
+    """Rows the table format prints when --max-rows is not given (TRAJLAKE_SQL_MAX_ROWS)."""
+
+
+class OutputFormat(str, Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+    parquet = "parquet"
+
+
+LAKE_OPTION = typer.Option(None, "--lake", help="Lake root (default: TRAJLAKE_LAKE, else ./lake).")
+
+
+def build_settings(lake: str | None) -> SqlSettings:
+    return SqlSettings(**({"lake": lake} if lake else {}))
+
+
+def fail(message: str) -> typer.Exit:
+    """Print ``message`` to stderr and return the exit to raise (code 1)."""
+    Console(stderr=True).print(Text.assemble(("error: ", "bold red"), message))
+    return typer.Exit(code=1)
+
+
+def sql(
+    query: str = typer.Argument(..., help='One SELECT statement, e.g. "SELECT status, count(*) FROM rollouts GROUP BY ALL".'),
+    lake: str | None = LAKE_OPTION,
+    format: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help="table (for people), csv, json (one object per line) or parquet."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="File to write (csv/json/parquet); csv and json go to stdout without it."),
+    max_rows: int | None = typer.Option(None, "--max-rows", "-n", min=0, help="Stop after N rows (default: TRAJLAKE_SQL_MAX_ROWS=100 for table, all for files)."),
+) -> None:
+    """Run SQL over every lake table (views: trajlake tables) and print or export the result."""
+    settings = build_settings(lake)
+    if format is OutputFormat.table and output is not None:
+        raise fail("--output needs --format csv, json or parquet (the table format prints to the terminal)")
+    if format is OutputFormat.parquet and output is None:
+        raise fail("--format parquet needs --output FILE")
+    limit = settings.sql_max_rows if format is OutputFormat.table and max_rows is None else max_rows
+    try:
+        result = run_query(Lake(settings.lake), query, max_rows=None if limit is None else limit + 1)
+    except (QueryError, LakeMissing) as e:
+        raise fail(str(e)) from None
+    more = limit is not None and result.num_rows > limit
+    if more:
+        result = result.slice(0, limit)
+    if format is OutputFormat.table:
+        print_table(result, more=more)
+    else:
+        write_result(result, format.value, output)
+    if more:
+        Console(stderr=True).print(f"[yellow]stopped after {limit} rows[/]: raise --max-rows to see more")
+
+
+def write_result(result: pa.Table, fmt: str, output: Path | None) -> None:
+    """Export to ``output``, or through a temporary file to stdout."""
+    if output is not None:
+        try:
+            export(result, output, format=fmt)
+        except OSError as e:
+            raise fail(f"cannot write {output}: {e}") from None
+        Console(stderr=True).print(f"wrote {result.num_rows} rows to {output} ({fmt})")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"result.{fmt}"
+        export(result, path, format=fmt)
+        with path.open("rb") as f:
+            sys.stdout.flush()
+            shutil.copyfileobj(f, sys.stdout.buffer)
+        sys.stdout.flush()
+
+
+def print_table(result: pa.Table, *, more: bool = False) -> None:
+    """A rich table; one block per record when the columns would not fit the terminal."""
+    console = Console()
+    rows = [[cell(v) for v in row.values()] for row in result.to_pylist()]
+    if _table_width(result.column_names, rows) > console.width:
+        width = max(len(name) for name in result.column_names)
+        for i, row in enumerate(rows, 1):
+            console.rule(f"row {i}", align="left", style="dim")
+            for name, text in zip(result.column_names, row):
+                console.print(Text.assemble((name.ljust(width), "bold"), "  ", text))
+    else:
+        table = Table(box=box.SIMPLE_HEAVY, show_edge=False)
+        for field in result.schema:
+            numeric = pa.types.is_integer(field.type) or pa.types.is_floating(field.type)
+            table.add_column(field.name, justify="right" if numeric else "left", overflow="fold")
+        for row in rows:
+            table.add_row(*(Text(text) for text in row))
+        console.print(table)
+    plural = "" if result.num_rows == 1 else "s"
+    console.print(f"[dim]{result.num_rows}{'+' if more else ''} row{plural}[/]")
+
+
+def _table_width(names: list[str], rows: list[list[str]]) -> int:
+    """Rough width of the table format: each column as wide as its header or cells (capped at 24)."""
+    widths = [min(max([len(name), *(len(row[i]) for row in rows)]), 24) for i, name in enumerate(names)]
+    return sum(widths) + 3 * len(widths)
+
+
+def cell(value: Any) -> str:
+    """One value as table text: lists of numbers as counts, long text cut."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, list):
+        if value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return f"[{len(value)} ids]"
+        if value and all(isinstance(v, float) for v in value):
+            return f"[{len(value)} floats]"
+        return excerpt(json.dumps(value, default=str), CELL_CHARS) or ""
+    if isinstance(value, dict):
+        return excerpt(json.dumps(value, default=str), CELL_CHARS) or ""
+    if isinstance(value, datetime):
+        return utc_text(value)
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>"
+    return excerpt(str(value), CELL_CHARS) or ""
+
+
+def utc_text(ts: datetime) -> str:
+    """``2026-01-01 00:00:01.250Z``: UTC, milliseconds only when there are some."""
+    if ts.tzinfo is not None:
+        ts = ts.astimezone(timezone.utc)
+    text = ts.strftime("%Y-%m-%d %H:%M:%S")
+    if ts.microsecond:
+        text += f".{ts.microsecond // 1000:03d}"
+    return text + ("Z" if ts.tzinfo is not None else "")
+
+
+def tables(lake: str | None = LAKE_OPTION) -> None:
+    """List the views `trajlake sql` can query, with row counts and Delta versions."""
+    settings = build_settings(lake)
+    try:
+        views = describe_views(Lake(settings.lake))
+    except (QueryError, LakeMissing) as e:
+        raise fail(str(e)) from None
+    table = Table(box=box.SIMPLE_HEAVY, show_edge=False, title=f"lake {settings.lake}", title_justify="left")
+    for name, justify in (("view", "left"), ("kind", "left"), ("rows", "right"), ("version", "right"), ("table", "left")):
+        table.add_column(name, justify=justify)
+    for v in views:
+        kind = {"delta": "delta", "joined": "joined view", "empty": "[dim]not written yet[/]"}[v.kind]
+        version = "" if v.version is None else str(v.version)
+        table.add_row(Text(v.name), kind, f"{v.rows:,}", version, Text(v.table or ""))
+    Console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(sql)
+    app.command()(tables)
