@@ -1,0 +1,328 @@
+"""``train_dataset``: one dataset version -> one DeepSpeed run -> one checkpoint with lineage.
+
+Reads top to bottom: distributed setup, dataset and model checks, the run's
+identity and whether it resumes, the DeepSpeed engine, the step loop (log,
+save a restart point every ``save_every`` steps), then the exports and the
+table rows. Every rank runs this function; only rank 0 writes tables and the
+Hugging Face export, every rank writes its DeepSpeed shard.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from store.lake import Lake
+from trainer.batching import Batch, collate, epoch_order, plan_batches, rank_share
+from trainer.config import TrainConfig, deepspeed_dict, uses_bf16
+from trainer.dataset import DatasetRef, Samples, load_samples, resolve_version
+from trainer.distributed import Dist, all_ranks_agree, barrier, init_distributed
+from trainer.errors import DatasetError
+from trainer.model import ModelInfo, check_tokenizer, inspect_model, load_causal_lm
+from trainer.objective import forward_loss
+from trainer.records import (
+    CheckpointRecord, code_version, find_checkpoint, record_status, run_states, write_checkpoint,
+)  # fmt: skip
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepLog:
+    """What one optimizer step reports (to the log, the CLI's progress bar, tests)."""
+
+    step: int
+    total_steps: int
+    epoch: int
+    metrics: dict[str, float]
+    tokens_per_s: float
+
+
+@dataclass
+class Run:
+    """Everything fixed before the first step."""
+
+    dist: Dist
+    config: TrainConfig
+    model: ModelInfo
+    samples: Samples
+    checkpoint_id: str
+    run_dir: Path
+    ds_config: dict
+    batches: list[list[int]] = field(default_factory=list)
+
+    @property
+    def grad_accum(self) -> int:
+        return int(self.ds_config["gradient_accumulation_steps"])
+
+    def micro_order(self) -> list[int]:
+        """This rank's micro-batches over all epochs, in training order."""
+        order: list[int] = []
+        for epoch in range(self.config.epochs):
+            full = epoch_order(len(self.batches), seed=self.config.seed, epoch=epoch)
+            order += rank_share(full, rank=self.dist.rank, world=self.dist.world_size, grad_accum=self.grad_accum)
+        return order
+
+
+def checkpoint_id_for(name: str, version: int, config: TrainConfig) -> str:
+    """``ckpt-<dataset>-v<version>-<hash>``: the same inputs always name the same checkpoint."""
+    return f"ckpt-{name}-v{version}-{config.fingerprint(base_model=config.model)}"
+
+
+def prepare_run(lake: Lake, ref: DatasetRef, config: TrainConfig, dist: Dist) -> Run:
+    """Load and check everything a run needs before touching DeepSpeed."""
+    info = inspect_model(config.model)
+    version = resolve_version(lake, ref)
+    max_len = min(config.max_seq_len or info.max_positions, info.max_positions)
+    samples = load_samples(lake, DatasetRef(ref.name, version), vocab_size=info.vocab_size, max_len=max_len)
+    check_tokenizer(samples.tokenizers, info)
+    if config.mode == "sft":
+        samples = samples.select(samples.reward > config.sft_min_reward)
+        if not len(samples):
+            raise DatasetError(
+                f"dataset {ref.name}@{version} has no rollout with reward > {config.sft_min_reward} for SFT: "
+                "lower --sft-min-reward or train with --mode pg"
+            )
+    checkpoint_id = checkpoint_id_for(ref.name, version, config)
+    run = Run(dist, config, info, samples, checkpoint_id, Path(config.out) / checkpoint_id, deepspeed_dict(config))
+    run.batches = plan_batches([len(x) for x in samples.input_ids], budget=config.micro_batch_tokens)
+    return run
+
+
+def train_dataset(
+    lake: Lake,
+    dataset: str,
+    version: int | None,
+    config: TrainConfig,
+    *,
+    parent_checkpoint_id: str | None = None,
+    on_step: Callable[[StepLog], None] | None = None,
+) -> CheckpointRecord:
+    """Train ``datasets/<dataset>`` at ``version`` (latest when None) and record the checkpoint.
+
+    Idempotent: a run that already finished returns its checkpoint; a run that
+    started and died resumes from its last DeepSpeed checkpoint.
+
+    >>> rec = train_dataset(Lake("lake"), "math", 3, TrainConfig(model="tiny"))  # doctest: +SKIP
+    >>> rec.checkpoint_id  # doctest: +SKIP
+    'ckpt-math-v3-1a2b3c4d'
+    """
+    dist = init_distributed()
+    run = prepare_run(lake, DatasetRef(dataset, version), config, dist)
+    done = find_checkpoint(lake, run.checkpoint_id)
+    if all_ranks_agree("done" if done else "todo") == "done":
+        log.info("event=already_trained checkpoint_id=%s", run.checkpoint_id)
+        return done or _wait_for_record(lake, run.checkpoint_id)
+    resume_step = _start(lake, run)
+    try:
+        return _train(lake, run, resume_step, parent_checkpoint_id, on_step)
+    except BaseException as exc:
+        if dist.is_main and not isinstance(exc, KeyboardInterrupt):
+            record_status(lake, run.checkpoint_id, dataset=dataset, version=run.samples.version,
+                          status="failed", step=-1, error=f"{type(exc).__name__}: {exc}"[:2000])  # fmt: skip
+        raise
+
+
+def _wait_for_record(lake: Lake, checkpoint_id: str) -> CheckpointRecord:
+    record = find_checkpoint(lake, checkpoint_id)
+    assert record is not None, "rank 0 saw the checkpoint row, so it exists"
+    return record
+
+
+def _start(lake: Lake, run: Run) -> int:
+    """Record the (re)start on rank 0; every rank gets the step it resumes from (0 = fresh)."""
+    step = 0
+    if run.dist.is_main:
+        state = run_states(lake).get(run.checkpoint_id)
+        latest = run.run_dir / "ds" / "latest"
+        if state is not None and latest.is_file():
+            step = int(latest.read_text().strip().removeprefix("step"))
+        elif run.run_dir.exists():
+            shutil.rmtree(run.run_dir)  # leftovers of a run that never saved a restart point
+        record_status(lake, run.checkpoint_id, dataset=run.samples.name, version=run.samples.version,
+                      status="started", step=step)  # fmt: skip
+    return int(all_ranks_agree(str(step)))
+
+
+def _build_engine(run: Run):
+    import deepspeed
+
+    model = load_causal_lm(run.config.model)
+    model.config.use_cache = False
+    optimizer = None
+    if "optimizer" not in run.ds_config:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=run.config.lr, weight_decay=run.config.weight_decay)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=run.ds_config,
+                                      model_parameters=None if optimizer else model.parameters())  # fmt: skip
+    ref_model = None
+    if run.config.mode == "pg" and run.config.kl_coef > 0:
+        dtype = torch.bfloat16 if uses_bf16(run.ds_config) else torch.float32
+        ref_model = load_causal_lm(run.config.reference_model or run.config.model, dtype=dtype)
+        ref_model.to(run.dist.device).eval().requires_grad_(False)
+    return engine, ref_model
+
+
+def _train(lake: Lake, run: Run, resume_step: int, parent_id: str | None, on_step) -> CheckpointRecord:
+    engine, ref_model = _build_engine(run)
+    ds_dir = run.run_dir / "ds"
+    if resume_step:
+        engine.load_checkpoint(str(ds_dir), tag=f"step{resume_step}")
+        log.info("event=resumed checkpoint_id=%s step=%d", run.checkpoint_id, resume_step)
+    order = run.micro_order()
+    per_epoch = len(order) // run.config.epochs
+    dropped = len(run.batches) - per_epoch * run.dist.world_size
+    if dropped:
+        log.warning("event=batches_dropped count=%d reason=equal_share_per_rank_and_accumulation", dropped)
+    total_steps = len(order) // run.grad_accum
+    stats = _StepStats()
+    engine.train()
+    for micro, batch_index in enumerate(order[resume_step * run.grad_accum :], start=resume_step * run.grad_accum):
+        batch = collate(run.samples, run.batches[batch_index], pad_id=run.model.pad_id).to(run.dist.device)
+        out = forward_loss(engine, batch, run.config, ref_model=ref_model)
+        engine.backward(out.loss)
+        engine.step()
+        stats.add(out.metrics, batch)
+        if (micro + 1) % run.grad_accum:
+            continue
+        step = (micro + 1) // run.grad_accum
+        entry = stats.flush(step, total_steps, micro // per_epoch)
+        log.info("event=train_step checkpoint_id=%s %s", run.checkpoint_id,
+                 " ".join(f"{k}={v:.5g}" for k, v in {"step": step, **entry.metrics}.items()))  # fmt: skip
+        if step % run.config.save_every == 0 and step < total_steps:
+            engine.save_checkpoint(str(ds_dir), tag=f"step{step}")
+        if on_step is not None:
+            on_step(entry)
+    engine.save_checkpoint(str(ds_dir), tag=f"step{total_steps}")
+    metrics = stats.summary(run.dist) | {"steps": total_steps, "resumed_from_step": resume_step}
+    if run.config.eval_after:
+        engine.eval()
+        metrics["eval_loss"] = evaluate(engine, run.samples, run.config, pad_id=run.model.pad_id,
+                                        device=run.dist.device, ref_model=ref_model)  # fmt: skip
+    hf_dir = run.run_dir / "hf"
+    _export_hf(engine, run, hf_dir)
+    return _finish(lake, run, metrics, ds_dir, hf_dir, parent_id, total_steps)
+
+
+class _StepStats:
+    """Sums micro-batch metrics into per-step means and whole-run totals."""
+
+    def __init__(self) -> None:
+        self.pending: list[dict[str, float]] = []
+        self.tokens = 0
+        self.step_tokens = 0
+        self.t0 = self.t_step = time.perf_counter()
+        self.losses: list[float] = []
+        self.clip_fracs: list[float] = []
+
+    def add(self, metrics: dict[str, float], batch: Batch) -> None:
+        self.pending.append(metrics)
+        self.step_tokens += batch.n_tokens
+
+    def flush(self, step: int, total_steps: int, epoch: int) -> StepLog:
+        now = time.perf_counter()
+        keys = self.pending[0].keys()
+        means = {k: float(np.mean([m[k] for m in self.pending])) for k in keys}
+        if "ratio_min" in keys:
+            means["ratio_min"] = min(m["ratio_min"] for m in self.pending)
+            means["ratio_max"] = max(m["ratio_max"] for m in self.pending)
+        tps = self.step_tokens / max(now - self.t_step, 1e-9)
+        means["tokens_per_s"] = tps
+        self.losses.append(means["loss"])
+        self.clip_fracs.append(means.get("clip_frac", 0.0))
+        self.tokens += self.step_tokens
+        self.pending, self.step_tokens, self.t_step = [], 0, now
+        return StepLog(step, total_steps, epoch, means, tps)
+
+    def summary(self, dist: Dist) -> dict[str, float]:
+        elapsed = time.perf_counter() - self.t0
+        tokens = _sum_over_ranks(float(self.tokens))
+        tail = self.losses[-max(1, len(self.losses) // 10) :] if self.losses else [float("nan")]
+        return {
+            "first_loss": self.losses[0] if self.losses else float("nan"),
+            "final_loss": float(np.mean(tail)),
+            "clip_frac": float(np.mean(self.clip_fracs)) if self.clip_fracs else 0.0,
+            "tokens": tokens,
+            "tokens_per_s": tokens / max(elapsed, 1e-9),
+            "train_seconds": elapsed,
+        }
+
+
+def _sum_over_ranks(value: float) -> float:
+    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    torch.distributed.all_reduce(t)
+    return float(t.item())
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, samples: Samples, config: TrainConfig, *, pad_id: int = 0,
+             device: str = "cpu", ref_model: torch.nn.Module | None = None) -> float:  # fmt: skip
+    """The objective over the whole dataset: sum of w x loss over sum of w (no update).
+
+    Under several ranks each evaluates every ``world``-th micro-batch and the sums are all-reduced.
+    """
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    batches = plan_batches([len(x) for x in samples.input_ids], budget=config.micro_batch_tokens)
+    num = den = 0.0
+    for rows in batches[rank::world]:
+        batch = collate(samples, rows, pad_id=pad_id).to(device)
+        out = forward_loss(model, batch, config, ref_model=ref_model)
+        weight = float(batch.weight.sum())
+        num += float(out.loss) * weight
+        den += weight
+    num, den = _sum_over_ranks(num), _sum_over_ranks(den)
+    return num / den if den else float("nan")
+
+
+def _export_hf(engine, run: Run, hf_dir: Path) -> None:
+    """``save_pretrained`` of the trained weights plus the base tokenizer (ZeRO-3 gathers first)."""
+    import deepspeed
+    from transformers import AutoTokenizer
+
+    params = list(engine.module.parameters())
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None, enabled=run.ds_config["zero_optimization"]["stage"] == 3):
+        if run.dist.is_main:
+            engine.module.config.use_cache = True
+            engine.module.save_pretrained(hf_dir)
+            AutoTokenizer.from_pretrained(run.config.model).save_pretrained(hf_dir)
+    barrier()
+
+
+def _finish(lake: Lake, run: Run, metrics: dict, ds_dir: Path, hf_dir: Path, parent_id: str | None,
+            steps: int) -> CheckpointRecord:  # fmt: skip
+    record = CheckpointRecord(
+        checkpoint_id=run.checkpoint_id,
+        dataset=run.samples.name,
+        dataset_version=run.samples.version,
+        base_model=run.config.model,
+        parent_checkpoint_id=parent_id,
+        mode=run.config.mode,
+        config={"train": run.config.model_dump(), "deepspeed": run.ds_config},
+        code_version=code_version(),
+        metrics=metrics,
+        ds_path=str(ds_dir.resolve()),
+        hf_path=str(hf_dir.resolve()),
+        tokenizer=run.model.tokenizer_identity,
+        world_size=run.dist.world_size,
+        n_samples=len(run.samples),
+        n_tokens=run.samples.n_tokens,
+        steps=steps,
+        created_at=datetime.now(UTC),
+    )
+    if run.dist.is_main:
+        write_checkpoint(lake, record)
+        record_status(lake, run.checkpoint_id, dataset=record.dataset, version=record.dataset_version,
+                      status="finished", step=steps)  # fmt: skip
+    barrier()
+    log.info("event=checkpoint_written checkpoint_id=%s hf_path=%s", record.checkpoint_id, record.hf_path)
+    return record

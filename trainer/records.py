@@ -1,0 +1,195 @@
+"""The trainer's two tables: ``train_runs`` (status history) and ``checkpoints`` (lineage).
+
+Both are append-only Delta tables. ``train_runs`` holds one row per status
+change of a run; the latest row of a ``run_id`` is its state. Legal changes
+are ``RUN_TRANSITIONS``: a run starts, may start again (a restart resumes it
+from its last DeepSpeed checkpoint), and ends finished or failed; a failed
+run may be started again. ``checkpoints`` holds one row per finished run,
+written before the run's ``finished`` row, so a run that is finished always
+has its checkpoint. ``run_id`` equals the ``checkpoint_id`` it produces:
+``ckpt-<dataset>-v<version>-<hash of config and base model>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from store.lake import Lake
+
+TS = pa.timestamp("us", tz="UTC")
+RUNS_TABLE = "train_runs"
+CHECKPOINTS_TABLE = "checkpoints"
+
+RUN_TRANSITIONS: dict[str | None, frozenset[str]] = {
+    None: frozenset({"started"}),
+    "started": frozenset({"started", "finished", "failed"}),
+    "failed": frozenset({"started"}),
+    "finished": frozenset(),
+}
+"""Status -> statuses it may change to (None: the run has no row yet)."""
+
+TRAIN_RUNS = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("dataset", pa.string(), nullable=False),
+        pa.field("dataset_version", pa.int64(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("attempt", pa.int32(), nullable=False),
+        pa.field("step", pa.int64(), nullable=False),
+        pa.field("error", pa.string()),
+        pa.field("host", pa.string(), nullable=False),
+        pa.field("pid", pa.int64(), nullable=False),
+        pa.field("ts", TS, nullable=False),
+    ]
+)
+"""One status change of a training run. ``step``: the optimizer step the run
+starts from (started) or stopped at (finished/failed)."""
+
+CHECKPOINTS = pa.schema(
+    [
+        pa.field("checkpoint_id", pa.string(), nullable=False),
+        pa.field("dataset", pa.string(), nullable=False),
+        pa.field("dataset_version", pa.int64(), nullable=False),
+        pa.field("base_model", pa.string(), nullable=False),
+        pa.field("parent_checkpoint_id", pa.string()),
+        pa.field("mode", pa.string(), nullable=False),
+        pa.field("config", pa.string(), nullable=False),
+        pa.field("code_version", pa.string(), nullable=False),
+        pa.field("metrics", pa.string(), nullable=False),
+        pa.field("ds_path", pa.string(), nullable=False),
+        pa.field("hf_path", pa.string(), nullable=False),
+        pa.field("tokenizer", pa.string(), nullable=False),
+        pa.field("world_size", pa.int32(), nullable=False),
+        pa.field("n_samples", pa.int64(), nullable=False),
+        pa.field("n_tokens", pa.int64(), nullable=False),
+        pa.field("steps", pa.int64(), nullable=False),
+        pa.field("created_at", TS, nullable=False),
+    ]
+)
+"""A trained checkpoint and where it came from. ``config`` and ``metrics`` are
+JSON objects (TrainConfig + DeepSpeed config; final loss, eval loss, tokens/s...)."""
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """One ``checkpoints`` row, as Python values (``config``/``metrics`` parsed)."""
+
+    checkpoint_id: str
+    dataset: str
+    dataset_version: int
+    base_model: str
+    parent_checkpoint_id: str | None
+    mode: str
+    config: dict[str, Any]
+    code_version: str
+    metrics: dict[str, Any]
+    ds_path: str
+    hf_path: str
+    tokenizer: str
+    world_size: int
+    n_samples: int
+    n_tokens: int
+    steps: int
+    created_at: datetime
+
+    def to_row(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["config"] = json.dumps(self.config, sort_keys=True, default=str)
+        row["metrics"] = json.dumps(self.metrics, sort_keys=True)
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> CheckpointRecord:
+        return cls(**{**row, "config": json.loads(row["config"]), "metrics": json.loads(row["metrics"])})
+
+
+@dataclass(frozen=True)
+class RunState:
+    """The latest ``train_runs`` row of a run."""
+
+    run_id: str
+    dataset: str
+    dataset_version: int
+    status: str
+    attempt: int
+    step: int
+    error: str | None
+
+
+class IllegalTransition(RuntimeError):
+    """A run status change that ``RUN_TRANSITIONS`` forbids (e.g. starting a finished run)."""
+
+
+def code_version() -> str:
+    """``trajlake <package version>`` plus the git commit when run from a checkout."""
+    try:
+        version = metadata.version("trajlake")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=Path(__file__).parent,
+            capture_output=True, text=True, timeout=5, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    return f"trajlake {version}" + (f" git {sha}" if sha else "")
+
+
+def run_states(lake: Lake) -> dict[str, RunState]:
+    """The latest state of every run (rows are append-only; the last one wins)."""
+    if not lake.exists(RUNS_TABLE):
+        return {}
+    rows = lake.read(RUNS_TABLE).sort_by([("ts", "ascending")]).to_pylist()
+    return {
+        r["run_id"]: RunState(
+            r["run_id"], r["dataset"], r["dataset_version"], r["status"], r["attempt"], r["step"], r["error"]
+        )
+        for r in rows
+    }
+
+
+def record_status(lake: Lake, run_id: str, *, dataset: str, version: int, status: str, step: int,
+                  error: str | None = None) -> RunState:  # fmt: skip
+    """Append a status change after checking it against ``RUN_TRANSITIONS``."""
+    current = run_states(lake).get(run_id)
+    if status not in RUN_TRANSITIONS[current.status if current else None]:
+        raise IllegalTransition(f"run {run_id} cannot go from {current.status if current else 'nothing'} to {status}")
+    attempt = (current.attempt if current else 0) + (status == "started")
+    row = {
+        "run_id": run_id, "dataset": dataset, "dataset_version": version, "status": status,
+        "attempt": attempt, "step": step, "error": error, "host": socket.gethostname(),
+        "pid": os.getpid(), "ts": datetime.now(UTC),
+    }  # fmt: skip
+    lake.append(RUNS_TABLE, pa.Table.from_pylist([row], schema=TRAIN_RUNS), schema=TRAIN_RUNS)
+    return RunState(run_id, dataset, version, status, attempt, step, error)
+
+
+def write_checkpoint(lake: Lake, record: CheckpointRecord) -> None:
+    """Append the checkpoint row unless that ``checkpoint_id`` is already there (idempotent)."""
+    if find_checkpoint(lake, record.checkpoint_id) is not None:
+        return
+    table = pa.Table.from_pylist([record.to_row()], schema=CHECKPOINTS)
+    lake.append(CHECKPOINTS_TABLE, table, schema=CHECKPOINTS)
+
+
+def list_checkpoints(lake: Lake, *, dataset: str | None = None) -> list[CheckpointRecord]:
+    """Every checkpoint (of one dataset), oldest first."""
+    if not lake.exists(CHECKPOINTS_TABLE):
+        return []
+    rows = lake.read(CHECKPOINTS_TABLE).sort_by([("created_at", "ascending")]).to_pylist()
+    return [CheckpointRecord.from_row(r) for r in rows if dataset is None or r["dataset"] == dataset]
+
+
+def find_checkpoint(lake: Lake, checkpoint_id: str) -> CheckpointRecord | None:
+    return next((c for c in list_checkpoints(lake) if c.checkpoint_id == checkpoint_id), None)
