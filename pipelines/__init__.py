@@ -1,2 +1,38 @@
 """Dataset pipelines: selection, reward join, group advantages, token-exact
-merging, versioned datasets with manifests, lineage and export."""
+merging, versioned datasets with manifests, lineage and export.
+
+>>> from pipelines import BuildConfig, build_dataset, read_dataset, lineage  # doctest: +SKIP
+>>> result = build_dataset(lake, "nightly", BuildConfig(advantage="grpo"))  # doctest: +SKIP
+"""
+
+from pipelines.build import BuildResult, EmptyDataset, build_dataset
+from pipelines.config import BuildConfig, RewardRule, Selection
+from pipelines.diff import DatasetDiff, diff_versions
+from pipelines.export import ExportResult, export_parquet
+from pipelines.lineage import Lineage, LineageNotFound, lineage
+from pipelines.registry import DatasetNotFound, get_manifest, list_versions, parse_ref, read_dataset
+from pipelines.selection import BadFilter
+from pipelines.sources import SourceMissing
+
+__all__ = [
+    "BadFilter",
+    "BuildConfig",
+    "BuildResult",
+    "DatasetDiff",
+    "DatasetNotFound",
+    "EmptyDataset",
+    "ExportResult",
+    "Lineage",
+    "LineageNotFound",
+    "RewardRule",
+    "Selection",
+    "SourceMissing",
+    "build_dataset",
+    "diff_versions",
+    "export_parquet",
+    "get_manifest",
+    "lineage",
+    "list_versions",
+    "parse_ref",
+    "read_dataset",
+]
