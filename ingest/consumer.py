@@ -20,6 +20,16 @@ from kafka.structs import OffsetAndMetadata
 log = logging.getLogger(__name__)
 
 
+class BrokerUnreachable(ConnectionError):
+    """No Kafka broker answered at the bootstrap servers."""
+
+    def __init__(self, bootstrap_servers: str) -> None:
+        super().__init__(
+            f"no Kafka broker answers at {bootstrap_servers}: start one (trajlake broker) "
+            "or point --bootstrap-servers / TRAJLAKE_BOOTSTRAP_SERVERS at yours"
+        )
+
+
 class AssignmentFlag(ConsumerRebalanceListener):
     """Set when partitions were revoked or assigned; the loop reacts after poll returns."""
 
@@ -54,9 +64,25 @@ def open_consumer(
     max_partition_fetch_bytes: int = 8 * 1024 * 1024,
 ) -> KafkaConsumer:
     """A consumer subscribed with ``group`` or, when ``partitions`` is given, statically assigned."""
-    consumer = KafkaConsumer(
+    try:
+        consumer = _consumer(bootstrap_servers, group=None if partitions is not None else group,
+                             session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms,
+                             max_partition_fetch_bytes=max_partition_fetch_bytes)
+    except KafkaError:
+        raise BrokerUnreachable(bootstrap_servers) from None
+    if partitions is not None:
+        consumer.assign([TopicPartition(topic, p) for p in partitions])
+        flag.raise_()
+    else:
+        consumer.subscribe([topic], listener=flag)
+    return consumer
+
+
+def _consumer(bootstrap_servers: str, *, group: str | None, session_timeout_ms: int, heartbeat_interval_ms: int,
+              max_partition_fetch_bytes: int) -> KafkaConsumer:
+    return KafkaConsumer(
         bootstrap_servers=bootstrap_servers,
-        group_id=None if partitions is not None else group,
+        group_id=group,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         session_timeout_ms=session_timeout_ms,
@@ -64,12 +90,6 @@ def open_consumer(
         max_partition_fetch_bytes=max_partition_fetch_bytes,
         fetch_max_bytes=64 * 1024 * 1024,
     )
-    if partitions is not None:
-        consumer.assign([TopicPartition(topic, p) for p in partitions])
-        flag.raise_()
-    else:
-        consumer.subscribe([topic], listener=flag)
-    return consumer
 
 
 def seek(consumer: KafkaConsumer, topic: str, resume: dict[int, int | None]) -> None:

@@ -113,12 +113,12 @@ def run_ingester(config: IngesterConfig, stop: threading.Event, *, on_commit: On
     """Ingest until ``stop`` is set (or idle for ``stop_after_idle_s``); commits the batch in hand on stop."""
     lake = Lake(config.lake)
     tables = _Tables(lake, group=config.group, topic=config.topic)
-    dead_letters = _open_dead_letters(config)
     flag = AssignmentFlag()
     consumer = open_consumer(
         config.bootstrap_servers, config.topic, group=config.group, partitions=config.partitions, flag=flag,
         session_timeout_ms=config.session_timeout_ms, heartbeat_interval_ms=config.heartbeat_interval_ms,
     )
+    dead_letters = _open_dead_letters(config)
     loop = _Loop(config, lake, tables, consumer, dead_letters, flag, on_commit)
     try:
         loop.run(stop)
