@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
+
+import pyarrow.fs as pafs
 
 from store.lake import Lake
 
@@ -39,3 +42,33 @@ def storage_options(root: str, env: Mapping[str, str] | None = None) -> dict[str
 def open_lake(root: str, env: Mapping[str, str] | None = None) -> Lake:
     """A ``Lake`` at ``root`` carrying the storage options from the environment."""
     return Lake(root, storage_options=storage_options(root, env))
+
+
+def list_tables(lake: Lake) -> list[str]:
+    """Names of the Delta tables in the lake, one folder level deep (``events``, ``datasets/nightly``)."""
+    if lake.is_local:
+        root = Path(lake.root.removeprefix("file://"))
+        if not root.is_dir():
+            return []
+        return sorted(
+            str(path.parent.relative_to(root))
+            for pattern in ("*/_delta_log", "*/*/_delta_log")
+            for path in root.glob(pattern)
+            if path.is_dir()
+        )
+    filesystem, prefix = pafs.FileSystem.from_uri(lake.root)
+    names: list[str] = []
+    for parent in ("", *_child_dirs(filesystem, prefix)):
+        for child in _child_dirs(filesystem, f"{prefix}/{parent}".rstrip("/")):
+            name = f"{parent}/{child}".lstrip("/")
+            if filesystem.get_file_info(f"{prefix}/{name}/_delta_log").type == pafs.FileType.Directory:
+                names.append(name)
+    return sorted(names)
+
+
+def _child_dirs(filesystem: pafs.FileSystem, path: str) -> list[str]:
+    selector = pafs.FileSelector(path, allow_not_found=True)
+    return [
+        info.base_name for info in filesystem.get_file_info(selector)
+        if info.type == pafs.FileType.Directory and info.base_name != "_delta_log"
+    ]
