@@ -141,7 +141,8 @@ def _walk_delta_tables(root: str) -> list[str]:
 def connect(lake: Lake, *, tables: Iterable[str] | None = None, sandbox: bool = False) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with a view per lake table plus the joined views.
 
-    ``tables`` limits the Delta tables exposed (default: every one found).
+    ``tables`` names the Delta tables to expose (default: every one found;
+    an absent one is skipped, or an empty view when it is an ingested table).
     ``sandbox`` turns off file access outside the lake root, Python
     replacement scans and extension loading, then locks the configuration;
     ``run_query`` always uses it.
@@ -149,10 +150,7 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, sandbox: bool = 
     >>> con = connect(Lake("./lake"))  # doctest: +SKIP
     >>> con.sql("SELECT status, count(*) FROM rollouts GROUP BY ALL").fetchall()  # doctest: +SKIP
     """
-    found = discover_tables(lake)
-    if tables is not None:
-        wanted = {view_name(t) for t in tables}
-        found = {name: path for name, path in found.items() if name in wanted}
+    found = discover_tables(lake) if tables is None else {view_name(t): t for t in tables if lake.exists(t)}
     con = duckdb.connect(
         ":memory:",
         config={"allow_unsigned_extensions": "true", "python_enable_replacements": "false"},
@@ -203,7 +201,7 @@ def run_query(lake: Lake, sql: str, *, max_rows: int | None = None) -> pa.Table:
         _check_read_only(con, sql)
         try:
             batch_rows = 100_000 if max_rows is None else max(1, min(max_rows, 100_000))
-            return _read_at_most(con.execute(sql).fetch_record_batch(batch_rows), max_rows)
+            return _read_at_most(con.execute(sql).to_arrow_reader(batch_rows), max_rows)
         except duckdb.Error as e:
             raise QueryError(str(e).strip(), hint=_hint(con, e)) from None
     finally:

@@ -196,7 +196,7 @@ _TOOLS = f"""SELECT seq, called_at AS ts, call_id, name, arguments, result, erro
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> list[dict[str, Any]]:
-    return con.execute(sql, params).arrow().read_all().to_pylist()
+    return con.execute(sql, params).to_arrow_table().to_pylist()
 
 
 def _summary(con: duckdb.DuckDBPyConnection, rollout_id: str, tenant: str | None) -> RolloutSummary:
@@ -221,8 +221,19 @@ def _llm_step(row: dict[str, Any], chars: int) -> LlmCallStep:
 
 
 def _tool_step(row: dict[str, Any], chars: int) -> ToolStep:
-    arguments, result = row.pop("arguments"), row.pop("result")
+    arguments, result = row.pop("arguments"), _json_text(row.pop("result"))
     return ToolStep(**row, arguments_excerpt=excerpt(arguments, chars), result_excerpt=excerpt(result, chars))
+
+
+def _json_text(value: str | None) -> str | None:
+    """A JSON string value as its text (``"1 failed"`` -> ``1 failed``); other JSON unchanged."""
+    if value is None:
+        return None
+    try:
+        decoded = json.loads(value)
+    except ValueError:
+        return value
+    return decoded if isinstance(decoded, str) else value
 
 
 def _last_message(messages_json: str | None) -> str | None:
