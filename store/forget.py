@@ -26,10 +26,11 @@ with the forgotten rollouts in their groups: rebuild the dataset
 (``trajlake build-dataset``) and retrain checkpoints trained on a marked
 version. ``forgotten_dataset_versions`` answers which versions are marked.
 
-Not covered: the Kafka topic itself (keep its ``retention.ms`` below your
-deletion deadline) and the column statistics (min/max values) in old
-``_delta_log`` entries, which Delta drops with its log retention
-(``delta.logRetentionDuration``, 30 days by default).
+The log entries before the forget are dropped too (after a checkpoint),
+because old commits carry column statistics (min/max values) of the deleted
+files; the table's commit history before the forget goes with them, which is
+why ``forget_audit`` keeps the record. Not covered: the Kafka topic itself
+(keep its ``retention.ms`` below your deletion deadline).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 from deltalake.exceptions import CommitFailedError
 
 from store.lake import Lake
@@ -264,7 +266,26 @@ def _delete_and_vacuum(lake: Lake, name: str, predicates: list[str]) -> TableFor
     vacuumed = 0
     if deleted:
         vacuumed = len(lake.table(name).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False))
+        _drop_log_history(lake, name)
     return TableForgotten(name, deleted, vacuumed, before, lake.version(name))
+
+
+def _drop_log_history(lake: Lake, name: str) -> None:
+    """Checkpoint the table, then delete the log entries before the checkpoint.
+
+    Old commits keep column statistics (min/max values, e.g. the start of a
+    prompt) of the files the delete removed. After the vacuum above those
+    versions are unreadable anyway; the checkpoint carries the live files and
+    every app transaction (the ingester's exactly-once markers) forward.
+    """
+    table = lake.table(name)
+    table.create_checkpoint()
+    checkpoint = table.version()
+    filesystem, log_dir = pafs.FileSystem.from_uri(f"{lake.uri(name)}/_delta_log")
+    for info in filesystem.get_file_info(pafs.FileSelector(log_dir)):
+        version = info.base_name.split(".", 1)[0]
+        if info.type == pafs.FileType.File and version.isdigit() and int(version) < checkpoint:
+            filesystem.delete_file(info.path)
 
 
 def _delete(lake: Lake, name: str, predicate: str) -> int:

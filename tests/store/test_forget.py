@@ -94,9 +94,14 @@ def full_lake(lake: Lake) -> Lake:
 
 
 def stored_text(lake: Lake) -> str:
-    """Every value of every Parquet file on disk under the lake (decoded, so compression hides nothing)."""
-    root = Path(lake.root)
-    return "\n".join(str(pq.read_table(path).to_pylist()) for path in root.rglob("*.parquet") if "_delta_log" not in path.parts)
+    """Every file under the lake: Parquet decoded (compression hides nothing), the log's JSON as text."""
+    parts = []
+    for path in Path(lake.root).rglob("*"):
+        if path.suffix == ".parquet":
+            parts.append(str(pq.read_table(path).to_pylist()))
+        elif path.is_file():
+            parts.append(path.read_bytes().decode("utf-8", "replace"))
+    return "\n".join(parts)
 
 
 def rollouts_in(lake: Lake, table: str) -> set[str]:
@@ -131,6 +136,12 @@ def test_forget_user_is_scoped_to_its_tenant(full_lake: Lake) -> None:
     report = forget(full_lake, ForgetRequest(tenant="acme", user="u1"))
     assert report.rollouts == ("r1",)
     assert rollouts_in(full_lake, "rollout_starts") == {"r2", "z1"}  # zeta's u1 is another person
+
+
+def test_forget_keeps_the_ingesters_exactly_once_markers(full_lake: Lake) -> None:
+    full_lake.append("events", full_lake.read("events").slice(0, 0), markers={"ingester:g:t:0": 299})
+    forget(full_lake, ForgetRequest(tenant="acme"))
+    assert full_lake.marker("events", "ingester:g:t:0") == 299
 
 
 def test_forget_rollout_inside_another_tenant_deletes_nothing(full_lake: Lake) -> None:
