@@ -1,0 +1,80 @@
+"""The app factory: assembles services and routers; the lifespan owns the upstream client and the emitter."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+
+from ingest.gateway.auth import KeyRing
+from ingest.gateway.capture import Recorder
+from ingest.gateway.config import GatewayConfig
+from ingest.gateway.emitter import Emitter, KafkaSink
+from ingest.gateway.errors import GatewayError
+from ingest.gateway.idempotency import IdempotencyCache
+from ingest.gateway.metrics import GatewayMetrics
+from ingest.gateway.proxy import ProxyService
+from ingest.gateway.retokenize import Retokenizer
+from ingest.gateway.routes import completions, events, health, models
+from ingest.gateway.services import Services
+from ingest.gateway.upstream import Upstream, make_client
+from ingest.spool import Spool
+
+log = logging.getLogger(__name__)
+
+
+def build_emitter(settings: GatewayConfig) -> Emitter:
+    """Kafka sink + on-disk spool, as configured."""
+    sink = KafkaSink(settings.bootstrap_servers, settings.topic, timeout_s=settings.broker_timeout_s)
+    return Emitter(sink, Spool(settings.spool_dir, max_bytes=settings.spool_max_bytes))
+
+
+def create_gateway_app(settings: GatewayConfig, *, emitter: Emitter | None = None) -> FastAPI:
+    """The gateway app. ``emitter`` replaces the Kafka+spool emitter (tests); the app starts and closes it.
+
+    Raises ``KeyConfigError`` when no API keys are configured (and anonymous use is off).
+    """
+    keys = KeyRing.load(
+        env_value=settings.gateway_keys, file=settings.gateway_keys_file, allow_anonymous=settings.allow_anonymous
+    )
+    emitter = emitter or build_emitter(settings)
+    metrics = GatewayMetrics(emitter)
+    recorder = Recorder(
+        policy_version=settings.policy_version,
+        retokenizer=Retokenizer(settings.tokenizer) if settings.tokenizer else None,
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = make_client(
+            settings.upstream_url, api_key=settings.upstream_api_key,
+            timeout_s=settings.upstream_timeout_s, connect_timeout_s=settings.upstream_connect_timeout_s,
+        )
+        proxy = ProxyService(
+            upstream=Upstream(client, retries=settings.upstream_retries), emitter=emitter, recorder=recorder,
+            metrics=metrics,
+            idempotency=IdempotencyCache(max_entries=settings.idempotency_entries, ttl_s=settings.idempotency_ttl_s),
+        )
+        app.state.services = Services(
+            proxy=proxy, emitter=emitter, metrics=metrics, keys=keys, max_body_bytes=settings.max_body_bytes
+        )
+        emitter.start()
+        log.info("gateway up upstream=%s topic=%s spool=%s", settings.upstream_url, settings.topic, settings.spool_dir)
+        try:
+            yield
+        finally:
+            await client.aclose()
+            emitter.close()
+            log.info("gateway stopped produced=%d spooled=%d dropped=%d", emitter.produced, emitter.spooled, emitter.dropped)
+
+    app = FastAPI(title="trajlake gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(GatewayError)
+    async def gateway_error(request: Request, exc: GatewayError) -> Response:
+        return Response(exc.body(), status_code=exc.status, media_type="application/json")
+
+    for module in (completions, models, events, health):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,72 @@
+"""Reading request bodies: size limit, JSON, and the few types the gateway relies on.
+
+Everything else in a completion request is the engine's business and is
+passed through untouched (the engine answers its own 400s).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ingest.gateway.errors import BadRequest, BodyTooLarge
+from ingest.gateway.tokens import Kind
+
+
+async def read_limited(chunks: AsyncIterator[bytes], *, content_length: str | None, limit: int) -> bytes:
+    """The whole body, refusing (413) as soon as it passes ``limit`` bytes."""
+    too_large = BodyTooLarge(f"request body exceeds the gateway's {limit}-byte limit (TRAJLAKE_MAX_BODY_BYTES)")
+    if content_length and content_length.isdigit() and int(content_length) > limit:
+        raise too_large
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def parse_object(raw: bytes) -> Any:
+    if not raw:
+        raise BadRequest("request body is empty: send a JSON object")
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+
+
+def _expect(body: dict[str, Any], name: str, types: tuple[type, ...], what: str, *, required: bool = False) -> None:
+    if name not in body:
+        if required:
+            raise BadRequest(f"'{name}' is required", param=name)
+        return
+    value = body[name]
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise BadRequest(f"'{name}' must be {what}, got {type(value).__name__}", param=name)
+
+
+def completion_request(raw: bytes, kind: Kind) -> dict[str, Any]:
+    """Parse and check a chat or text completion request; raises ``BadRequest``."""
+    body = parse_object(raw)
+    if not isinstance(body, dict):
+        raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
+    _expect(body, "model", (str,), "a string", required=True)
+    _expect(body, "stream", (bool,), "a boolean")
+    _expect(body, "return_token_ids", (bool,), "a boolean")
+    _expect(body, "tools", (list,), "a list of tool definitions")
+    if kind == "chat":
+        _expect(body, "messages", (list,), "a list of messages", required=True)
+        _expect(body, "logprobs", (bool,), "a boolean")
+        messages = body["messages"]
+        if not messages:
+            raise BadRequest("'messages' must not be empty", param="messages")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise BadRequest(f"messages[{i}] must be an object with a string 'role'", param="messages")
+    else:
+        _expect(body, "prompt", (str, list), "a string or a list", required=True)
+        _expect(body, "logprobs", (int, type(None)), "an integer")
+    return body

@@ -1,0 +1,153 @@
+"""Turn one proxied call into its ``llm.request`` and ``llm.response`` events (off the hot path).
+
+``seq``: the gateway cannot know the harness's step counter, so it uses
+microseconds since the Unix epoch at which the gateway received the request
+(``llm.request``) and finished the answer (``llm.response``, strictly later).
+That is monotonic per rollout across gateway restarts and replicas (as far as
+their clocks agree), which a per-process counter would not be.
+
+Event ids: random UUIDv7, except for a call with an idempotency key, whose
+request and successful response get ids derived from (tenant, key), so a
+retried call is stored once. Error answers always get fresh ids.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from ingest.gateway.identity import CallIdentity, RolloutIdentity, stable_id
+from ingest.gateway.retokenize import Retokenizer
+from ingest.gateway.tokens import Completion, Kind, read_completion
+from ingest.ids import uuid7
+from schemas.events import Event, LlmRequest, LlmRequestEvent, LlmResponse, LlmResponseEvent
+from schemas.versions import SCHEMA_VERSION
+
+log = logging.getLogger(__name__)
+
+_NOT_PARAMS = frozenset({"model", "messages", "prompt", "tools", "return_token_ids"})
+
+
+@dataclass
+class CapturedCall:
+    """Everything the hot path learned about one call; parsed and validated later."""
+
+    kind: Kind
+    tenant: str
+    rollout: RolloutIdentity
+    call: CallIdentity
+    request: dict[str, Any]
+    received_ns: int
+    finished_ns: int
+    upstream_retries: int
+    completion: Completion | None = None
+    raw_response: bytes | None = None
+    """Unparsed upstream body, when the hot path had no reason to parse it."""
+    error: str | None = None
+
+
+def _parse_answer(captured: CapturedCall) -> Completion | None:
+    try:
+        answer = json.loads(captured.raw_response or b"")
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        captured.error = captured.error or "the upstream answered HTTP 200 with a body that is not a JSON object"
+        return None
+    return read_completion(captured.kind, answer)
+
+
+class Recorder:
+    """Builds the two events of a call; retokenizes when the engine sent no ids."""
+
+    def __init__(self, *, policy_version: str | None, retokenizer: Retokenizer | None) -> None:
+        self.policy_version = policy_version
+        self.retokenizer = retokenizer
+
+    def events(self, captured: CapturedCall) -> list[Event]:
+        done = captured.completion
+        if done is None and captured.raw_response is not None:
+            done = _parse_answer(captured)
+        prompt_ids, response_ids, source = self._tokens(captured, done)
+        return [self._request(captured, prompt_ids), self._response(captured, done, response_ids, source)]
+
+    def _tokens(self, captured: CapturedCall, done: Completion | None) -> tuple[list | None, list | None, str]:
+        if done is None:
+            return None, None, "none"
+        if done.response_token_ids is not None:
+            return done.prompt_token_ids, done.response_token_ids, "engine"
+        if self.retokenizer is None:
+            return None, None, "none"
+        body = captured.request
+        prompt_ids = self.retokenizer.prompt_ids(
+            messages=body.get("messages"), prompt=body.get("prompt"), tools=body.get("tools")
+        )
+        return prompt_ids, self.retokenizer.response_ids(done.text), "retokenized"
+
+    def _envelope(self, captured: CapturedCall, *, kind: str, seq: int, ts_ns: int, stable: bool) -> dict[str, Any]:
+        rollout, key = captured.rollout, captured.call.idempotency_key
+        event_id = stable_id(captured.tenant, key, kind) if (stable and key) else uuid7()
+        return dict(
+            event_id=event_id,
+            type=kind,
+            schema_version=SCHEMA_VERSION,
+            ts=datetime.fromtimestamp(ts_ns / 1e9, tz=timezone.utc),
+            tenant=captured.tenant,
+            task_id=rollout.task_id,
+            rollout_id=rollout.rollout_id,
+            attempt=rollout.attempt,
+            seq=seq,
+            span_id=rollout.span_id,
+            parent_span_id=rollout.parent_span_id,
+            harness=rollout.harness,
+        )
+
+    def _request(self, captured: CapturedCall, prompt_ids: list | None) -> LlmRequestEvent:
+        body = captured.request
+        retok = self.retokenizer
+        payload = LlmRequest(
+            call_id=captured.call.call_id,
+            model=body.get("model") if isinstance(body.get("model"), str) else None,
+            messages=body.get("messages"),
+            prompt=body.get("prompt") if isinstance(body.get("prompt"), str) else None,
+            tools=body.get("tools"),
+            params={k: v for k, v in body.items() if k not in _NOT_PARAMS},
+            prompt_token_ids=prompt_ids,
+            tokenizer=retok.identity if retok else None,
+            chat_template_hash=retok.template_hash if retok else None,
+            idempotency_key=captured.call.idempotency_key,
+        )
+        seq = captured.received_ns // 1000
+        envelope = self._envelope(captured, kind="llm.request", seq=seq, ts_ns=captured.received_ns, stable=True)
+        return LlmRequestEvent(**envelope, payload=payload)
+
+    def _response(
+        self, captured: CapturedCall, done: Completion | None, response_ids: list | None, source: str
+    ) -> LlmResponseEvent:
+        done = done or Completion()
+        logprobs = done.logprobs
+        if logprobs is not None and (response_ids is None or len(logprobs) != len(response_ids)):
+            log.warning("logprobs do not match tokens call_id=%s: logprobs not recorded", captured.call.call_id)
+            logprobs = None
+        payload = LlmResponse(
+            call_id=captured.call.call_id,
+            text=done.text,
+            tool_calls=done.tool_calls,
+            finish_reason=done.finish_reason,
+            response_token_ids=response_ids,
+            logprobs=logprobs,
+            token_source=source,
+            usage=done.usage,
+            latency_ms=(captured.finished_ns - captured.received_ns) / 1e6,
+            upstream_retries=captured.upstream_retries,
+            policy_version=self.policy_version or done.model,
+            error=captured.error,
+        )
+        seq = max(captured.finished_ns // 1000, captured.received_ns // 1000 + 1)
+        envelope = self._envelope(
+            captured, kind="llm.response", seq=seq, ts_ns=captured.finished_ns, stable=captured.error is None
+        )
+        return LlmResponseEvent(**envelope, payload=payload)

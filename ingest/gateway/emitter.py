@@ -1,0 +1,253 @@
+"""Background event emission: never blocks an LLM call, never loses an event silently.
+
+Request handlers hand the emitter a *job* (a function that builds events); a
+single background thread builds them off the hot path, validates and encodes
+them, and delivers them to Kafka. When the broker is unreachable or a send
+fails, the batch goes to the on-disk ``Spool`` instead; while the spool holds
+anything, new events are appended behind it so that order is kept, and the
+thread replays it (oldest first) whenever a retry is due.
+
+Delivery is at-least-once: a batch whose acknowledgement was lost is sent
+again from the spool with the same ``event_id`` values, and the ingester
+dedupes by ``event_id``; so every event arrives in the lake exactly once.
+
+Spool full: the new events are DROPPED (never the old ones), each drop is
+counted in ``dropped`` (``trajlake_gateway_events_dropped_total``), an ERROR
+log line names the count, and ``/readyz`` answers 503. ``POST /v1/events``
+refuses batches with 503 while the spool is full, so harnesses can retry.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from kafka import KafkaProducer
+from kafka.errors import KafkaError
+
+from ingest.spool import Spool, SpoolFull
+from schemas.errors import InvalidEvent
+from schemas.events import Event
+from schemas.versions import MAX_EVENT_BYTES
+
+log = logging.getLogger(__name__)
+
+Job = Callable[[], Sequence[Event]]
+Durable = Callable[[bool], None]
+"""Told True once a job's events are acknowledged by Kafka or fsynced to the spool, else False."""
+KeyValue = tuple[bytes, bytes]
+
+
+def encode(event: Event) -> KeyValue:
+    """Kafka (key, value) of one validated event: key = rollout_id, value = compact JSON."""
+    value = event.model_dump_json().encode()
+    if len(value) > MAX_EVENT_BYTES:
+        raise InvalidEvent("(event)", f"{len(value)} bytes exceeds the {MAX_EVENT_BYTES}-byte limit")
+    return event.rollout_id.encode(), value
+
+
+class SinkUnavailable(ConnectionError):
+    """The broker did not acknowledge a batch in time."""
+
+
+class Sink(Protocol):
+    def send(self, records: Sequence[KeyValue]) -> None: ...
+    def close(self) -> None: ...
+
+
+class KafkaSink:
+    """Sends (key, value) batches to one topic and waits for acks=all; raises ``SinkUnavailable``.
+
+    The producer is created lazily and thrown away after a failure, so a
+    gateway started while the broker is down connects once it comes up.
+    """
+
+    def __init__(self, bootstrap_servers: str, topic: str, *, timeout_s: float = 5.0) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.timeout_s = timeout_s
+        self._producer: KafkaProducer | None = None
+
+    def _connect(self) -> KafkaProducer:
+        if self._producer is None:
+            ms = int(self.timeout_s * 1000)
+            self._producer = KafkaProducer(
+                bootstrap_servers=self.bootstrap_servers,
+                client_id="trajlake-gateway",
+                acks="all",
+                linger_ms=2,
+                max_in_flight_requests_per_connection=1,  # keep per-rollout order across retries
+                max_request_size=5 * 1024 * 1024,
+                bootstrap_timeout_ms=ms,
+                max_block_ms=ms,
+                request_timeout_ms=ms,
+                delivery_timeout_ms=ms + 1000,
+            )
+        return self._producer
+
+    def send(self, records: Sequence[KeyValue]) -> None:
+        try:
+            producer = self._connect()
+            futures = [producer.send(self.topic, key=k, value=v) for k, v in records]
+            producer.flush(timeout=self.timeout_s)
+            for future in futures:
+                future.get(timeout=0)
+        except (KafkaError, OSError, ValueError, AssertionError) as exc:
+            self.close()
+            raise SinkUnavailable(f"{self.bootstrap_servers}: {exc!r}") from exc
+
+    def close(self) -> None:
+        if self._producer is not None:
+            producer, self._producer = self._producer, None
+            try:
+                producer.close(timeout=0)
+            except Exception:  # noqa: BLE001 - a broken producer is discarded either way
+                log.debug("producer close failed", exc_info=True)
+
+
+class Emitter:
+    """Owns the spool and the sink from one background thread. ``start()``, ``submit()``, ``close()``."""
+
+    def __init__(
+        self,
+        sink: Sink,
+        spool: Spool,
+        *,
+        batch_max: int = 500,
+        retry_interval_s: float = 1.0,
+    ) -> None:
+        self.sink = sink
+        self.spool = spool
+        self.batch_max = batch_max
+        self.retry_interval_s = retry_interval_s
+        self.produced = 0
+        self.spooled = 0
+        self.replayed = 0
+        self.dropped = 0
+        self.invalid = 0
+        self.broker_up = True
+        self._next_try = 0.0
+        self._last_drop_log = 0.0
+        self._queue: queue.SimpleQueue[tuple[Job, Durable | None] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="trajlake-emitter", daemon=True)
+
+    # ---------------------------------------------------------- public
+
+    def start(self) -> Emitter:
+        self._thread.start()
+        return self
+
+    def submit(self, job: Job, *, on_durable: Durable | None = None) -> None:
+        """Queue a job that builds events; returns at once (the hot path)."""
+        self._queue.put((job, on_durable))
+
+    @property
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    @property
+    def spool_full(self) -> bool:
+        # Full means "one more typical event would not fit"; 64 KiB of headroom.
+        return self.spool.depth_bytes + 64 * 1024 > self.spool.max_bytes
+
+    def close(self, *, timeout_s: float = 30.0) -> None:
+        """Deliver or spool everything queued, then stop the thread."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(timeout_s)
+        self.sink.close()
+
+    # ---------------------------------------------------------- the thread
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            jobs, stopping = self._take()
+            records = self._build([job for job, _ in jobs])
+            durable = self._deliver(records) if records else True
+            for _, on_durable in jobs:
+                if on_durable is not None:
+                    on_durable(durable)
+            if self.spool.depth_records and not stopping:
+                self._replay()
+
+    def _take(self) -> tuple[list[tuple[Job, Durable | None]], bool]:
+        """Wait for the first job (briefly while the spool needs replaying), then drain a batch."""
+        wait = 0.0 if (self.spool.depth_records and self._retry_due()) else 0.2
+        jobs: list[tuple[Job, Durable | None]] = []
+        try:
+            item = self._queue.get(timeout=wait) if wait else self._queue.get_nowait()
+        except queue.Empty:
+            return jobs, False
+        while item is not None:
+            jobs.append(item)
+            if len(jobs) >= self.batch_max:
+                return jobs, False
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return jobs, False
+        return jobs, True
+
+    def _build(self, jobs: list[Job]) -> list[KeyValue]:
+        records: list[KeyValue] = []
+        for job in jobs:
+            try:
+                events = job()
+                records.extend(encode(e) for e in events)
+            except (InvalidEvent, ValueError) as exc:
+                # A bug in event building must not take the thread down; count and say it loudly.
+                self.invalid += 1
+                log.error("event build failed error=%r: nothing recorded for this call", exc)
+        return records
+
+    def _deliver(self, records: list[KeyValue]) -> bool:
+        if not self.spool.depth_records and (self.broker_up or self._retry_due()):
+            if self._try_send(records):
+                return True
+        return self._to_spool(records)
+
+    def _replay(self) -> None:
+        if not (self.broker_up or self._retry_due()):
+            return
+        batch = self.spool.read(max_records=self.batch_max)
+        if batch and self._try_send([(r.key, r.value) for r in batch]):
+            self.spool.commit(batch)
+            self.replayed += len(batch)
+            if not self.spool.depth_records:
+                log.info("spool drained: broker back, every spooled event delivered")
+
+    def _try_send(self, records: list[KeyValue]) -> bool:
+        try:
+            self.sink.send(records)
+        except SinkUnavailable as exc:
+            if self.broker_up:
+                log.warning("broker unreachable, spooling events error=%s", exc)
+            self.broker_up = False
+            self._next_try = time.monotonic() + self.retry_interval_s
+            return False
+        if not self.broker_up:
+            log.info("broker reachable again")
+        self.broker_up = True
+        self.produced += len(records)
+        return True
+
+    def _retry_due(self) -> bool:
+        return time.monotonic() >= self._next_try
+
+    def _to_spool(self, records: list[KeyValue]) -> bool:
+        try:
+            self.spool.append(records)
+            self.spooled += len(records)
+            return True
+        except (SpoolFull, OSError) as exc:
+            self.dropped += len(records)
+            now = time.monotonic()
+            if now - self._last_drop_log >= 5.0:
+                self._last_drop_log = now
+                log.error("SPOOL FULL: events dropped dropped_total=%d detail=%s", self.dropped, exc)
+            return False

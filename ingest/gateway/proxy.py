@@ -1,0 +1,209 @@
+"""The proxy service: forward a completion call, answer the client, record it off the hot path."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import httpx
+
+from ingest.gateway.capture import CapturedCall, Recorder
+from ingest.gateway.emitter import Emitter
+from ingest.gateway.errors import GatewayError
+from ingest.gateway.idempotency import IdempotencyCache, StoredReply
+from ingest.gateway.identity import CallIdentity, RolloutIdentity
+from ingest.gateway.metrics import GatewayMetrics
+from ingest.gateway.tokens import Asked, Kind, StreamAccumulator, asked_by, strip, upstream_body
+from ingest.gateway.upstream import Upstream
+
+log = logging.getLogger(__name__)
+
+UPSTREAM_PATHS: dict[Kind, str] = {"chat": "/chat/completions", "completions": "/completions"}
+_JSON = "application/json"
+_SSE = "text/event-stream"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A whole answer to send back."""
+
+    status: int
+    body: bytes
+    content_type: str = _JSON
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StreamAnswer:
+    """An SSE answer, relayed chunk by chunk."""
+
+    chunks: AsyncIterator[bytes]
+
+
+@dataclass
+class _Call:
+    """One in-progress call: what the client sent and who it belongs to."""
+
+    kind: Kind
+    body: dict[str, Any]
+    tenant: str
+    rollout: RolloutIdentity
+    call: CallIdentity
+    asked: Asked
+    received_ns: int = field(default_factory=time.time_ns)
+    retries: int = 0
+
+    def captured(self, **outcome: Any) -> CapturedCall:
+        return CapturedCall(
+            kind=self.kind, tenant=self.tenant, rollout=self.rollout, call=self.call, request=self.body,
+            received_ns=self.received_ns, finished_ns=time.time_ns(), upstream_retries=self.retries, **outcome,
+        )
+
+
+class ProxyService:
+    """Forwards completion calls to the engine and records them through the emitter."""
+
+    def __init__(
+        self,
+        *,
+        upstream: Upstream,
+        emitter: Emitter,
+        recorder: Recorder,
+        metrics: GatewayMetrics,
+        idempotency: IdempotencyCache,
+    ) -> None:
+        self.upstream = upstream
+        self.emitter = emitter
+        self.recorder = recorder
+        self.metrics = metrics
+        self.idempotency = idempotency
+
+    async def complete(
+        self, kind: Kind, body: dict[str, Any], *, tenant: str, rollout: RolloutIdentity, call: CallIdentity
+    ) -> Answer | StreamAnswer:
+        """Answer one completion call (streaming when the body says so)."""
+        key = call.idempotency_key
+        if key is not None:
+            stored = self.idempotency.begin(tenant, key)
+            if stored is not None:
+                self.metrics.idempotent_replays.inc()
+                return Answer(stored.status, stored.body, stored.content_type, {"idempotent-replayed": "true"})
+        current = _Call(kind, body, tenant, rollout, call, asked_by(kind, body))
+        payload = json.dumps(upstream_body(kind, body, current.asked), separators=(",", ":")).encode()
+        try:
+            if body.get("stream") is True:
+                return await self._stream(current, payload)
+            return await self._whole(current, payload)
+        except GatewayError as exc:
+            self.metrics.upstream_errors.labels(exc.code or "error").inc()
+            self._record(current.captured(error=exc.message))
+            self._forget(current)
+            raise
+
+    async def models(self) -> Answer:
+        """``GET /v1/models`` of the engine, passed through."""
+        reply = await self.upstream.request("GET", "/models")
+        return Answer(reply.status, reply.body, reply.content_type)
+
+    async def _whole(self, current: _Call, payload: bytes) -> Answer:
+        reply = await self.upstream.request("POST", UPSTREAM_PATHS[current.kind], body=payload)
+        current.retries = reply.retries
+        if reply.status != 200:
+            return self._upstream_failed(current, reply.status, reply.body, reply.content_type)
+        body = reply.body
+        if not current.asked.everything:
+            try:
+                answer = json.loads(body)
+            except ValueError:
+                answer = None  # passed through as is; the recorder notes the bad JSON
+            if isinstance(answer, dict) and strip(current.kind, answer, current.asked):
+                body = json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode()
+        self._record(current.captured(raw_response=reply.body))
+        self._remember(current, StoredReply(200, body, _JSON))
+        return Answer(200, body)
+
+    async def _stream(self, current: _Call, payload: bytes) -> Answer | StreamAnswer:
+        response, current.retries = await self.upstream.open_stream(UPSTREAM_PATHS[current.kind], body=payload)
+        if response.status_code != 200:
+            body = await response.aread()
+            await response.aclose()
+            return self._upstream_failed(
+                current, response.status_code, body, response.headers.get("content-type", _JSON)
+            )
+        return StreamAnswer(self._relay(current, response))
+
+    async def _relay(self, current: _Call, response: httpx.Response) -> AsyncIterator[bytes]:
+        acc = StreamAccumulator(current.kind)
+        sent: list[bytes] = []
+        error: str | None = "client disconnected before the stream ended"
+        buffer = b""
+        try:
+            async for data in response.aiter_bytes():
+                buffer += data
+                while (end := buffer.find(b"\n\n")) >= 0:
+                    event, buffer = buffer[: end + 2], buffer[end + 2:]
+                    out = self._relay_event(event, acc, current.asked)
+                    sent.append(out)
+                    yield out
+            if buffer.strip():
+                sent.append(buffer)
+                yield buffer
+            error = None
+        except httpx.HTTPError as exc:
+            error = f"upstream stream broke: {exc!r}"
+            self.metrics.upstream_errors.labels("stream_broken").inc()
+            yield _sse_error(error)
+        finally:
+            await response.aclose()
+            self._record(current.captured(completion=acc.result(), error=error))
+            self._remember(current, StoredReply(200, b"".join(sent), _SSE) if error is None else None)
+
+    def _relay_event(self, event: bytes, acc: StreamAccumulator, asked: Asked) -> bytes:
+        lines = event.split(b"\n")
+        changed = False
+        for i, line in enumerate(lines):
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                continue
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                continue  # relayed untouched; not ours to judge
+            if not isinstance(chunk, dict):
+                continue
+            acc.feed(chunk)
+            if not asked.everything and strip(acc.kind, chunk, asked):
+                lines[i] = b"data: " + json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode()
+                changed = True
+        return b"\n".join(lines) if changed else event
+
+    def _upstream_failed(self, current: _Call, status: int, body: bytes, content_type: str) -> Answer:
+        """The engine answered an error: pass it through unchanged, record it, let a retry run."""
+        self.metrics.upstream_errors.labels(f"http_{status}").inc()
+        detail = body[:500].decode("utf-8", "replace")
+        self._record(current.captured(error=f"upstream answered HTTP {status}: {detail}"))
+        self._forget(current)
+        return Answer(status, body, content_type)
+
+    def _record(self, captured: CapturedCall) -> None:
+        self.emitter.submit(partial(self.recorder.events, captured))
+
+    def _remember(self, current: _Call, reply: StoredReply | None) -> None:
+        if current.call.idempotency_key is not None:
+            self.idempotency.finish(current.tenant, current.call.idempotency_key, reply)
+
+    def _forget(self, current: _Call) -> None:
+        self._remember(current, None)
+
+
+def _sse_error(message: str) -> bytes:
+    """An SSE chunk that OpenAI clients raise as an APIError."""
+    error = {"error": {"message": message, "type": "upstream_error", "code": "stream_broken"}}
+    return b"data: " + json.dumps(error).encode() + b"\n\n"

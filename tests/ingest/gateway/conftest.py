@@ -1,0 +1,94 @@
+"""Fixtures of the gateway tests: real HTTP servers (uvicorn in a thread), a fake engine, settings."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import uvicorn
+from gateway_fake_engine import create_fake_engine
+
+from ingest.broker import free_port
+from ingest.gateway.emitter import Emitter, SinkUnavailable
+from ingest.spool import Spool
+from trajlake.commands.gateway import GatewaySettings
+
+KEY = "sk-test-acme"
+TENANT = "acme"
+OTHER_KEY = "sk-test-globex"
+
+
+@contextmanager
+def serve(app) -> Iterator[str]:
+    """Run an ASGI app under uvicorn on a free loopback port; yields its base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(20)
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[tuple[str, object]]:
+    """The fake engine's base URL (ending in /v1) and its app (for call counters)."""
+    app = create_fake_engine()
+    with serve(app) as url:
+        yield f"{url}/v1", app
+
+
+@pytest.fixture
+def settings(tmp_path: Path, engine) -> GatewaySettings:
+    return GatewaySettings(
+        upstream_url=engine[0],
+        gateway_keys=f"{KEY}={TENANT},{OTHER_KEY}=globex",
+        spool_dir=tmp_path / "spool",
+        upstream_timeout_s=1.0,
+        upstream_retries=2,
+        max_body_bytes=64 * 1024,
+        bootstrap_servers="127.0.0.1:1",
+        broker_timeout_s=1.0,
+    )
+
+
+class MemorySink:
+    """A sink that keeps (key, value) pairs, or refuses everything while ``down``."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[bytes, bytes]] = []
+        self.down = False
+        self.lock = threading.Lock()
+
+    def send(self, records) -> None:
+        if self.down:
+            raise SinkUnavailable("memory sink is down")
+        with self.lock:
+            self.records.extend(records)
+
+    def close(self) -> None:
+        pass
+
+
+def memory_emitter(tmp_path: Path, *, max_bytes: int = 1 << 20) -> tuple[Emitter, MemorySink]:
+    sink = MemorySink()
+    return Emitter(sink, Spool(tmp_path / "spool", max_bytes=max_bytes), retry_interval_s=0.05), sink
+
+
+def wait_for(predicate, *, timeout_s: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
