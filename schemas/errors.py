@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from pydantic import ValidationError
 
 
@@ -14,13 +16,18 @@ class InvalidEvent(ValueError):
         super().__init__(f"{field}: {problem}")
 
     @classmethod
-    def from_validation(cls, exc: ValidationError) -> InvalidEvent:
-        """Summarise pydantic's errors: the first names the field, the rest are counted."""
+    def from_validation(cls, exc: ValidationError, *, union_tags: Collection[str] = ()) -> InvalidEvent:
+        """Summarise pydantic's errors: the first names the field, the rest are counted.
+
+        A discriminated union puts the tag (the event type) first in each
+        error's location; pass the tags in ``union_tags`` to drop it, so the
+        field reads ``payload.value`` and not ``reward.payload.value``.
+        """
         errors = exc.errors(include_url=False, include_input=False)
-        # The discriminated union puts the event type first in the location; drop it.
+
         def where(err: dict) -> str:
             loc = [str(p) for p in err["loc"]]
-            if loc and "." in loc[0]:
+            if loc and loc[0] in union_tags:
                 loc = loc[1:]
             return ".".join(loc) or "(event)"
 

@@ -78,4 +78,4 @@ def validate_event(raw: dict[str, Any]) -> Event:
     try:
         return EVENT_ADAPTER.validate_python(raw)
     except ValidationError as exc:
-        raise InvalidEvent.from_validation(exc) from None
+        raise InvalidEvent.from_validation(exc, union_tags=EVENT_TYPES) from None
