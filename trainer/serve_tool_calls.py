@@ -1,0 +1,97 @@
+"""Hermes-style tool calls in generated text -> OpenAI ``tool_calls``.
+
+The model writes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+(a last unclosed block counts too). Text outside the tags stays content. If
+any block is not a JSON object with a string ``name``, nothing is parsed and
+the whole text is content (as vLLM's Hermes parser does).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+OPEN_TAG = "<tool_call>"
+CLOSE_TAG = "</tool_call>"
+_BLOCK = re.compile(re.escape(OPEN_TAG) + r"(.*?)" + re.escape(CLOSE_TAG) + "|" + re.escape(OPEN_TAG) + r"(.*)\Z", re.S)
+
+
+def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
+    """Split generated text into (content outside the tags, OpenAI tool calls).
+
+    >>> parse_tool_calls('Let me look.<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>')[1][0]["function"]
+    {'name': 'f', 'arguments': '{"x": 1}'}
+    """
+    calls: list[dict] = []
+    outside: list[str] = []
+    position = 0
+    for match in _BLOCK.finditer(text):
+        body = match.group(1) if match.group(1) is not None else match.group(2)
+        call = _parse_block(body)
+        if call is None:
+            return text, []
+        calls.append(call)
+        outside.append(text[position : match.start()])
+        position = match.end()
+    outside.append(text[position:])
+    return "".join(outside), calls
+
+
+def _parse_block(body: str) -> dict | None:
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str) or not parsed["name"]:
+        return None
+    arguments = parsed.get("arguments", parsed.get("parameters", {}))
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": parsed["name"], "arguments": arguments},
+    }
+
+
+class ToolCallStream:
+    """Streams content until the first ``<tool_call>``, then buffers; parses at the end.
+
+    The content it releases, plus the ``content`` of :meth:`finish`, equals the
+    content :func:`parse_tool_calls` gives for the whole text.
+    """
+
+    def __init__(self) -> None:
+        self._text = ""
+        self._sent = 0
+        self._in_call = False
+
+    def push(self, delta: str) -> str:
+        """Add generated text; return the content that is safe to stream now."""
+        self._text += delta
+        if self._in_call:
+            return ""
+        tag = self._text.find(OPEN_TAG, max(0, self._sent - len(OPEN_TAG)))
+        if tag >= 0:
+            self._in_call = True
+            end = tag
+        else:
+            end = len(self._text) - _partial_tag_suffix(self._text)
+        out, self._sent = self._text[self._sent : end], max(self._sent, end)
+        return out
+
+    def finish(self) -> tuple[str, list[dict]]:
+        """(content not yet streamed, parsed tool calls) once the generation has ended."""
+        content, calls = parse_tool_calls(self._text)
+        if not calls:
+            return self._text[self._sent :], []
+        return content[self._sent :], calls
+
+
+def _partial_tag_suffix(text: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``<tool_call>``."""
+    for size in range(min(len(OPEN_TAG) - 1, len(text)), 0, -1):
+        if OPEN_TAG.startswith(text[-size:]):
+            return size
+    return 0

@@ -1,0 +1,73 @@
+"""``trajlake serve-model``: the reference OpenAI-compatible upstream (token ids + logprobs)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import typer
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from rich.console import Console
+
+from trainer.serve import create_serve_app
+from trajlake.tiny_model import build_tiny_model, default_model_dir
+
+
+class ServeModelSettings(BaseSettings):
+    """``TRAJLAKE_SERVE_*`` environment variables; the command's flags override them."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_SERVE_", extra="ignore")
+
+    model: Path | None = None
+    """A Hugging Face ``save_pretrained`` folder; None: the tiny default model."""
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_name: str | None = None
+    """The ``model`` name clients use; default: the folder's name."""
+    policy_version: str | None = None
+    """Reported in /v1/models and the x-policy-version header; default: the served name."""
+    max_new_tokens: int = 512
+    """Cap on a request's max_tokens (tokens)."""
+    seed: int = 0
+    """Seeds the seeds of requests that bring none (reproducible runs)."""
+
+
+def serve_model(
+    model: Path | None = typer.Option(None, "--model", help="HF model folder (save_pretrained). Default: tiny model."),
+    host: str | None = typer.Option(None, help="Interface to bind [default: 127.0.0.1]."),
+    port: int | None = typer.Option(None, min=0, max=65535, help="Port to listen on [default: 8000]."),
+    served_name: str | None = typer.Option(None, help="Model name clients send [default: folder name]."),
+    policy_version: str | None = typer.Option(None, help="Policy version to report [default: served name]."),
+    max_new_tokens: int | None = typer.Option(None, min=1, help="Cap on max_tokens [default: 512]."),
+    seed: int | None = typer.Option(None, help="Seed for requests without one [default: 0]."),
+) -> None:
+    """Serve a causal LM over an OpenAI-compatible API with vLLM-style token ids and logprobs."""
+    import uvicorn
+
+    flags = {"model": model, "host": host, "port": port, "served_name": served_name,
+             "policy_version": policy_version, "max_new_tokens": max_new_tokens, "seed": seed}
+    settings = ServeModelSettings(**{k: v for k, v in flags.items() if v is not None})
+    console = Console()
+    model_dir = settings.model
+    if model_dir is None:
+        with console.status("building the tiny default model (first run only)"):
+            model_dir = build_tiny_model(default_model_dir())
+    try:
+        app = create_serve_app(
+            model_dir, served_name=settings.served_name, policy_version=settings.policy_version,
+            max_new_tokens_cap=settings.max_new_tokens, seed=settings.seed,
+        )
+    except (FileNotFoundError, OSError, ValueError) as exc:
+        console.print(f"[red]cannot load the model:[/] {exc}")
+        raise typer.Exit(2) from exc
+    sock = socket.create_server((settings.host, settings.port))  # bound here so port 0 can be printed
+    identity = app.state.identity
+    url = f"http://{settings.host}:{sock.getsockname()[1]}/v1"
+    console.print(f"[green]serving[/] {model_dir} as [bold]{identity.served_name}[/] "
+                  f"(policy {identity.policy_version}, tokenizer {identity.tokenizer}) at [bold]{url}[/]")
+    console.print(f"export OPENAI_BASE_URL={url}", highlight=False)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="serve-model")(serve_model)
