@@ -1,0 +1,102 @@
+"""Compaction: fewer files, z-ordered, nothing lost while an ingester appends with markers."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from store.compact import compact, compact_table
+from store.lake import Lake
+
+ROWS_PER_BATCH = 40
+APP_ID = "ingester:g:trajlake.events:0"
+
+
+def batch(first_offset: int) -> pa.Table:
+    offsets = list(range(first_offset, first_offset + ROWS_PER_BATCH))
+    return pa.table({
+        "task_id": [f"task-{o % 7}" for o in offsets],
+        "rollout_id": [f"r-{o % 13}" for o in offsets],
+        "kafka_offset": pa.array(offsets, pa.int64()),
+        "token_ids": pa.array([[o, o + 1] for o in offsets], pa.list_(pa.int32())),
+    })
+
+
+def append_batches(lake: Lake, table: str, start: int, count: int) -> int:
+    """Append like the ingester: each batch with its last offset as the transaction marker."""
+    offset = start
+    for _ in range(count):
+        lake.append(table, batch(offset), markers={APP_ID: offset + ROWS_PER_BATCH - 1})
+        offset += ROWS_PER_BATCH
+    return offset
+
+
+def parquet_files(lake: Lake, table: str) -> list[Path]:
+    return list(Path(lake.uri(table)).glob("*.parquet"))
+
+
+def test_compaction_rewrites_small_files_and_vacuums_them(lake: Lake) -> None:
+    append_batches(lake, "events", 0, 12)
+    assert len(parquet_files(lake, "events")) == 12
+    [result] = compact(lake, tables=["events"], vacuum_retention=timedelta(0))
+    assert (result.files_removed, result.files_added, result.files_vacuumed) == (12, 1, 12)
+    assert result.z_order == ("task_id", "rollout_id")
+    assert len(parquet_files(lake, "events")) == 1
+    assert lake.read("events").num_rows == 12 * ROWS_PER_BATCH
+    assert lake.marker("events", APP_ID) == 12 * ROWS_PER_BATCH - 1
+
+
+def test_compaction_during_ingestion_loses_nothing_and_keeps_markers(lake: Lake) -> None:
+    append_batches(lake, "events", 0, 5)
+    done = threading.Event()
+    written: list[int] = []
+
+    def ingester() -> None:
+        try:
+            written.append(append_batches(lake, "events", 5 * ROWS_PER_BATCH, 25))
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=ingester)
+    thread.start()
+    rounds = 0
+    while not done.is_set() or rounds < 2:
+        compact_table(lake, "events", vacuum_retention=timedelta(0))
+        rounds += 1
+    thread.join()
+
+    end = written[0]
+    offsets = lake.read("events", columns=["kafka_offset"])["kafka_offset"].to_pylist()
+    assert sorted(offsets) == list(range(end))  # every row once: nothing lost, nothing doubled
+    assert lake.marker("events", APP_ID) == end - 1
+    assert len(parquet_files(lake, "events")) == len(lake.table("events").file_uris())
+    operations = [h["operation"] for h in reversed(lake.table("events").history())]
+    first_optimize = operations.index("OPTIMIZE")
+    assert "WRITE" in operations[first_optimize:]  # the two really overlapped
+
+
+def test_default_retention_keeps_removed_files_for_older_readers(lake: Lake) -> None:
+    append_batches(lake, "events", 0, 3)
+    [result] = compact(lake, tables=["events"])
+    assert result.files_vacuumed == 0
+    assert lake.read("events", version=result.version_before).num_rows == 3 * ROWS_PER_BATCH
+
+
+def test_table_without_trajectory_keys_is_compacted_without_z_order(lake: Lake) -> None:
+    for i in range(3):
+        lake.append("quarantine_like", pa.table({"raw": [b"x" * i]}))
+    result = compact_table(lake, "quarantine_like", vacuum_retention=timedelta(0))
+    assert result.z_order == () and result.files_added == 1
+    assert lake.read("quarantine_like").num_rows == 3
+
+
+def test_compact_all_tables_and_rejects_negative_retention(lake: Lake) -> None:
+    append_batches(lake, "events", 0, 2)
+    append_batches(lake, "datasets/nightly", 0, 2)
+    assert sorted(r.table for r in compact(lake)) == ["datasets/nightly", "events"]
+    with pytest.raises(ValueError, match=">= 0"):
+        compact_table(lake, "events", vacuum_retention=timedelta(hours=-1))
