@@ -21,6 +21,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 from deltalake import write_deltalake
+from kafka.errors import KafkaError
 
 from pipelines.advantages import group_advantages, token_weights
 from pipelines.calls import index_calls, trained_tokens_per_rollout
@@ -51,6 +52,8 @@ class BuildResult:
     content_hash: str
     manifest: dict[str, Any]
     published: bool
+    publish_error: str | None = None
+    """Why the dataset.version event could not be sent (the version is committed regardless)."""
 
 
 def build_dataset(
@@ -83,11 +86,15 @@ def build_dataset(
     record_version(lake, manifest, lineage)
     log.info("dataset built dataset=%s version=%s samples=%s hash=%s", name, version,
              stream.n_samples, manifest["content_hash"])
-    published = False
+    published, publish_error = False, None
     if producer is not None:
-        publish_version(producer, manifest)
-        published = True
-    return BuildResult(name, version, manifest["content_hash"], manifest, published)
+        try:
+            publish_version(producer, manifest)
+            published = True
+        except (KafkaError, OSError) as exc:
+            publish_error = f"{type(exc).__name__}: {exc}"
+            log.warning("dataset.version not published dataset=%s version=%s error=%s", name, version, publish_error)
+    return BuildResult(name, version, manifest["content_hash"], manifest, published, publish_error)
 
 
 def _plan(con: duckdb.DuckDBPyConnection, config: BuildConfig) -> tuple[RolloutPlan, dict[str, Any]]:

@@ -1,0 +1,260 @@
+"""``trajlake build-dataset`` and ``trajlake datasets list|show|diff|export``."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import typer
+from kafka import KafkaProducer
+from kafka.errors import KafkaError
+from pydantic import ValidationError
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from ingest.topics import ensure_topic
+from pipelines import (
+    BadFilter,
+    BuildConfig,
+    BuildResult,
+    DatasetNotFound,
+    EmptyDataset,
+    RewardRule,
+    Selection,
+    SourceMissing,
+    build_dataset,
+    diff_versions,
+    export_parquet,
+    get_manifest,
+    list_versions,
+    parse_ref,
+)
+from schemas.control import CONTROL_TOPIC
+from store.lake import Lake
+from trajlake.settings import CommonSettings
+
+
+class DatasetSettings(CommonSettings):
+    """Settings of the dataset commands (TRAJLAKE_* variables; flags win)."""
+
+    build_batch_tokens: int = 4_000_000
+    """Prompt + response tokens merged per batch of rollouts: bounds memory (TRAJLAKE_BUILD_BATCH_TOKENS)."""
+    control_topic: str = CONTROL_TOPIC
+    """Topic of dataset.version events (TRAJLAKE_CONTROL_TOPIC)."""
+
+    @property
+    def broker_configured(self) -> bool:
+        """Publish only when a broker was named (flag or TRAJLAKE_BOOTSTRAP_SERVERS), not on the default."""
+        return "bootstrap_servers" in self.model_fields_set
+
+
+LAKE_OPTION = typer.Option(None, "--lake", help="Lake root (default: TRAJLAKE_LAKE, else ./lake).")
+datasets_app = typer.Typer(help="Versioned training datasets: list, show, diff, export.", no_args_is_help=True)
+
+
+def fail(message: str) -> typer.Exit:
+    Console(stderr=True).print(Text.assemble(("error: ", "bold red"), message))
+    return typer.Exit(code=1)
+
+
+def _settings(**flags: Any) -> DatasetSettings:
+    return DatasetSettings(**{k: v for k, v in flags.items() if v is not None})
+
+
+def build_dataset_command(
+    name: str = typer.Argument(..., help="Dataset name: the table datasets/NAME gets a new version."),
+    since: datetime | None = typer.Option(None, help="Rollouts started at or after (UTC, e.g. 2026-11-01T00:00:00Z)."),
+    until: datetime | None = typer.Option(None, help="Rollouts started before (UTC)."),
+    task: list[str] = typer.Option([], help="Task id (repeatable)."),
+    tenant: list[str] = typer.Option([], help="Tenant (repeatable)."),
+    harness: list[str] = typer.Option([], help="Harness name or name@version (repeatable)."),
+    policy_version: list[str] = typer.Option([], help="Served policy version (repeatable)."),
+    status: list[str] = typer.Option([], help="Rollout status: succeeded, failed, truncated, cancelled (repeatable)."),
+    include_unfinished: bool = typer.Option(False, help="Also use rollouts without a rollout.finished event."),
+    where: str | None = typer.Option(None, help="Extra SQL predicate over rollout columns, e.g. \"steps > 2\"."),
+    reward_rule: str = typer.Option("latest", help="latest, latest:NAME, sum, mean or weighted:NAME=W,NAME=W."),
+    advantage: str = typer.Option("grpo", help="grpo (mean/std), mean (Dr. GRPO) or raw."),
+    group_by: str = typer.Option("group_id", help="Advantage groups: group_id (default: the task) or task_id."),
+    drop_degenerate: bool = typer.Option(False, help="Drop rollouts of size-1 / zero-std groups (default: advantage 0)."),
+    allow_non_engine: bool = typer.Option(False, help="Train on calls whose tokens were not sampled by the engine."),
+    batch_tokens: int | None = typer.Option(None, min=1, help="Tokens per merge batch (TRAJLAKE_BUILD_BATCH_TOKENS)."),
+    lake: str | None = LAKE_OPTION,
+    bootstrap_servers: str | None = typer.Option(None, help="Broker for the dataset.version event (TRAJLAKE_BOOTSTRAP_SERVERS)."),
+    publish: bool = typer.Option(True, help="Publish dataset.version when a broker is configured."),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
+) -> None:
+    """Build a new version of datasets/NAME from the lake's rollouts and print its merge statistics."""
+    settings = _settings(lake=lake, bootstrap_servers=bootstrap_servers, build_batch_tokens=batch_tokens)
+    try:
+        config = BuildConfig(
+            selection=Selection(since=since, until=until, tasks=tuple(task), tenants=tuple(tenant),
+                                harnesses=tuple(harness), policy_versions=tuple(policy_version),
+                                statuses=tuple(status), include_unfinished=include_unfinished, where=where),
+            reward_rule=RewardRule.parse(reward_rule), advantage=advantage, group_by=group_by,
+            drop_degenerate=drop_degenerate, allow_non_engine=allow_non_engine,
+            batch_tokens=settings.build_batch_tokens,
+        )
+    except (ValidationError, ValueError) as exc:
+        raise fail(_first_error(exc)) from None
+    console = Console(stderr=as_json)
+    producer = _producer(settings, console) if publish and settings.broker_configured else None
+    try:
+        with Progress(TextColumn("merging rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=Console(stderr=True), transient=True) as bar:
+            task_id = bar.add_task("merge", total=None)
+            result = build_dataset(Lake(settings.lake), name, config, producer=producer,
+                                   progress=lambda done, total: bar.update(task_id, completed=done, total=total))
+    except (SourceMissing, BadFilter, EmptyDataset, ValueError) as exc:
+        raise fail(str(exc)) from None
+    finally:
+        if producer is not None:
+            producer.close(timeout=5)
+    if as_json:
+        print(json.dumps(result.manifest, indent=2, sort_keys=True))
+        return
+    render_manifest(console, result.manifest)
+    _render_publish(console, result, settings, asked=publish)
+
+
+def _producer(settings: DatasetSettings, console: Console) -> KafkaProducer | None:
+    try:
+        ensure_topic(settings.bootstrap_servers, settings.control_topic, partitions=1)
+        return KafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all", request_timeout_ms=10_000)
+    except (KafkaError, RuntimeError, OSError) as exc:
+        console.print(f"[yellow]broker {settings.bootstrap_servers} unreachable ({exc}): building without "
+                      "publishing dataset.version[/]")
+        return None
+
+
+def _render_publish(console: Console, result: BuildResult, settings: DatasetSettings, *, asked: bool) -> None:
+    if result.published:
+        console.print(f"published dataset.version to {settings.control_topic} on {settings.bootstrap_servers}")
+    elif result.publish_error:
+        console.print(f"[yellow]dataset.version not published: {result.publish_error}[/]")
+    elif asked:
+        console.print("no broker configured (TRAJLAKE_BOOTSTRAP_SERVERS / --bootstrap-servers): "
+                      "built without publishing dataset.version")
+
+
+def render_manifest(console: Console, manifest: dict[str, Any]) -> None:
+    """The readable summary of one dataset version."""
+    counts, merge = manifest["counts"], manifest["merge"]
+    console.print(f"[bold green]{manifest['dataset']}@{manifest['version']}[/]  hash {manifest['content_hash'][:16]}  "
+                  f"built {manifest['built_at'][:19]}  ({manifest['code_version']})")
+    console.print(f"reward rule {manifest['reward_rule']}, advantage {manifest['advantage']}, "
+                  f"sources " + ", ".join(f"{t}@{v}" for t, v in sorted(manifest["sources"].items())))
+    table = Table(box=box.SIMPLE, show_header=True)
+    for column in ("what", "count"):
+        table.add_column(column, justify="right" if column == "count" else "left")
+    rollouts = counts["rollouts"]
+    rows = [
+        ("rollouts selected", rollouts["selected"]),
+        ("  without a reward (excluded)", rollouts["without_reward"]),
+        ("  degenerate groups dropped", rollouts["degenerate_dropped"]),
+        ("  no trained tokens (excluded)", rollouts["without_trained_tokens"]),
+        ("  in the dataset", rollouts["in_dataset"]),
+        ("groups (singleton / zero std)", f"{counts['groups']['count']} ({counts['groups']['singleton']} / "
+                                          f"{counts['groups']['zero_std']})"),
+        *[(f"calls {status}", n) for status, n in counts["calls"].items()],
+        ("samples", counts["samples"]),
+        ("tokens (trained)", f"{counts['tokens']:,} ({counts['trained_tokens']:,})"),
+        ("samples per rollout (mean / max)", f"{merge['samples_per_rollout_mean']:.2f} / {merge['samples_per_rollout_max']}"),
+        ("single-sample rollouts", f"{merge['single_sample_share']:.1%}"),
+        *[(f"merge breaks: {cls}", n) for cls, n in merge["mismatches"].items()],
+    ]
+    for what, n in rows:
+        table.add_row(what, f"{n:,}" if isinstance(n, int) else str(n))
+    console.print(table)
+
+
+def _first_error(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        err = exc.errors()[0]
+        return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+    return str(exc)
+
+
+@datasets_app.command("list")
+def list_command(
+    name: str | None = typer.Argument(None, help="Only this dataset."),
+    lake: str | None = LAKE_OPTION,
+) -> None:
+    """Every registered dataset version, oldest first."""
+    rows = list_versions(Lake(_settings(lake=lake).lake), name).to_pylist()
+    if not rows:
+        Console().print("no dataset versions yet: run trajlake build-dataset NAME")
+        return
+    table = Table(box=box.SIMPLE)
+    for column in ("dataset", "version", "created", "samples", "rollouts", "tokens", "trained", "hash"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(r["dataset"], str(r["version"]), r["created_at"].strftime("%Y-%m-%d %H:%M:%S"),
+                      f"{r['n_samples']:,}", f"{r['n_rollouts']:,}", f"{r['n_tokens']:,}",
+                      f"{r['n_trained_tokens']:,}", r["content_hash"][:12])
+    Console().print(table)
+
+
+@datasets_app.command("show")
+def show_command(
+    ref: str = typer.Argument(..., help="NAME or NAME@VERSION."),
+    lake: str | None = LAKE_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print the whole manifest as JSON."),
+) -> None:
+    """The manifest of one dataset version (latest when no @VERSION)."""
+    try:
+        manifest = get_manifest(Lake(_settings(lake=lake).lake), *parse_ref(ref))
+    except (DatasetNotFound, ValueError) as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        print(json.dumps(manifest, indent=2, sort_keys=True))
+    else:
+        render_manifest(Console(), manifest)
+
+
+@datasets_app.command("diff")
+def diff_command(
+    a: str = typer.Argument(..., help="NAME@VERSION (or NAME: latest)."),
+    b: str = typer.Argument(..., help="NAME@VERSION (or NAME: latest)."),
+    lake: str | None = LAKE_OPTION,
+) -> None:
+    """What changed between two dataset versions: content, config, sources, counts, rollouts, rewards."""
+    try:
+        d = diff_versions(Lake(_settings(lake=lake).lake), parse_ref(a), parse_ref(b))
+    except (DatasetNotFound, ValueError) as exc:
+        raise fail(str(exc)) from None
+    console = Console()
+    console.print(f"{d.a} -> {d.b}: " + ("[green]same content[/]" if d.same_content else "[yellow]content differs[/]"))
+    for title, changes in (("config", d.config_changes), ("sources", d.source_changes), ("counts", d.count_changes)):
+        for key, (old, new) in changes.items():
+            console.print(f"  {title} {key}: {old} -> {new}")
+    for title, ids in (("rollouts added", d.rollouts_added), ("rollouts removed", d.rollouts_removed),
+                       ("rewards changed", d.rewards_changed)):
+        if ids:
+            console.print(f"  {title}: {len(ids)} ({', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''})")
+
+
+@datasets_app.command("export")
+def export_command(
+    ref: str = typer.Argument(..., help="NAME or NAME@VERSION."),
+    directory: Path = typer.Argument(..., help="Empty (or new) directory for data/train-*.parquet + manifest.json."),
+    lake: str | None = LAKE_OPTION,
+) -> None:
+    """Write a dataset version as plain Parquet (loads with Hugging Face datasets)."""
+    name, version = parse_ref(ref)
+    try:
+        result = export_parquet(Lake(_settings(lake=lake).lake), name, directory, version=version)
+    except (DatasetNotFound, FileExistsError) as exc:
+        raise fail(str(exc)) from None
+    Console().print(f"exported {name}@{result.version}: {result.rows:,} rows in {len(result.files)} file(s) under "
+                    f"{result.directory}/data; load with datasets.load_dataset('parquet', "
+                    f"data_files='{result.directory}/data/*.parquet')")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("build-dataset")(build_dataset_command)
+    app.add_typer(datasets_app, name="datasets")
