@@ -10,7 +10,10 @@ call_id). Each call gets one status, decided here and nowhere else:
 - ``error``: the response carries an error.
 - ``non_engine``: the tokens were not sampled by the engine (token_source is
   not ``engine``, or prompt/response token ids are missing); trained only with
-  ``allow_non_engine`` when both token lists are present.
+  ``allow_non_engine`` when both token lists are present (missing logprobs
+  are then 0).
+- ``malformed``: engine tokens whose logprobs are missing or not one per
+  response token (old logprobs would be wrong): never trained.
 - ``ok``: trained.
 """
 
@@ -31,6 +34,8 @@ resp AS (
     SELECT * FROM (
         SELECT rollout_id, call_id, event_id AS resp_event_id, token_source, error,
                response_token_ids IS NOT NULL AS has_response, coalesce(len(response_token_ids), 0) AS n_response,
+               CASE WHEN logprobs IS NULL THEN token_source = 'engine'
+                    ELSE len(logprobs) <> coalesce(len(response_token_ids), -1) END AS bad_logprobs,
                row_number() OVER (PARTITION BY rollout_id, call_id ORDER BY seq, event_id) AS k
         FROM llm_responses WHERE rollout_id IN (SELECT rollout_id FROM usable))
     WHERE k = 1),
@@ -38,6 +43,8 @@ calls AS (
     SELECT req.*, resp.resp_event_id, resp.n_response,
            CASE WHEN resp.resp_event_id IS NULL THEN 'no_response'
                 WHEN resp.error IS NOT NULL THEN 'error'
+                WHEN req.has_prompt AND resp.has_response AND resp.bad_logprobs
+                     AND (resp.token_source = 'engine' OR $allow) THEN 'malformed'
                 WHEN req.has_prompt AND resp.has_response AND (resp.token_source = 'engine' OR $allow) THEN 'ok'
                 ELSE 'non_engine' END AS base_status
     FROM req LEFT JOIN resp ON req.rollout_id = resp.rollout_id AND req.call_id = resp.call_id),
@@ -53,7 +60,7 @@ SELECT rollout_id, call_id, seq, req_event_id, resp_event_id, n_prompt, n_respon
 FROM ranked
 """
 
-CALL_STATUSES = ("ok", "duplicate", "no_response", "error", "non_engine")
+CALL_STATUSES = ("ok", "duplicate", "no_response", "error", "non_engine", "malformed")
 
 
 def index_calls(con: duckdb.DuckDBPyConnection, *, allow_non_engine: bool) -> dict[str, int]:

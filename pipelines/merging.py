@@ -14,12 +14,14 @@ context). Otherwise the call is compared with the sample of its span extended la
 (the one it should have extended) and the mismatch is classified:
 
 1. ``chat_template``: the tokenizer or chat-template hash changed.
-2. ``truncation`` (truncation or summarisation): the prompt is shorter than
-   the sample so far and keeps less than half of the sample's tokens after
-   the first divergence: the history was cut or replaced by a summary.
-3. ``retokenization``: the first divergence lies after the sample's first
-   prompt, in the responses/observations it accumulated: the history was
-   re-rendered from text and its tokens no longer match what was sampled.
+2. ``truncation`` (truncation or summarisation): after the first divergence
+   the prompt holds fewer tokens than the sample, by more than 4 tokens and
+   more than 1/8 of the sample's tokens there: whole messages were dropped or
+   replaced by a summary (even counting the new observation appended).
+3. ``retokenization``: otherwise, when the first divergence lies after the
+   sample's first prompt, in the responses/observations it accumulated: the
+   history was re-rendered from text and its tokens no longer match what was
+   sampled (lengths stay about the same).
 4. ``other``: anything else (e.g. a rewritten system prompt).
 """
 
@@ -102,8 +104,8 @@ def classify_mismatch(sample: Sample, call: Call) -> str:
         return "chat_template"
     diverge = common_prefix_length(sample.tokens, call.prompt)
     kept_after = len(call.prompt) - diverge
-    lost_after = len(sample.tokens) - diverge
-    if len(call.prompt) < len(sample.tokens) and kept_after * 2 < lost_after:
+    had_after = len(sample.tokens) - diverge
+    if had_after - kept_after > max(4, had_after // 8):
         return "truncation"
     if diverge >= sample.first_prompt_len:
         return "retokenization"
