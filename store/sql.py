@@ -287,7 +287,8 @@ def export(table: pa.Table, path: str | Path, *, format: str) -> None:
 
     Parquet keeps the Arrow types exactly (token ids stay list<int32>); csv
     writes lists as ``[1, 2, 3]``, json as arrays; timestamps become RFC 3339
-    text in UTC (``2026-01-01T00:00:01.250000Z``) in both.
+    text in UTC (``2026-01-01T00:00:01.250000Z``) in both. Raises ``OSError``
+    when the file cannot be written.
     """
     if format not in EXPORT_FORMATS:
         raise ValueError(f"unknown format {format!r}: use one of {', '.join(EXPORT_FORMATS)}")
@@ -299,6 +300,8 @@ def export(table: pa.Table, path: str | Path, *, format: str) -> None:
     try:
         con.register("result", _timestamps_as_text(table))
         con.execute(f"COPY result TO '{_quote(str(path))}' ({options})")
+    except duckdb.IOException as e:
+        raise OSError(str(e)) from None
     finally:
         con.close()
 

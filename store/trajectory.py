@@ -252,12 +252,12 @@ def _last_message(messages_json: str | None) -> str | None:
 
 
 def excerpt(text: str | None, chars: int = EXCERPT_CHARS) -> str | None:
-    """``text`` cut to ``chars`` characters with an ellipsis, whitespace runs folded.
+    """``text`` cut to ``chars`` characters with an ellipsis, whitespace runs folded; None for 0.
 
     >>> excerpt("a  long\\ntext", 6)
     'a lon…'
     """
-    if text is None:
+    if text is None or chars <= 0:
         return None
     folded = " ".join(text.split())
-    return folded if len(folded) <= chars else folded[: max(chars - 1, 0)] + "…"
+    return folded if len(folded) <= chars else folded[: chars - 1] + "…"
