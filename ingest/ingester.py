@@ -171,8 +171,12 @@ class _Loop:
         self._commit_batch()
 
     def _idle_too_long(self) -> bool:
+        """Nothing arrived for ``stop_after_idle_s``; a group join in progress does not count as idle."""
         idle = self.config.stop_after_idle_s
-        return idle is not None and not self.batch and time.monotonic() - self.last_activity >= idle
+        if idle is None or self.batch or time.monotonic() - self.last_activity < idle:
+            return False
+        joining = not self.stats.partitions and self.stats.elapsed_s < 2 * self.config.session_timeout_ms / 1000
+        return not joining
 
     def _batch_due(self) -> bool:
         c = self.config
