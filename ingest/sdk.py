@@ -1,0 +1,385 @@
+"""Harness SDK: record rollouts from Python without going through the gateway.
+
+A ``TrajectoryClient`` owns one producer. ``client.rollout(...)`` is a context
+that stamps every event with the rollout's identity (tenant, task_id,
+rollout_id, attempt, span, harness), a fresh UUIDv7 ``event_id``, an RFC 3339
+UTC ``ts`` and an increasing ``seq``; it emits ``rollout.started`` on enter and
+``rollout.finished`` on exit (``failed`` when an exception escapes,
+``cancelled`` on KeyboardInterrupt, or what ``set_status`` said). Events are
+batched by the producer and flushed when a rollout ends, when the client
+closes, and at interpreter exit.
+
+``seq`` is microseconds since the Unix epoch, bumped by one when two events
+share a microsecond: increasing inside a rollout, safe across processes and
+restarts, and the same convention as the gateway's, so SDK events (tools,
+rewards) and gateway events (LLM calls) of one rollout sort together.
+
+>>> from ingest.sdk import Harness, TrajectoryClient
+>>> client = TrajectoryClient("127.0.0.1:9092", tenant="team-a",  # doctest: +SKIP
+...                           harness=Harness(name="my-agent", version="1.2.0"))
+>>> with client.rollout("task-42", policy_version="ckpt-7") as r:  # doctest: +SKIP
+...     r.llm_call(prompt_token_ids=[1, 2, 3], response_token_ids=[4, 5],
+...                logprobs=[-0.1, -0.7], model="qwen3-8b")
+...     call = r.tool_call("search", {"q": "weather"})
+...     r.tool_result(call, "search", {"hits": 3}, duration_ms=41.0)
+...     with r.subagent() as helper:             # own span, same rollout
+...         helper.llm_call(prompt_token_ids=[9], response_token_ids=[10])
+...     r.reward("correctness", 1.0, source="unit-tests")
+>>> client.reward("task-42", r.rollout_id, "human", 0.5)  # doctest: +SKIP
+>>> client.close()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from ingest.ids import rfc3339, uuid7
+from ingest.producer import EventProducer, encode_event
+from schemas.events import DEFAULT_TOPIC, Harness, RolloutStatus
+from schemas.versions import SCHEMA_VERSION
+
+__all__ = ["Harness", "RolloutContext", "SdkSettings", "Span", "TrajectoryClient", "harness_identity"]
+
+_REASON_CHARS = 500
+
+
+class SdkSettings(BaseSettings):
+    """Client settings from TRAJLAKE_* environment variables (see ``TrajectoryClient.from_settings``)."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_", extra="ignore")
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic: str = DEFAULT_TOPIC
+    tenant: str = "default"
+    harness_name: str | None = None
+    harness_version: str | None = None
+    harness_config_hash: str | None = None
+    connect_timeout_s: float = 5.0
+    """How long to wait for a broker before raising BrokerUnreachable."""
+    compression: str | None = None
+    """gzip, snappy, lz4 or zstd; None sends uncompressed."""
+
+
+def harness_identity(name: str, version: str, config: Mapping[str, Any] | None = None) -> Harness:
+    """A ``Harness`` whose ``config_hash`` is the SHA-256 of ``config`` as canonical JSON.
+
+    >>> harness_identity("agent", "1.0", {"max_steps": 30}).config_hash[:15]
+    'sha256:6f4bc366'
+    """
+    digest = None
+    if config is not None:
+        canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+        digest = "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+    return Harness(name=name, version=version, config_hash=digest)
+
+
+def _span_id() -> str:
+    return os.urandom(8).hex()
+
+
+class _Sequencer:
+    """``seq`` for one rollout: microseconds since the epoch, strictly increasing.
+
+    Stamping and sending happen under one lock, so spans used from several
+    threads still reach the broker in ``seq`` order.
+    """
+
+    def __init__(self) -> None:
+        self._last = -1
+        self._lock = threading.Lock()
+
+    def send(self, events: list[dict[str, Any]], send: Callable[[dict[str, Any]], None]) -> None:
+        with self._lock:
+            for event in events:
+                seq = max(self._last + 1, time.time_ns() // 1000)
+                send({**event, "seq": seq})
+                self._last = seq
+
+
+class Span:
+    """Emits the events of one agent (the root or a sub-agent) inside a rollout."""
+
+    def __init__(self, client: TrajectoryClient, identity: dict[str, Any], sequencer: _Sequencer,
+                 *, span_id: str, parent_span_id: str | None) -> None:
+        self._client = client
+        self._identity = identity
+        self._sequencer = sequencer
+        self.span_id = span_id
+        self.parent_span_id = parent_span_id
+        self.llm_calls = 0
+        self._children: list[Span] = []
+        self._closed = False
+
+    @property
+    def task_id(self) -> str:
+        return self._identity["task_id"]
+
+    @property
+    def rollout_id(self) -> str:
+        return self._identity["rollout_id"]
+
+    def _event(self, event_type: str, payload: dict[str, Any], *, ts_ms: int | None = None) -> dict[str, Any]:
+        """An event of this span; ``seq`` is stamped when it is sent."""
+        if self._closed:
+            raise RuntimeError(
+                f"rollout {self.rollout_id} has finished: send late rewards with client.reward(task_id, rollout_id, ...)"
+            )
+        return {
+            "event_id": uuid7(),
+            "type": event_type,
+            "schema_version": SCHEMA_VERSION,
+            "ts": rfc3339(ts_ms),
+            **self._identity,
+            "seq": None,
+            "span_id": self.span_id,
+            "parent_span_id": self.parent_span_id,
+            "payload": payload,
+        }
+
+    def _emit(self, event_type: str, payload: dict[str, Any]) -> None:
+        self._sequencer.send([self._event(event_type, payload)], self._client._send)
+
+    def llm_call(
+        self,
+        *,
+        prompt_token_ids: list[int] | None = None,
+        response_token_ids: list[int] | None = None,
+        logprobs: list[float] | None = None,
+        token_source: str | None = None,
+        text: str | None = None,
+        model: str | None = None,
+        messages: list[dict[str, Any]] | None = None,
+        prompt: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        params: dict[str, Any] | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
+        finish_reason: str | None = None,
+        usage: dict[str, Any] | None = None,
+        latency_ms: float | None = None,
+        tokenizer: str | None = None,
+        chat_template_hash: str | None = None,
+        idempotency_key: str | None = None,
+        policy_version: str | None = None,
+        error: str | None = None,
+        call_id: str | None = None,
+    ) -> str:
+        """Record one LLM call as an ``llm.request`` + ``llm.response`` pair; returns its call id.
+
+        Pass the token ids exactly as the engine returned them (``return_token_ids``)
+        and one logprob per response token. ``token_source`` defaults to
+        "engine" when response ids are given, else "none".
+        """
+        call_id = call_id or uuid7()
+        now_ms = time.time_ns() // 1_000_000
+        sent_ms = now_ms - int(latency_ms) if latency_ms is not None and 0 <= latency_ms < now_ms else now_ms
+        request = self._event("llm.request", {
+            "call_id": call_id, "model": model, "messages": messages, "prompt": prompt, "tools": tools,
+            "params": params or {}, "prompt_token_ids": prompt_token_ids, "tokenizer": tokenizer,
+            "chat_template_hash": chat_template_hash, "idempotency_key": idempotency_key,
+        }, ts_ms=sent_ms)
+        response = self._event("llm.response", {
+            "call_id": call_id, "text": text, "tool_calls": tool_calls, "finish_reason": finish_reason,
+            "response_token_ids": response_token_ids, "logprobs": logprobs,
+            "token_source": token_source or ("engine" if response_token_ids is not None else "none"),
+            "usage": usage, "latency_ms": latency_ms, "policy_version": policy_version, "error": error,
+        }, ts_ms=now_ms)
+        encode_event({**response, "seq": 0})  # refuse the pair as a whole (fields, size): never an orphan request
+        self._sequencer.send([request, response], self._client._send)
+        self.llm_calls += 1
+        return call_id
+
+    def tool_call(self, name: str, arguments: Any = None, *, call_id: str | None = None) -> str:
+        """Record that the agent invoked a tool; returns the call id to pass to ``tool_result``."""
+        call_id = call_id or uuid7()
+        self._emit("tool.call", {"call_id": call_id, "name": name, "arguments": arguments})
+        return call_id
+
+    def tool_result(
+        self,
+        call_id: str,
+        name: str,
+        result: Any = None,
+        *,
+        error: str | None = None,
+        duration_ms: float | None = None,
+        state_changed: bool | None = None,
+    ) -> None:
+        """Record what a tool returned; ``state_changed`` says whether it changed the world."""
+        self._emit("tool.result", {
+            "call_id": call_id, "name": name, "result": result, "error": error,
+            "duration_ms": duration_ms, "state_changed": state_changed,
+        })
+
+    def reward(self, name: str, value: float, *, source: str | None = None) -> None:
+        """Record a scalar reward for the rollout (several names per rollout are fine)."""
+        self._emit("reward", {"name": name, "value": value, "source": source})
+
+    def subagent(self) -> Span:
+        """A child span for a sub-agent: same rollout, new span_id, this span as parent."""
+        child = Span(self._client, self._identity, self._sequencer,
+                     span_id=_span_id(), parent_span_id=self.span_id)
+        self._children.append(child)
+        return child
+
+    def _close(self) -> None:
+        self._closed = True
+        for child in self._children:
+            child._close()
+
+    def __enter__(self) -> Span:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """A sub-agent span has no lifecycle events; leaving the block just ends it."""
+        self._close()
+
+
+class RolloutContext(Span):
+    """The root span of a rollout: emits ``rollout.started`` on enter, ``rollout.finished`` on exit."""
+
+    def __init__(self, client: TrajectoryClient, identity: dict[str, Any], *, started: dict[str, Any]) -> None:
+        super().__init__(client, identity, _Sequencer(), span_id=_span_id(), parent_span_id=None)
+        self._started = started
+        self._status: tuple[str, str | None, int | None] | None = None
+
+    def set_status(self, status: RolloutStatus, *, reason: str | None = None, steps: int | None = None) -> None:
+        """Decide how the rollout ends (default: succeeded, or failed on an exception)."""
+        self._status = (status, reason, steps)
+
+    def __enter__(self) -> RolloutContext:
+        self._emit("rollout.started", self._started)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if self._status is not None:
+            status, reason, steps = self._status
+        elif exc_type is None:
+            status, reason, steps = "succeeded", None, None
+        else:
+            status = "failed" if issubclass(exc_type, Exception) else "cancelled"
+            reason, steps = f"{exc_type.__name__}: {exc}"[:_REASON_CHARS], None
+        self._emit("rollout.finished", {"status": status, "reason": reason,
+                                        "steps": self.llm_calls if steps is None else steps})
+        self._close()
+        if self._client.flush_each_rollout:
+            self._client.flush()
+
+
+class TrajectoryClient:
+    """Sends a harness's rollouts to the trajectory topic. Close it, or let atexit flush it."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str = "127.0.0.1:9092",
+        *,
+        topic: str = DEFAULT_TOPIC,
+        tenant: str = "default",
+        harness: Harness | None = None,
+        connect_timeout_s: float = 5.0,
+        compression: str | None = None,
+        flush_each_rollout: bool = True,
+        producer: EventProducer | None = None,
+    ) -> None:
+        self.tenant = tenant
+        self.harness = harness
+        self.flush_each_rollout = flush_each_rollout
+        self.producer = producer or EventProducer(
+            bootstrap_servers, topic=topic, connect_timeout_s=connect_timeout_s, compression=compression,
+            client_id="trajlake-sdk",
+        )
+        self._closed = False
+        self._atexit = _close_at_exit(weakref.ref(self))
+        atexit.register(self._atexit)
+
+    @classmethod
+    def from_settings(cls, settings: SdkSettings | None = None, **overrides: Any) -> TrajectoryClient:
+        """A client configured from ``SdkSettings`` (TRAJLAKE_* variables by default)."""
+        settings = settings or SdkSettings()
+        harness = None
+        if settings.harness_name and settings.harness_version:
+            harness = Harness(name=settings.harness_name, version=settings.harness_version,
+                              config_hash=settings.harness_config_hash)
+        options: dict[str, Any] = dict(topic=settings.topic, tenant=settings.tenant, harness=harness,
+                                       connect_timeout_s=settings.connect_timeout_s,
+                                       compression=settings.compression)
+        return cls(settings.bootstrap_servers, **{**options, **overrides})
+
+    def _identity(self, task_id: str, rollout_id: str, attempt: int) -> dict[str, Any]:
+        return {
+            "tenant": self.tenant, "task_id": task_id, "rollout_id": rollout_id, "attempt": attempt,
+            "harness": self.harness.model_dump() if self.harness else None,
+        }
+
+    def rollout(
+        self,
+        task_id: str,
+        *,
+        rollout_id: str | None = None,
+        attempt: int = 0,
+        group_id: str | None = None,
+        policy_version: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> RolloutContext:
+        """A context for one attempt at ``task_id``; ``rollout_id`` defaults to a new UUIDv7."""
+        identity = self._identity(task_id, rollout_id or uuid7(), attempt)
+        started = {"group_id": group_id, "policy_version": policy_version, "metadata": metadata or {}}
+        return RolloutContext(self, identity, started=started)
+
+    def reward(
+        self,
+        task_id: str,
+        rollout_id: str,
+        name: str,
+        value: float,
+        *,
+        source: str | None = None,
+        attempt: int = 0,
+    ) -> None:
+        """A reward for a rollout that may have ended long ago (or in another process)."""
+        span = Span(self, self._identity(task_id, rollout_id, attempt), _Sequencer(),
+                    span_id=_span_id(), parent_span_id=None)
+        span.reward(name, value, source=source)
+
+    def _send(self, event: dict[str, Any]) -> None:
+        if self._closed:
+            raise RuntimeError("this TrajectoryClient is closed: create a new one")
+        self.producer.send(event)
+
+    def flush(self, *, timeout_s: float = 60.0) -> None:
+        """Wait until every event sent so far is acknowledged by the broker."""
+        self.producer.flush(timeout_s=timeout_s)
+
+    def close(self, *, timeout_s: float = 60.0) -> None:
+        """Flush and disconnect; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self._atexit)
+        self.producer.close(timeout_s=timeout_s)
+
+    def __enter__(self) -> TrajectoryClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _close_at_exit(ref: weakref.ref[TrajectoryClient]):
+    """An atexit hook that closes the client if it still exists (without keeping it alive)."""
+
+    def hook() -> None:
+        client = ref()
+        if client is not None:
+            client.close()
+
+    return hook

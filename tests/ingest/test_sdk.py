@@ -1,0 +1,250 @@
+"""Harness SDK: real-broker round trips, plus unit tests with a recording producer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import uuid
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from ingest.broker import free_port
+from ingest.producer import BrokerUnreachable, encode_event
+from ingest.sdk import Harness, SdkSettings, TrajectoryClient, harness_identity
+from schemas.errors import InvalidEvent
+from schemas.versions import validate_event
+
+ROOT = Path(__file__).resolve().parents[2]
+HARNESS = Harness(name="test-agent", version="0.3.1", config_hash="sha256:abc")
+
+
+class RecordingProducer:
+    """Unit-test stand-in for EventProducer: validates like it, keeps events in memory."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+        self.flushes = 0
+        self.closed = False
+
+    def send(self, event: dict) -> None:
+        encode_event(event)
+        self.events.append(event)
+
+    def flush(self, *, timeout_s: float = 60.0) -> None:
+        self.flushes += 1
+
+    def close(self, *, timeout_s: float = 60.0) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def recorded() -> tuple[TrajectoryClient, RecordingProducer]:
+    producer = RecordingProducer()
+    client = TrajectoryClient(tenant="acme", harness=HARNESS, producer=producer)
+    yield client, producer
+    client.close()
+
+
+def consume(bootstrap: str, topic: str, count: int) -> list:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False)
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)])
+        messages: list = []
+        for _ in range(100):
+            for batch in consumer.poll(timeout_ms=200).values():
+                messages.extend(batch)
+            if len(messages) >= count:
+                break
+        return sorted(messages, key=lambda m: (m.partition, m.offset))
+    finally:
+        consumer.close()
+
+
+def test_a_rollout_arrives_keyed_stamped_and_in_seq_order(broker, topic):
+    client = TrajectoryClient(broker.bootstrap_servers, topic=topic, tenant="acme", harness=HARNESS)
+    with client.rollout("task-1", attempt=2, group_id="g-1", policy_version="ckpt-3") as r:
+        r.llm_call(prompt_token_ids=[1, 2, 3], response_token_ids=[4, 5], logprobs=[-0.5, -0.1],
+                   model="m", latency_ms=12.0)
+        call = r.tool_call("search", {"q": "x"})
+        r.tool_result(call, "search", {"hits": 2}, duration_ms=3.0, state_changed=False)
+        with r.subagent() as helper:
+            helper.llm_call(prompt_token_ids=[7], response_token_ids=[8], logprobs=[-1.0])
+        r.reward("correctness", 1.0, source="tests")
+    # no flush, no close: the rollout's end flushed
+    messages = consume(broker.bootstrap_servers, topic, 9)
+    client.close()
+    events = [json.loads(m.value) for m in messages]
+    assert {m.key for m in messages} == {r.rollout_id.encode()}
+    assert len({m.partition for m in messages}) == 1
+    assert [e["type"] for e in events] == [
+        "rollout.started", "llm.request", "llm.response", "tool.call", "tool.result",
+        "llm.request", "llm.response", "reward", "rollout.finished"]
+    seqs = [e["seq"] for e in events]
+    assert seqs == sorted(set(seqs))
+    for event in events:
+        validate_event(event)
+        assert (event["tenant"], event["task_id"], event["attempt"]) == ("acme", "task-1", 2)
+        assert event["harness"] == HARNESS.model_dump()
+        assert uuid.UUID(event["event_id"]).version == 7
+        assert event["ts"].endswith("Z") and datetime.fromisoformat(event["ts"]).utcoffset().total_seconds() == 0
+    assert len({e["event_id"] for e in events}) == len(events)
+    root, sub = events[0]["span_id"], events[5]["span_id"]
+    assert sub != root and events[5]["parent_span_id"] == root and events[0]["parent_span_id"] is None
+    assert events[0]["payload"] == {"group_id": "g-1", "policy_version": "ckpt-3", "metadata": {}}
+    assert events[2]["payload"]["token_source"] == "engine"
+    assert events[1]["payload"]["call_id"] == events[2]["payload"]["call_id"]
+    assert events[-1]["payload"] == {"status": "succeeded", "reason": None, "steps": 1}
+
+
+def test_events_are_flushed_when_the_process_exits(broker, topic):
+    script = textwrap.dedent(f"""
+        from ingest.sdk import TrajectoryClient
+        client = TrajectoryClient({broker.bootstrap_servers!r}, topic={topic!r}, flush_each_rollout=False)
+        with client.rollout("task-exit", rollout_id="r-exit") as r:
+            r.tool_call("noop")
+        client.reward("task-exit", "r-exit", "late", 0.25)
+    """)
+    subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True, timeout=60)
+    events = [json.loads(m.value) for m in consume(broker.bootstrap_servers, topic, 4)]
+    assert [e["type"] for e in events] == ["rollout.started", "tool.call", "rollout.finished", "reward"]
+
+
+def test_an_escaping_exception_finishes_the_rollout_as_failed(recorded):
+    client, producer = recorded
+    with pytest.raises(ValueError, match="parser broke"):
+        with client.rollout("t") as r:
+            r.tool_call("parse")
+            raise ValueError("parser broke")
+    finished = producer.events[-1]
+    assert finished["type"] == "rollout.finished"
+    assert finished["payload"]["status"] == "failed"
+    assert finished["payload"]["reason"] == "ValueError: parser broke"
+    assert producer.flushes == 1
+
+
+def test_interrupt_means_cancelled_and_set_status_wins(recorded):
+    client, producer = recorded
+    with pytest.raises(KeyboardInterrupt):
+        with client.rollout("t"):
+            raise KeyboardInterrupt
+    assert producer.events[-1]["payload"]["status"] == "cancelled"
+    with client.rollout("t") as r:
+        r.set_status("truncated", reason="step limit", steps=30)
+    assert producer.events[-1]["payload"] == {"status": "truncated", "reason": "step limit", "steps": 30}
+
+
+def test_late_rewards_go_through_the_client_after_the_rollout_ended(recorded):
+    client, producer = recorded
+    with client.rollout("t", rollout_id="r-7") as r:
+        sub = r.subagent()
+    with pytest.raises(RuntimeError, match="client.reward"):
+        r.reward("late", 1.0)
+    with pytest.raises(RuntimeError, match="client.reward"):
+        sub.tool_call("x")
+    client.reward("t", "r-7", "human", 0.5, source="review", attempt=1)
+    reward = producer.events[-1]
+    assert (reward["type"], reward["rollout_id"], reward["attempt"], reward["tenant"]) == ("reward", "r-7", 1, "acme")
+    assert reward["payload"] == {"name": "human", "value": 0.5, "source": "review"}
+    assert reward["seq"] > producer.events[-2]["seq"]
+
+
+@pytest.mark.parametrize(("emit", "field"), [
+    (lambda r: r.llm_call(prompt_token_ids=[1], response_token_ids=["5"]), "payload.response_token_ids.0"),
+    (lambda r: r.llm_call(prompt_token_ids="1 2 3"), "payload.prompt_token_ids"),
+    (lambda r: r.llm_call(response_token_ids=[1, 2], logprobs=[-0.1]), "payload"),
+    (lambda r: r.llm_call(response_token_ids=[-1]), "payload.response_token_ids"),
+    (lambda r: r.llm_call(token_source="engine"), "payload"),
+    (lambda r: r.llm_call(token_source="guessed"), "payload.token_source"),
+    (lambda r: r.reward("score", float("inf")), "payload.value"),
+    (lambda r: r.reward("score", "high"), "payload.value"),
+    (lambda r: r.reward("", 1.0), "payload.name"),
+    (lambda r: r.tool_call("x" * 201), "payload.name"),
+    (lambda r: r.tool_result("c-1", "search", duration_ms=-5), "payload.duration_ms"),
+    (lambda r: r.set_status("exploded") or r.__exit__(None, None, None), "payload.status"),
+])
+def test_bad_input_fails_in_the_harness_naming_the_field(recorded, emit, field):
+    client, producer = recorded
+    r = client.rollout("t").__enter__()
+    sent = len(producer.events)
+    with pytest.raises(InvalidEvent) as exc:
+        emit(r)
+    assert exc.value.field == field
+    assert len(producer.events) == sent
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"task_id": ""}, "task_id"),
+    ({"task_id": "t", "attempt": -1}, "attempt"),
+    ({"task_id": "t", "attempt": "0"}, "attempt"),
+    ({"task_id": "t", "rollout_id": "r" * 501}, "rollout_id"),
+    ({"task_id": "t", "metadata": ["not", "a", "dict"]}, "payload.metadata"),
+])
+def test_bad_rollout_identity_is_refused_at_start(recorded, kwargs, field):
+    client, producer = recorded
+    task_id = kwargs.pop("task_id")
+    with pytest.raises(InvalidEvent) as exc:
+        with client.rollout(task_id, **kwargs):
+            pass
+    assert exc.value.field == field
+    assert producer.events == []
+
+
+def test_subagents_in_threads_keep_one_increasing_seq(recorded):
+    client, producer = recorded
+    with client.rollout("t") as r:
+        def work() -> None:
+            sub = r.subagent()
+            for _ in range(50):
+                sub.tool_call("step")
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    seqs = [e["seq"] for e in producer.events]
+    assert len(seqs) == 202 and seqs == sorted(set(seqs))
+    assert len({e["span_id"] for e in producer.events}) == 5
+
+
+def test_settings_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("TRAJLAKE_TENANT", "team-b")
+    monkeypatch.setenv("TRAJLAKE_HARNESS_NAME", "env-agent")
+    monkeypatch.setenv("TRAJLAKE_HARNESS_VERSION", "9")
+    monkeypatch.setenv("TRAJLAKE_CONNECT_TIMEOUT_S", "2.5")
+    settings = SdkSettings()
+    assert settings.connect_timeout_s == 2.5
+    producer = RecordingProducer()
+    with TrajectoryClient.from_settings(settings, producer=producer) as client:
+        with client.rollout("t"):
+            pass
+    assert producer.closed
+    assert producer.events[0]["tenant"] == "team-b"
+    assert producer.events[0]["harness"] == {"name": "env-agent", "version": "9", "config_hash": None}
+
+
+def test_harness_identity_hashes_the_config_canonically():
+    a = harness_identity("agent", "1", {"b": 1, "a": [1, 2]})
+    assert a == harness_identity("agent", "1", {"a": [1, 2], "b": 1})
+    assert a.config_hash != harness_identity("agent", "1", {"a": [2, 1], "b": 1}).config_hash
+    assert harness_identity("agent", "1").config_hash is None
+
+
+def test_a_closed_client_refuses_new_events(recorded):
+    client, producer = recorded
+    client.close()
+    client.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        client.reward("t", "r", "x", 1.0)
+
+
+@pytest.mark.timeout(20)  # kafka-python's own default would wait 30 s: this guards the connect timeout
+def test_no_broker_means_broker_unreachable_at_construction():
+    with pytest.raises(BrokerUnreachable, match="trajlake broker"):
+        TrajectoryClient(f"127.0.0.1:{free_port()}", connect_timeout_s=0.5)
