@@ -115,7 +115,7 @@ def _plan(con: duckdb.DuckDBPyConnection, config: BuildConfig) -> tuple[RolloutP
     joined = con.execute(
         """SELECT r.*, t.trained_tokens, t.read_tokens FROM rollouts_arrow r
            JOIN tokens_arrow t USING (rollout_id) WHERE t.trained_tokens > 0 ORDER BY r.rollout_id"""
-    ).fetch_arrow_table()
+    ).to_arrow_table()
     con.unregister("tokens_arrow")
     con.unregister("rollouts_arrow")
     if joined.num_rows == 0:
@@ -149,7 +149,7 @@ def _lineage(con: duckdb.DuckDBPyConnection, plan: RolloutPlan, samples_per_roll
     events = con.execute(
         """SELECT rollout_id, list(req_event_id ORDER BY seq) || list(resp_event_id ORDER BY seq) AS call_event_ids
            FROM call_index WHERE status = 'ok' GROUP BY rollout_id"""
-    ).fetch_arrow_table()
+    ).to_arrow_table()
     by_rollout = dict(zip(events["rollout_id"].to_pylist(), events["call_event_ids"].to_pylist()))
     return pa.table(
         {

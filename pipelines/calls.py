@@ -76,7 +76,7 @@ def trained_tokens_per_rollout(con: duckdb.DuckDBPyConnection) -> pa.Table:
         """SELECT rollout_id, sum(n_response)::BIGINT AS trained_tokens,
                   sum(n_prompt + n_response)::BIGINT AS read_tokens
            FROM call_index WHERE status = 'ok' GROUP BY rollout_id ORDER BY rollout_id"""
-    ).fetch_arrow_table()
+    ).to_arrow_table()
 
 
 def read_call_tokens(con: duckdb.DuckDBPyConnection, first: str, last: str) -> pa.Table:
@@ -94,7 +94,7 @@ def read_call_tokens(con: duckdb.DuckDBPyConnection, first: str, last: str) -> p
            WHERE c.status = 'ok'
            ORDER BY c.rollout_id, c.seq, c.req_event_id""",
         {"first": first, "last": last},
-    ).fetch_arrow_table()
+    ).to_arrow_table()
 
 
 def iter_batches(rollout_ids: list[str], read_tokens: list[int], batch_tokens: int) -> Iterator[list[str]]:

@@ -127,7 +127,7 @@ def _events(con: duckdb.DuckDBPyConnection, tables: list[str], where: str, param
     sql = _events_sql(tables, where)
     if not sql:
         return None
-    return con.execute(sql, params * sum(name in tables for name, _ in TYPED_TABLES.values())).fetch_arrow_table()
+    return con.execute(sql, params * sum(name in tables for name, _ in TYPED_TABLES.values())).to_arrow_table()
 
 
 def _checkpoints(con: duckdb.DuckDBPyConnection, tables: list[str], uses: list[DatasetUse]) -> list[CheckpointUse]:
@@ -151,7 +151,7 @@ def _dataset(lake: Lake, con: duckdb.DuckDBPyConnection, tables: list[str], name
         f"""SELECT rollout_id, call_event_ids || reward_event_ids AS ids FROM {LINEAGE_TABLE}
             WHERE dataset = ? AND version = ? ORDER BY rollout_id""",
         [name, use.version],
-    ).fetch_arrow_table()
+    ).to_arrow_table()
     con.register("used_events", pa.table({"event_id": used["ids"].combine_chunks().flatten()}))
     events = _events(con, tables, "event_id IN (SELECT event_id FROM used_events)", [])
     return Lineage(

@@ -143,7 +143,7 @@ def select_rollouts(con: duckdb.DuckDBPyConnection, selection: Selection, rule: 
         """SELECT s.rollout_id, s.task_id, s.tenant, s.group_id, s.policy_version, s.status,
                   r.reward, r.reward_event_ids, r.n_rewards
            FROM selected s JOIN rewarded r USING (rollout_id) ORDER BY s.rollout_id"""
-    ).fetch_arrow_table()
+    ).to_arrow_table()
     counts = {"selected": n_selected, "without_reward": n_selected - table.num_rows}
     return table, counts
 
