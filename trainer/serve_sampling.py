@@ -49,7 +49,11 @@ def sample_tokens(
     cancel: threading.Event | None = None,
 ) -> Iterator[SampledToken]:
     """Yield up to ``params.max_tokens`` tokens; the last may be a stop token (it is yielded)."""
-    generator = torch.Generator().manual_seed(params.seed % 2**64)  # any int a client sends
+    generator = torch.Generator()
+    if params.seed is None:
+        generator.seed()  # fresh entropy
+    else:
+        generator.manual_seed(params.seed % 2**64)  # any int a client sends
     with torch.inference_mode():
         out = model(input_ids=torch.tensor([prompt_ids]), use_cache=True)
         for step in range(params.max_tokens):
