@@ -1,0 +1,208 @@
+"""Real DeepSpeed on CPU, each run in its own process: learning, export, resume, follow, two ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import torch
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from ingest.broker import free_port
+from ingest.topics import ensure_topic
+from schemas.control import CONTROL_ADAPTER, CheckpointReadyEvent, DatasetVersionEvent
+from schemas.tables import SAMPLES
+from store.lake import Lake
+from trainer.config import TrainConfig
+from trainer.dataset import DatasetRef, load_samples
+from trainer.loop import evaluate
+from trainer.records import list_checkpoints, run_states
+from trainer.synthetic import response_logprob, synthetic_samples
+
+REPO = Path(__file__).resolve().parents[2]
+DRIVER = """
+import json, logging, os, signal, sys, threading
+logging.basicConfig(level="INFO", format="%(name)s %(message)s", stream=sys.stdout)
+args = json.loads(sys.argv[1])
+from store.lake import Lake
+from trainer.config import TrainConfig
+config = TrainConfig(**args["config"])
+lake = Lake(args["lake"])
+if args.get("follow"):
+    from trainer.follow import follow
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    print("FOLLOWING", flush=True)
+    follow(lake, config, stop_event=stop, bootstrap_servers=args["bootstrap"], control_topic=args["topic"],
+           datasets=["syn"], poll_interval_s=3600)
+    sys.exit(0)
+from trainer.loop import train_dataset
+crash = args.get("crash_after_step")
+def on_step(entry):
+    if entry.step == crash:
+        os._exit(3)
+record = train_dataset(lake, args["dataset"], args.get("version"), config, on_step=on_step)
+if int(os.environ.get("RANK", "0")) == 0:
+    print("RECORD " + json.dumps({"id": record.checkpoint_id, "metrics": record.metrics, "hf": record.hf_path}))
+"""
+CONFIG = {"lr": 1e-3, "epochs": 3, "micro_batch_tokens": 80, "save_every": 2, "seed": 0}
+
+
+def env() -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    return e | {"PYTHONPATH": str(REPO), "MASTER_PORT": str(free_port()), "DS_ACCELERATOR": "cpu"}
+
+
+def drive(args: dict, *, launcher: list[str] | None = None, expect_rc: int = 0) -> dict | None:
+    """Run the driver (plain python, or a launcher on a script copy); its RECORD line, parsed."""
+    payload = json.dumps({k: v for k, v in args.items() if k != "script"})
+    cmd = [*launcher, str(args["script"]), payload] if launcher else [sys.executable, "-c", DRIVER, payload]
+    proc = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert proc.returncode == expect_rc, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RECORD ")]
+    return json.loads(lines[-1].removeprefix("RECORD ")) if lines else None
+
+
+def config_for(model: Path, out: Path, **over) -> dict:
+    return {"model": str(model), "out": str(out), **CONFIG, **over}
+
+
+@pytest.fixture(scope="module")
+def synthetic(tiny_model_dir):
+    return synthetic_samples(str(tiny_model_dir), groups=8)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_model_dir, synthetic, tmp_path_factory):
+    """One uninterrupted run, shared by the tests that inspect its results."""
+    root = tmp_path_factory.mktemp("trained")
+    lake = Lake(str(root / "lake"))
+    lake.append("datasets/syn", synthetic, schema=SAMPLES)
+    result = drive({"lake": lake.root, "dataset": "syn", "config": config_for(tiny_model_dir, root / "ckpt")})
+    return lake, result
+
+
+def test_training_raises_the_likelihood_of_high_advantage_responses(trained, tiny_model_dir, synthetic):
+    from transformers import AutoModelForCausalLM
+
+    lake, result = trained
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    new = AutoModelForCausalLM.from_pretrained(result["hf"]).eval()
+    good = response_logprob(new, synthetic, kind="good") - response_logprob(base, synthetic, kind="good")
+    bad = response_logprob(new, synthetic, kind="bad") - response_logprob(base, synthetic, kind="bad")
+    assert good > 0.2 and bad < -0.2, (good, bad)
+    assert result["metrics"]["eval_loss"] < result["metrics"]["first_loss"] - 0.05
+
+
+def test_checkpoint_row_run_history_and_hf_reload_give_the_same_eval_loss(trained, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    lake, result = trained
+    (record,) = list_checkpoints(lake)
+    assert record.checkpoint_id == result["id"] and record.dataset == "syn" and record.dataset_version == 0
+    assert record.base_model == str(tiny_model_dir) and record.config["deepspeed"]["zero_optimization"]["stage"] == 0
+    assert record.code_version.startswith("trajlake") and record.steps == record.metrics["steps"] > 0
+    assert (Path(record.ds_path) / "latest").is_file()
+    assert run_states(lake)[record.checkpoint_id].status == "finished"
+    config = TrainConfig(**config_for(tiny_model_dir, Path(record.ds_path)))
+    samples = load_samples(lake, DatasetRef("syn", 0), vocab_size=2048, max_len=2048)
+    reloaded = AutoModelForCausalLM.from_pretrained(record.hf_path, dtype=torch.float32).eval()
+    assert evaluate(reloaded, samples, config) == pytest.approx(record.metrics["eval_loss"], abs=1e-5)
+
+
+def test_a_crash_mid_run_resumes_from_the_last_checkpoint_and_matches(trained, tiny_model_dir, synthetic, tmp_path):
+    lake = Lake(str(tmp_path / "lake"))
+    lake.append("datasets/syn", synthetic, schema=SAMPLES)
+    args = {"lake": lake.root, "dataset": "syn", "config": config_for(tiny_model_dir, tmp_path / "ckpt")}
+    drive(args | {"crash_after_step": 5}, expect_rc=3)
+    (state,) = run_states(lake).values()
+    assert state.status == "started" and list_checkpoints(lake) == []
+    resumed = drive(args)
+    assert resumed["metrics"]["resumed_from_step"] == 4  # the last restart point before the crash
+    assert run_states(lake)[resumed["id"]].attempt == 2
+    # same inputs, same id; the resumed run ends exactly where the uninterrupted one did
+    assert resumed["id"] == trained[1]["id"]
+    assert resumed["metrics"]["eval_loss"] == pytest.approx(trained[1]["metrics"]["eval_loss"], abs=1e-6)
+
+
+def test_follow_trains_a_version_published_while_it_runs_and_skips_a_trained_one(
+    broker, trained, tiny_model_dir, synthetic, tmp_path
+):
+    lake, first = trained  # syn@0 is trained already
+    topic = f"control-{uuid.uuid4().hex[:8]}"
+    ensure_topic(broker.bootstrap_servers, topic, partitions=1)
+    cfg = config_for(tiny_model_dir, Path(list_checkpoints(lake)[0].ds_path).parents[1], epochs=1)
+    log = open(tmp_path / "follow.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, json.dumps({"lake": lake.root, "follow": True, "config": cfg,
+                                                   "bootstrap": broker.bootstrap_servers, "topic": topic})],
+        env=env(), stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+    )  # fmt: skip
+    try:
+        _wait_for(lambda: "FOLLOWING" in (tmp_path / "follow.log").read_text(), proc)
+        version = lake.append("datasets/syn", synthetic_samples(str(tiny_model_dir), groups=4, seed=1), schema=SAMPLES)
+        _announce(broker.bootstrap_servers, topic, version)
+        ready = _next_checkpoint_ready(broker.bootstrap_servers, topic, proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert ready.dataset_version == version == 1
+    rows = list_checkpoints(lake)
+    assert [(r.dataset_version, r.parent_checkpoint_id) for r in rows] == [(0, None), (1, first["id"])]
+    assert Path(ready.hf_path).is_dir() and rows[1].base_model == first["hf"]
+    assert [s.attempt for s in run_states(lake).values()] == [1, 1]  # v0 was not trained again
+
+
+def test_two_ranks_under_torchrun(tiny_model_dir, synthetic, tmp_path):
+    lake = Lake(str(tmp_path / "lake"))
+    lake.append("datasets/syn", synthetic, schema=SAMPLES)
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
+    cfg = config_for(tiny_model_dir, tmp_path / "ckpt", epochs=1, zero_stage=2)
+    result = drive({"lake": lake.root, "dataset": "syn", "config": cfg, "script": script}, launcher=torchrun)
+    (record,) = list_checkpoints(lake)
+    assert record.world_size == 2 and record.checkpoint_id == result["id"]
+    assert len(list(Path(record.ds_path).glob("step*/*optim_states.pt"))) == 2  # one ZeRO shard per rank
+    assert (Path(record.hf_path) / "model.safetensors").is_file()
+
+
+def _wait_for(predicate, proc: subprocess.Popen, *, limit_s: float = 120) -> None:
+    deadline = time.monotonic() + limit_s
+    while not predicate():
+        assert proc.poll() is None, "the follower exited early"
+        assert time.monotonic() < deadline, "the follower did not start"
+        time.sleep(0.2)
+
+
+def _announce(bootstrap: str, topic: str, version: int) -> None:
+    event = DatasetVersionEvent(event_id=str(uuid.uuid4()), ts=datetime.now(UTC), dataset="syn", version=version,
+                                content_hash="h")  # fmt: skip
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    producer.send(topic, value=event.model_dump_json().encode(), key=b"syn").get(timeout=30)
+    producer.close()
+
+
+def _next_checkpoint_ready(bootstrap: str, topic: str, proc: subprocess.Popen) -> CheckpointReadyEvent:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest")
+    consumer.assign([TopicPartition(topic, 0)])
+    deadline = time.monotonic() + 180
+    try:
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, "the follower died"
+            for records in consumer.poll(timeout_ms=1000).values():
+                for r in records:
+                    event = CONTROL_ADAPTER.validate_json(r.value)
+                    if isinstance(event, CheckpointReadyEvent):
+                        return event
+    finally:
+        consumer.close()
+    raise AssertionError("no checkpoint.ready within 180 s")
