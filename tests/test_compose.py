@@ -1,0 +1,149 @@
+"""docker-compose.yml and Dockerfile: valid structure, real commands, configuration keys the code reads.
+
+No Docker engine runs here; ``docker compose config`` is used when the compose
+plugin exists, and the structure is checked by hand either way.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import typer
+import yaml
+from pydantic_settings import BaseSettings
+
+import trajlake.commands
+from trajlake.cli import build_app
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES: dict = COMPOSE["services"]
+TRAJLAKE_SERVICES = {name: s for name, s in SERVICES.items() if s.get("image", "").startswith("trajlake")}
+LANDS_LATER = {"query-api"}
+"""Commands another engineer is still building; their service may point at them already."""
+READ_BY_OS_ENVIRON = {"TRAJLAKE_LOG_LEVEL", "TRAJLAKE_HOME"}
+
+
+def cli_commands() -> dict:
+    """Name -> click command of every registered ``trajlake`` command."""
+    return dict(typer.main.get_command(build_app()).commands)
+
+
+def settings_keys() -> set[str]:
+    """Every TRAJLAKE_* variable a settings class of the CLI reads."""
+    for info in pkgutil.iter_modules(trajlake.commands.__path__):
+        importlib.import_module(f"trajlake.commands.{info.name}")
+    keys = set()
+    pending = list(BaseSettings.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        prefix = cls.model_config.get("env_prefix", "")
+        if prefix.startswith("TRAJLAKE_"):
+            keys |= {f"{prefix}{name}".upper() for name in cls.model_fields}
+    return keys
+
+
+def test_docker_compose_config_accepts_the_file_when_the_client_exists() -> None:
+    docker = shutil.which("docker")
+    if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:
+        pytest.skip("no docker compose client here; the structural tests below stand in for it")
+    result = subprocess.run([docker, "compose", "-f", str(ROOT / "docker-compose.yml"), "config", "--quiet"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_stack_has_every_service_of_the_design() -> None:
+    assert {"kafka", "kafka-init", "minio", "minio-init", "gateway", "ingester", "scheduler", "query-api", "trainer"} <= set(SERVICES)
+    for name, service in SERVICES.items():
+        assert "image" in service or "build" in service, name
+        assert set(service) <= COMPOSE_SERVICE_KEYS, (name, set(service) - COMPOSE_SERVICE_KEYS)
+
+
+COMPOSE_SERVICE_KEYS = {
+    "image", "build", "command", "entrypoint", "environment", "depends_on", "ports", "volumes", "deploy",
+    "profiles", "healthcheck", "restart",
+}
+
+
+def test_kafka_is_a_single_kraft_node_without_zookeeper() -> None:
+    env = SERVICES["kafka"]["environment"]
+    assert SERVICES["kafka"]["image"].startswith("apache/kafka:")
+    assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
+    assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == f"{env['KAFKA_NODE_ID']}@kafka:9093"
+    assert not any("ZOOKEEPER" in key for key in env)
+    assert "kafka:9092" in env["KAFKA_ADVERTISED_LISTENERS"]
+
+
+def test_dependencies_exist_and_wait_for_topics_and_bucket() -> None:
+    for name, service in SERVICES.items():
+        for dependency, condition in (service.get("depends_on") or {}).items():
+            assert dependency in SERVICES, (name, dependency)
+            assert condition["condition"] in {"service_started", "service_healthy", "service_completed_successfully"}
+    for name in ("gateway", "ingester", "scheduler", "query-api", "trainer"):
+        assert SERVICES[name]["depends_on"]["kafka-init"]["condition"] == "service_completed_successfully"
+        assert SERVICES[name]["depends_on"]["minio-init"]["condition"] == "service_completed_successfully"
+    assert "mc mb --ignore-existing lake/trajlake" in SERVICES["minio-init"]["command"][0]
+
+
+def test_lake_lives_in_the_minio_bucket_with_safe_concurrent_commits() -> None:
+    for name, service in TRAJLAKE_SERVICES.items():
+        env = service["environment"]
+        assert env["TRAJLAKE_LAKE"].startswith("s3://trajlake/"), name
+        assert env["AWS_ENDPOINT_URL"] == "http://minio:9000" and env["AWS_CONDITIONAL_PUT"] == "etag", name
+        assert env["TRAJLAKE_BOOTSTRAP_SERVERS"] == "kafka:9092", name
+
+
+def test_ingesters_scale_and_trainer_is_a_gpu_profile() -> None:
+    assert SERVICES["ingester"]["deploy"]["replicas"] >= 2
+    trainer = SERVICES["trainer"]
+    assert trainer["profiles"] == ["gpu"]
+    [device] = trainer["deploy"]["resources"]["reservations"]["devices"]
+    assert device["capabilities"] == ["gpu"] and device["driver"] == "nvidia"
+    assert "cu" in trainer["build"]["args"]["TORCH_INDEX"]
+
+
+@pytest.mark.parametrize("service", sorted(TRAJLAKE_SERVICES))
+def test_service_runs_a_real_trajlake_command_with_real_flags(service: str) -> None:
+    command = TRAJLAKE_SERVICES[service]["command"]
+    commands = cli_commands()
+    if command[0] not in commands and service in LANDS_LATER:
+        pytest.xfail(f"`trajlake {command[0]}` is not built yet")
+    assert command[0] in commands, f"docker-compose {service}: no `trajlake {command[0]}` command"
+    known = {opt for param in commands[command[0]].params for opt in getattr(param, "opts", [])}
+    flags = [arg for arg in command[1:] if arg.startswith("--")]
+    assert set(flags) <= known, (service, set(flags) - known)
+
+
+def test_every_trajlake_key_in_compose_is_read_by_the_code() -> None:
+    keys = settings_keys() | READ_BY_OS_ENVIRON
+    used = {key for service in TRAJLAKE_SERVICES.values() for key in service["environment"] if key.startswith("TRAJLAKE_")}
+    assert used - keys == set()
+    assert {"TRAJLAKE_LAKE", "TRAJLAKE_SCHEDULER_CRON", "TRAJLAKE_TRAIN_OUT"} <= used
+
+
+def test_ports_and_volumes_are_declared_once() -> None:
+    host_ports = [p.split(":")[0] for s in SERVICES.values() for p in s.get("ports", [])]
+    assert len(host_ports) == len(set(host_ports))
+    named = {v.split(":")[0] for s in SERVICES.values() for v in s.get("volumes", []) if not v.startswith((".", "/"))}
+    assert named <= set(COMPOSE["volumes"])
+
+
+def test_dockerfile_installs_the_pinned_cpu_torch_then_the_project() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    pinned = next(d for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+                  if d.startswith("torch=="))
+    assert re.search(r"^FROM python:3\.11-slim$", dockerfile, re.M)
+    assert "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu" in dockerfile
+    assert f'pip install --index-url "${{TORCH_INDEX}}" {pinned}' in dockerfile
+    assert dockerfile.index(pinned) < dockerfile.index("RUN pip install .")
+    assert 'ENTRYPOINT ["trajlake"]' in dockerfile
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".git", ".venv", "lake"} <= set(ignored)

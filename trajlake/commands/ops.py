@@ -1,0 +1,161 @@
+"""``trajlake forget``, ``trajlake retention show|apply`` and ``trajlake compact``."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import typer
+from pydantic import Field, ValidationError
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from store.compact import Compacted, compact
+from store.forget import ForgetReport, ForgetRequest, forget
+from store.retention import DEFAULT_KEY, RetentionPolicy, apply_retention, expired_rollouts
+from store.storage import open_lake
+from trajlake.settings import CommonSettings
+
+LAKE_OPTION = typer.Option(None, "--lake", help="Lake root (default: TRAJLAKE_LAKE, else ./lake).")
+
+
+class OpsSettings(CommonSettings):
+    """Settings of the operations commands (TRAJLAKE_* variables; flags win)."""
+
+    retention_days: dict[str, int] = Field(default_factory=dict)
+    """Tenant -> days to keep its rollouts, '*' for the default, as JSON (TRAJLAKE_RETENTION_DAYS='{"acme": 30, "*": 365}')."""
+    retention_policy: Path | None = None
+    """JSON or TOML file with the same mapping (TRAJLAKE_RETENTION_POLICY); wins over TRAJLAKE_RETENTION_DAYS."""
+    compact_vacuum_hours: int = Field(default=168, ge=0)
+    """Hours a file removed by compaction stays for readers of older snapshots (TRAJLAKE_COMPACT_VACUUM_HOURS)."""
+
+    def policy(self) -> RetentionPolicy:
+        if self.retention_policy is not None:
+            return RetentionPolicy.from_file(self.retention_policy)
+        return RetentionPolicy.parse(self.retention_days)
+
+
+def settings_from(**flags: object) -> OpsSettings:
+    return OpsSettings(**{k: v for k, v in flags.items() if v is not None})
+
+
+def fail(message: str) -> typer.Exit:
+    Console(stderr=True).print(Text.assemble(("error: ", "bold red"), message))
+    return typer.Exit(code=1)
+
+
+def forget_command(
+    tenant: str | None = typer.Option(None, help="Forget this tenant (alone: all of it; with --user/--rollout: the scope)."),
+    rollout: list[str] = typer.Option([], help="Forget this rollout id (repeatable)."),
+    user: str | None = typer.Option(None, help="Forget the rollouts whose rollout.started metadata has this user (needs --tenant)."),
+    reason: str | None = typer.Option(None, help="Why (ticket id); kept in the forget_audit table."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    lake: str | None = LAKE_OPTION,
+) -> None:
+    """Delete a tenant's, rollouts' or user's rows from every table, vacuum their files, audit it."""
+    try:
+        request = ForgetRequest(tenant=tenant, rollouts=tuple(rollout), user=user, reason=reason)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    settings = settings_from(lake=lake)
+    what = _describe(request)
+    if not yes and not typer.confirm(f"permanently delete {what} from {settings.lake}?"):
+        raise typer.Exit(code=1)
+    report = forget(open_lake(settings.lake), request)
+    _render_forget(Console(), report, what)
+
+
+def retention_show(
+    policy: Path | None = typer.Option(None, exists=True, dir_okay=False, help="Policy file (default: TRAJLAKE_RETENTION_POLICY / _DAYS)."),
+    lake: str | None = LAKE_OPTION,
+) -> None:
+    """Show the retention policy and how many rollouts each tenant has past it."""
+    settings, parsed = _policy(policy, lake)
+    expired = expired_rollouts(open_lake(settings.lake), parsed, now=datetime.now(timezone.utc))
+    if not parsed.days:
+        Console().print("no retention policy: every rollout is kept (set TRAJLAKE_RETENTION_DAYS or --policy)")
+        return
+    table = Table("tenant", "days", "expired rollouts", title="retention policy")
+    for tenant in sorted(set(expired) | set(parsed.days) - {DEFAULT_KEY}):
+        table.add_row(tenant, str(parsed.days_for(tenant)), str(len(expired.get(tenant, []))))
+    if DEFAULT_KEY in parsed.days:
+        table.add_row("(any other)", str(parsed.days[DEFAULT_KEY]), "")
+    Console().print(table)
+
+
+def retention_apply(
+    policy: Path | None = typer.Option(None, exists=True, dir_okay=False, help="Policy file (default: TRAJLAKE_RETENTION_POLICY / _DAYS)."),
+    lake: str | None = LAKE_OPTION,
+) -> None:
+    """Forget every rollout older than its tenant's retention (audited as kind=retention)."""
+    settings, parsed = _policy(policy, lake)
+    reports = apply_retention(open_lake(settings.lake), parsed)
+    console = Console()
+    for report in reports:
+        _render_forget(console, report, f"{len(report.rollouts)} expired rollouts of tenant {report.request.tenant}")
+    if not reports:
+        console.print("nothing past its retention")
+
+
+def compact_command(
+    table: list[str] = typer.Option([], help="Table to compact (repeatable; default: every table of the lake)."),
+    vacuum_hours: int | None = typer.Option(None, min=0, help="Keep removed files this many hours (TRAJLAKE_COMPACT_VACUUM_HOURS, default 168)."),
+    lake: str | None = LAKE_OPTION,
+) -> None:
+    """Rewrite small files into few z-ordered ones (task_id, rollout_id), then vacuum; safe during ingestion."""
+    settings = settings_from(lake=lake, compact_vacuum_hours=vacuum_hours)
+    results = compact(open_lake(settings.lake), tables=table or None,
+                      vacuum_retention=timedelta(hours=settings.compact_vacuum_hours))
+    _render_compacted(Console(), results)
+
+
+def _policy(policy: Path | None, lake: str | None) -> tuple[OpsSettings, RetentionPolicy]:
+    try:
+        settings = settings_from(lake=lake, retention_policy=policy)
+    except ValidationError as exc:
+        raise fail(f"TRAJLAKE_RETENTION_DAYS must be a JSON object of tenant -> days, e.g. '{{\"acme\": 30}}' "
+                   f"({exc.errors()[0]['msg']})") from None
+    try:
+        return settings, settings.policy()
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+
+
+def _describe(request: ForgetRequest) -> str:
+    if request.user is not None:
+        return f"the rollouts of user {request.user!r} of tenant {request.tenant!r}"
+    if request.rollouts:
+        scope = f" of tenant {request.tenant!r}" if request.tenant else ""
+        return f"{len(request.rollouts)} rollout(s){scope}"
+    return f"every row of tenant {request.tenant!r}"
+
+
+def _render_forget(console: Console, report: ForgetReport, what: str) -> None:
+    table = Table("table", "rows deleted", "files vacuumed", "version", title=f"forgot {what} (forget_id {report.forget_id})")
+    for t in report.tables:
+        if t.rows_deleted:
+            table.add_row(t.table, f"{t.rows_deleted:,}", str(t.files_vacuumed), f"{t.version_before} -> {t.version_after}")
+    console.print(table if report.rows_deleted else f"nothing matched {what}; the request is recorded in forget_audit")
+    for dataset, versions in report.marked_datasets.items():
+        console.print(
+            f"[yellow]{dataset}[/] versions {', '.join(map(str, versions))} contained forgotten rollouts: "
+            f"rebuild it (trajlake build-dataset {dataset.removeprefix('datasets/')}) and retrain checkpoints trained on those versions"
+        )
+
+
+def _render_compacted(console: Console, results: list[Compacted]) -> None:
+    table = Table("table", "files removed", "files added", "files vacuumed", "z-order", "version", title="compaction")
+    for r in results:
+        table.add_row(r.table, str(r.files_removed), str(r.files_added), str(r.files_vacuumed),
+                      ",".join(r.z_order) or "-", f"{r.version_before} -> {r.version_after}")
+    console.print(table if results else "no tables in the lake yet")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("forget")(forget_command)
+    app.command("compact")(compact_command)
+    retention = typer.Typer(help="Per-tenant retention of rollouts.", no_args_is_help=True)
+    retention.command("show")(retention_show)
+    retention.command("apply")(retention_apply)
+    app.add_typer(retention, name="retention")

@@ -1,0 +1,201 @@
+"""``trajlake scheduler`` (nightly build + train, retention, compaction) and ``trajlake runs``.
+
+The jobs are composed here from the packages' public APIs; ``store.scheduler``
+runs each job once per cron window and records every attempt in ``runs``.
+
+- ``nightly`` (TRAJLAKE_SCHEDULER_CRON, 02:00 UTC): build ``datasets/<name>``
+  from the rollouts that started in the window, then train it (starting
+  from the dataset's latest checkpoint when there is one). A retry reuses a
+  version already built for the window. A window without trainable rollouts
+  succeeds with ``skipped``.
+- ``retention`` (TRAJLAKE_RETENTION_CRON): ``trajlake retention apply``, when a
+  policy is configured.
+- ``compact`` (TRAJLAKE_COMPACT_CRON): ``trajlake compact``.
+
+An empty cron expression turns a job off.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import typer
+from pydantic import Field
+from rich.console import Console
+from rich.table import Table
+
+from pipelines import BuildConfig, EmptyDataset, Selection, SourceMissing, build_dataset, get_manifest
+from pipelines.registry import DatasetNotFound, check_name
+from store.compact import compact
+from store.lake import Lake
+from store.retention import apply_retention
+from store.runs import RunRecord, RunsTable
+from store.scheduler import Job, Scheduler, Window
+from store.storage import open_lake
+from trainer.config import TrainConfig
+from trainer.loop import train_dataset
+from trainer.records import list_checkpoints
+from trajlake.commands.ops import LAKE_OPTION, OpsSettings, fail
+from trajlake.tiny_model import build_tiny_model, default_model_dir
+
+
+class SchedulerSettings(OpsSettings):
+    """Settings of ``trajlake scheduler`` (TRAJLAKE_* variables; flags win)."""
+
+    scheduler_cron: str = "0 2 * * *"
+    """Nightly build + train, UTC cron (TRAJLAKE_SCHEDULER_CRON); empty: off."""
+    scheduler_dataset: str = "nightly"
+    """Dataset the nightly job builds (TRAJLAKE_SCHEDULER_DATASET)."""
+    scheduler_train: bool = True
+    """Train after the nightly build (TRAJLAKE_SCHEDULER_TRAIN)."""
+    retention_cron: str = "30 3 * * *"
+    """Retention job, UTC cron (TRAJLAKE_RETENTION_CRON); runs only with a retention policy."""
+    compact_cron: str = "0 4 * * *"
+    """Compaction job, UTC cron (TRAJLAKE_COMPACT_CRON); empty: off."""
+    scheduler_max_attempts: int = Field(default=3, ge=1, le=100)
+    """Attempts per window before a run gives up (TRAJLAKE_SCHEDULER_MAX_ATTEMPTS)."""
+    scheduler_backoff_s: float = Field(default=300.0, ge=0)
+    """Seconds before the first retry; doubles per attempt (TRAJLAKE_SCHEDULER_BACKOFF_S)."""
+    scheduler_lease_s: float = Field(default=600.0, ge=3)
+    """A run's lease, renewed every third of it; another instance takes over after it lapses (TRAJLAKE_SCHEDULER_LEASE_S)."""
+    scheduler_poll_s: float = Field(default=60.0, gt=0)
+    """How often an idle scheduler re-checks for due windows and lapsed leases (TRAJLAKE_SCHEDULER_POLL_S)."""
+    train_model: str | None = None
+    """Base model folder (TRAJLAKE_TRAIN_MODEL, as for trajlake train); unset: the tiny demo model."""
+    train_out: str = "./checkpoints"
+    """Checkpoint folder (TRAJLAKE_TRAIN_OUT, as for trajlake train)."""
+
+
+def build_jobs(lake: Lake, settings: SchedulerSettings) -> list[Job]:
+    """The configured jobs (those with a cron expression)."""
+    options = {"max_attempts": settings.scheduler_max_attempts, "backoff": timedelta(seconds=settings.scheduler_backoff_s)}
+    jobs = []
+    if settings.scheduler_cron:
+        jobs.append(Job("nightly", settings.scheduler_cron, run=nightly_run(lake, settings), **options))
+    policy = settings.policy()
+    if settings.retention_cron and policy.days:
+        jobs.append(Job("retention", settings.retention_cron, run=lambda w: {
+            "rollouts_forgotten": sum(len(r.rollouts) for r in apply_retention(lake, policy))}, **options))
+    if settings.compact_cron:
+        retention = timedelta(hours=settings.compact_vacuum_hours)
+        jobs.append(Job("compact", settings.compact_cron, run=lambda w: {
+            "files_removed": sum(r.files_removed for r in compact(lake, vacuum_retention=retention))}, **options))
+    return jobs
+
+
+def nightly_run(lake: Lake, settings: SchedulerSettings) -> Callable[[Window], dict[str, Any]]:
+    """Build the window's dataset version, then train it."""
+    name = check_name(settings.scheduler_dataset)
+
+    def run(window: Window) -> dict[str, Any]:
+        version = _version_built_for(lake, name, window)
+        if version is None:
+            try:
+                version = build_dataset(lake, name, BuildConfig(selection=Selection(since=window.start, until=window.end))).version
+            except (EmptyDataset, SourceMissing) as exc:
+                return {"dataset": name, "skipped": str(exc)}
+        results: dict[str, Any] = {"dataset": name, "dataset_version": version}
+        if settings.scheduler_train:
+            parents = list_checkpoints(lake, dataset=name)
+            base = parents[-1].hf_path if parents else settings.train_model or str(build_tiny_model(default_model_dir()))
+            config = TrainConfig(model=base, out=settings.train_out)
+            record = train_dataset(lake, name, version, config,
+                                   parent_checkpoint_id=parents[-1].checkpoint_id if parents else None)
+            results |= {"checkpoint": record.checkpoint_id, "steps": record.steps, "hf_path": record.hf_path}
+        return results
+
+    return run
+
+
+def _version_built_for(lake: Lake, name: str, window: Window) -> int | None:
+    """The latest version of ``name`` when it was built for exactly this window (a retry)."""
+    try:
+        manifest = get_manifest(lake, name)
+    except DatasetNotFound:
+        return None
+    filters = manifest.get("filters", {})
+    built = [filters.get("since"), filters.get("until")]
+    wanted = [window.start, window.end]
+    same = all(b is not None and datetime.fromisoformat(b.replace("Z", "+00:00")) == w for b, w in zip(built, wanted))
+    return int(manifest["version"]) if same else None
+
+
+def scheduler_command(
+    once: bool = typer.Option(False, "--once", help="Run the due windows once and exit (for cron / CI)."),
+    backfill: datetime | None = typer.Option(None, help="Also run every missed window since this UTC time (e.g. 2026-11-01)."),
+    job: list[str] = typer.Option([], help="Only these jobs (repeatable): nightly, retention, compact."),
+    lake: str | None = LAKE_OPTION,
+) -> None:
+    """Run jobs on their cron windows, each window once across restarts and scheduler instances."""
+    settings = SchedulerSettings(**({"lake": lake} if lake else {}))
+    store = open_lake(settings.lake)
+    try:
+        jobs = [j for j in build_jobs(store, settings) if not job or j.name in job]
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    if not jobs:
+        raise fail(f"no job to run (asked for {job or 'all'}; a job with an empty cron expression is off)")
+    scheduler = Scheduler(store, jobs, owner=f"{socket.gethostname()}-{threading.get_native_id()}",
+                          lease=timedelta(seconds=settings.scheduler_lease_s))
+    console = Console()
+    since = backfill.replace(tzinfo=backfill.tzinfo or timezone.utc) if backfill else None
+    if once or since:
+        _render_runs(console, scheduler.run_pending(backfill_from=since), title="runs finished by this pass")
+        if once:
+            return
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    console.print(f"scheduler {scheduler.owner} running " + ", ".join(f"{j.name} ({j.cron})" for j in jobs))
+    scheduler.serve(stop, poll=timedelta(seconds=settings.scheduler_poll_s))
+    console.print("scheduler stopped")
+
+
+def runs_command(
+    job: str | None = typer.Option(None, help="Only this job."),
+    limit: int = typer.Option(30, min=1, help="Newest windows to show."),
+    history: bool = typer.Option(False, "--history", help="Every recorded state change, not just each window's latest."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON lines."),
+    lake: str | None = LAKE_OPTION,
+) -> None:
+    """List scheduled runs: window, status, attempts, dataset version, checkpoint, error."""
+    settings = SchedulerSettings(**({"lake": lake} if lake else {}))
+    runs = RunsTable(open_lake(settings.lake))
+    records = runs.history() if history else list(runs.current().values())
+    records = sorted((r for r in records if job is None or r.job == job), key=lambda r: (r.window_end, r.recorded_at))
+    records = records[-limit:][::-1]
+    if as_json:
+        for r in records:
+            print(json.dumps(r.to_row(), default=str, sort_keys=True))
+        return
+    _render_runs(Console(), records, title="scheduled runs (newest first)")
+
+
+def _render_runs(console: Console, records: list[RunRecord], *, title: str) -> None:
+    if not records:
+        console.print("no runs")
+        return
+    table = Table("job", "window end", "status", "attempt", "started", "ended", "dataset v", "checkpoint", "error", title=title)
+    style = {"succeeded": "green", "failed": "yellow", "gave_up": "red", "running": "cyan"}
+    for r in records:
+        table.add_row(
+            r.job, r.window_key, f"[{style[r.status]}]{r.status}[/]", str(r.attempt), _clock(r.started_at),
+            _clock(r.ended_at), "" if r.dataset_version is None else str(r.dataset_version), r.checkpoint or "",
+            (r.error or r.results.get("skipped") or "")[:80],
+        )
+    console.print(table)
+
+
+def _clock(moment: datetime | None) -> str:
+    return "" if moment is None else moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("scheduler")(scheduler_command)
+    app.command("runs")(runs_command)
