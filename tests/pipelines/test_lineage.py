@@ -1,0 +1,90 @@
+"""Lineage both ways, on lakes written row by row and on a lake built by the real ingester."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pytest
+
+from ingest.ingester import IngesterConfig, ingest_until_idle
+from ingest.producer import EventProducer
+from ingest.workload import WorkloadConfig, generate_events
+from pipelines import BuildConfig, LineageNotFound, build_dataset, lineage
+from tests.pipelines.test_build import agent
+
+CHECKPOINTS = pa.schema([pa.field("checkpoint_id", pa.string()), pa.field("dataset", pa.string()),
+                         pa.field("dataset_version", pa.int64())])
+
+
+def test_dataset_version_down_to_events_and_back_up(lake, rows):
+    agent(rows, "r1", "t", 1.0)
+    agent(rows, "r2", "t", 0.0)
+    rows.flush()
+    build_dataset(lake, "ds")
+    down = lineage(lake, "ds@0")
+    assert (down.kind, down.rollouts) == ("dataset", ["r1", "r2"])
+    # 2 calls x (request + response) + 1 reward per rollout, each with its Kafka coordinates
+    assert down.events.num_rows == 10
+    assert set(down.events["type"].to_pylist()) == {"llm.request", "llm.response", "reward"}
+    assert down.offset_ranges() == [{"topic": "trajlake.events", "partition": 0, "first": 3, "last": 14, "events": 10}]
+    assert down.sources["llm_requests"] == 0
+    for event_id in down.events["event_id"].to_pylist():
+        up = lineage(lake, event_id)
+        assert up.kind == "event" and [(d.dataset, d.version, d.used_event) for d in up.datasets] == [("ds", 0, True)]
+    started = lineage(lake, "r1").events.filter(pa.compute.equal(lineage(lake, "r1").events["type"], "rollout.started"))
+    assert [(d.dataset, d.used_event) for d in lineage(lake, started["event_id"][0].as_py()).datasets] == [("ds", False)]
+
+
+def test_a_rollout_is_traced_to_every_version_and_checkpoint(lake, rows):
+    agent(rows, "r1", "t", 1.0)
+    agent(rows, "r2", "u", 0.0)
+    rows.flush()
+    build_dataset(lake, "ds")
+    build_dataset(lake, "ds", BuildConfig(advantage="raw"))
+    build_dataset(lake, "only_u", BuildConfig(selection={"tasks": ["u"]}))
+    lake.append("checkpoints", pa.Table.from_pylist(
+        [{"checkpoint_id": "ck-1", "dataset": "ds", "dataset_version": 1}], schema=CHECKPOINTS))
+    up = lineage(lake, "r1")
+    assert [(d.dataset, d.version) for d in up.datasets] == [("ds", 0), ("ds", 1)]
+    assert [(c.checkpoint_id, c.version) for c in up.checkpoints] == [("ck-1", 1)]
+    assert [(d.dataset, d.version) for d in lineage(lake, "r2").datasets] == [("ds", 0), ("ds", 1), ("only_u", 0)]
+    checkpoint = lineage(lake, "ck-1")
+    assert (checkpoint.kind, checkpoint.rollouts, checkpoint.datasets[0].version) == ("checkpoint", ["r1", "r2"], 1)
+    assert lineage(lake, "ds").subject == "ds@1"  # a bare name is its latest version
+
+
+def test_unknown_ids_are_refused_with_a_hint(lake, rows):
+    agent(rows, "r1", "t", 1.0)
+    rows.flush()
+    with pytest.raises(LineageNotFound, match="trajlake datasets list"):
+        lineage(lake, "no-such-thing")
+    with pytest.raises(LookupError, match="no dataset has been built"):
+        lineage(lake, "ds@3")
+
+
+@pytest.mark.slow
+def test_lineage_round_trip_on_a_lake_built_by_the_ingester(broker, topic, group, lake):
+    config = WorkloadConfig(tasks=3, rollouts_per_task=3, seed=11, min_calls=3, max_calls=6, max_context_tokens=800,
+                            late_reward_rate=0.0)
+    with EventProducer(broker.bootstrap_servers, topic=topic) as producer:
+        producer.send_many(generate_events(config))
+    ingest_until_idle(IngesterConfig(lake=lake.root, bootstrap_servers=broker.bootstrap_servers, topic=topic,
+                                     group=group, dlq_topic=""), idle_s=2)
+    result = build_dataset(lake, "ingested")
+    assert result.manifest["counts"]["rollouts"]["in_dataset"] > 0
+    down = lineage(lake, f"ingested@{result.version}")
+    # every event the dataset used is in the ingester's events table at the same Kafka coordinates
+    logged = {r["event_id"]: (r["kafka_topic"], r["kafka_partition"], r["kafka_offset"])
+              for r in lake.read("events", columns=["event_id", "kafka_topic", "kafka_partition", "kafka_offset"])
+              .to_pylist()}
+    used = down.events.to_pylist()
+    assert used and all(logged[e["event_id"]] == (topic, e["kafka_partition"], e["kafka_offset"]) for e in used)
+    assert sum(r["events"] for r in down.offset_ranges()) == len(used)
+    # and back up: each rollout and each used event leads to this version
+    for rollout_id in down.rollouts:
+        assert [(d.dataset, d.version) for d in lineage(lake, rollout_id).datasets] == [("ingested", result.version)]
+    assert lineage(lake, used[0]["event_id"]).datasets[0].used_event is True
+    samples = lake.read("datasets/ingested", columns=["call_ids"])["call_ids"].to_pylist()
+    assert len({c for ids in samples for c in ids}) == sum(len(ids) for ids in samples)  # no call trained twice
+    assert datetime.fromisoformat(result.manifest["built_at"]) <= datetime.now(timezone.utc)
