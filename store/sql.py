@@ -162,7 +162,10 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, sandbox: bool = 
         if name not in found:
             con.register(name, schema.empty_table())
     for statement in _joined_view_statements():
-        con.execute(statement)
+        try:
+            con.execute(statement)
+        except duckdb.Error as e:  # e.g. a table written with an older schema: keep the other views
+            log.warning("joined_view_skipped error=%r", str(e).splitlines()[0])
     if sandbox:
         _lock_down(con, lake)
     return con

@@ -6,7 +6,9 @@
 -- different times; these views join them at query time, so a late half shows
 -- up as soon as it is ingested. A key seen twice (a harness that retried with
 -- a fresh event id) keeps its first row by seq; a rollout's end keeps its last.
--- Token ids stay list<int32> and logprobs list<float32>: token-exact.
+-- Token ids stay list<int32> and logprobs list<float32>: token-exact. Counts
+-- come from the n_*_tokens columns, never from the arrays, so scalar queries
+-- do not read token ids at all.
 
 -- view
 CREATE VIEW llm_calls AS
@@ -23,11 +25,11 @@ SELECT
     q.harness_name, q.harness_version, q.harness_config_hash,
     q.model, q.messages, q.prompt, q.tools, q.params,
     q.prompt_token_ids,
-    coalesce(q.n_prompt_tokens, len(q.prompt_token_ids))::INTEGER AS n_prompt_tokens,
+    q.n_prompt_tokens,
     q.tokenizer, q.chat_template_hash, q.idempotency_key,
     r.text, r.tool_calls, r.finish_reason,
     r.response_token_ids, r.logprobs,
-    coalesce(r.n_response_tokens, len(r.response_token_ids))::INTEGER AS n_response_tokens,
+    r.n_response_tokens,
     r.token_source, r.usage, r.latency_ms, r.upstream_retries, r.policy_version, r.error,
     r.event_id IS NOT NULL AS has_response,
     q.ts AS requested_at, r.ts AS responded_at,
