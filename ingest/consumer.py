@@ -62,12 +62,14 @@ def open_consumer(
     session_timeout_ms: int = 6000,
     heartbeat_interval_ms: int = 2000,
     max_partition_fetch_bytes: int = 8 * 1024 * 1024,
+    bootstrap_timeout_ms: int = 30_000,
 ) -> KafkaConsumer:
     """A consumer subscribed with ``group`` or, when ``partitions`` is given, statically assigned."""
     try:
         consumer = _consumer(bootstrap_servers, group=None if partitions is not None else group,
                              session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms,
-                             max_partition_fetch_bytes=max_partition_fetch_bytes)
+                             max_partition_fetch_bytes=max_partition_fetch_bytes,
+                             bootstrap_timeout_ms=bootstrap_timeout_ms)
     except KafkaError:
         raise BrokerUnreachable(bootstrap_servers) from None
     if partitions is not None:
@@ -79,7 +81,7 @@ def open_consumer(
 
 
 def _consumer(bootstrap_servers: str, *, group: str | None, session_timeout_ms: int, heartbeat_interval_ms: int,
-              max_partition_fetch_bytes: int) -> KafkaConsumer:
+              max_partition_fetch_bytes: int, bootstrap_timeout_ms: int) -> KafkaConsumer:
     return KafkaConsumer(
         bootstrap_servers=bootstrap_servers,
         group_id=group,
@@ -89,6 +91,7 @@ def _consumer(bootstrap_servers: str, *, group: str | None, session_timeout_ms: 
         heartbeat_interval_ms=heartbeat_interval_ms,
         max_partition_fetch_bytes=max_partition_fetch_bytes,
         fetch_max_bytes=64 * 1024 * 1024,
+        bootstrap_timeout_ms=bootstrap_timeout_ms,
     )
 
 

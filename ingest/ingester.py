@@ -62,6 +62,8 @@ class IngesterConfig:
     """An idle table's marker is committed once it trails by this many offsets (bounds restart replay)."""
     session_timeout_ms: int = 6_000
     heartbeat_interval_ms: int = 2_000
+    bootstrap_timeout_ms: int = 30_000
+    """How long to look for a broker at start before ``BrokerUnreachable``."""
     stop_after_idle_s: float | None = None
     """Stop once nothing arrived for this long (demos, tests, backfills); None = run until stopped."""
 
@@ -117,6 +119,7 @@ def run_ingester(config: IngesterConfig, stop: threading.Event, *, on_commit: On
     consumer = open_consumer(
         config.bootstrap_servers, config.topic, group=config.group, partitions=config.partitions, flag=flag,
         session_timeout_ms=config.session_timeout_ms, heartbeat_interval_ms=config.heartbeat_interval_ms,
+        bootstrap_timeout_ms=config.bootstrap_timeout_ms,
     )
     dead_letters = _open_dead_letters(config)
     loop = _Loop(config, lake, tables, consumer, dead_letters, flag, on_commit)

@@ -195,4 +195,5 @@ def test_sigterm_commits_the_batch_in_hand(broker, topic, group, lake, tmp_path)
 
 def test_unreachable_broker_is_a_clear_error(lake):
     with pytest.raises(BrokerUnreachable, match="TRAJLAKE_BOOTSTRAP_SERVERS"):
-        run_ingester(IngesterConfig(lake=lake.root, bootstrap_servers="127.0.0.1:1"), threading.Event())
+        run_ingester(IngesterConfig(lake=lake.root, bootstrap_servers="127.0.0.1:1", bootstrap_timeout_ms=1000),
+                     threading.Event())
