@@ -10,16 +10,40 @@ every older version the ingester ever accepted.
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
 
 DEFAULT_TOPIC = "trajlake.events"
+_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})?")
+"""Date and time; the offset is checked after parsing, to name a missing one precisely."""
 INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
 
 TokenIds = list[StrictInt]
 """Token ids exactly as the engine sampled them (stored as list<int32>); strings are refused."""
+
+
+def _json_number(v: Any) -> Any:
+    # pydantic's lax float takes "0.5" and True; a producer sending those has a bug worth naming.
+    if isinstance(v, (str, bool)):
+        raise ValueError(f"must be a JSON number, got {type(v).__name__}")
+    return v
+
+
+Number = Annotated[float, BeforeValidator(_json_number)]
+"""A float that must arrive as a number (not a string or a boolean)."""
 
 
 def _check_token_ids(ids: list[int] | None) -> list[int] | None:
@@ -62,7 +86,7 @@ class RolloutFinished(_Model):
 
     status: RolloutStatus
     reason: str | None = None
-    steps: int | None = Field(default=None, ge=0)
+    steps: StrictInt | None = Field(default=None, ge=0, le=INT32_MAX)
 
 
 class LlmRequest(_Model):
@@ -94,11 +118,11 @@ class LlmResponse(_Model):
     tool_calls: list[dict[str, Any]] | None = None
     finish_reason: str | None = None
     response_token_ids: TokenIds | None = None
-    logprobs: list[float] | None = None
+    logprobs: list[Number] | None = None
     token_source: TokenSource = "none"
     usage: dict[str, Any] | None = None
-    latency_ms: float | None = Field(default=None, ge=0)
-    upstream_retries: int = Field(default=0, ge=0)
+    latency_ms: Number | None = Field(default=None, ge=0)
+    upstream_retries: StrictInt = Field(default=0, ge=0, le=INT32_MAX)
     policy_version: str | None = None
     error: str | None = None
 
@@ -132,7 +156,7 @@ class ToolResult(_Model):
     name: str = Field(min_length=1, max_length=200)
     result: Any = None
     error: str | None = None
-    duration_ms: float | None = Field(default=None, ge=0)
+    duration_ms: Number | None = Field(default=None, ge=0)
     state_changed: bool | None = None
 
 
@@ -140,7 +164,7 @@ class Reward(_Model):
     """A scalar reward for the rollout; may arrive late, several per rollout."""
 
     name: str = Field(min_length=1, max_length=200)
-    value: float
+    value: Number
     source: str | None = None
 
     @field_validator("value")
@@ -164,10 +188,18 @@ class _Envelope(_Model):
     task_id: str = Field(min_length=1, max_length=500)
     rollout_id: str = Field(min_length=1, max_length=500)
     attempt: StrictInt = Field(default=0, ge=0, le=INT32_MAX)
-    seq: StrictInt = Field(ge=0)
+    seq: StrictInt = Field(ge=0, le=INT64_MAX)
     span_id: str | None = None
     parent_span_id: str | None = None
     harness: Harness | None = None
+
+    @field_validator("ts", mode="before")
+    @classmethod
+    def _rfc3339(cls, v: Any) -> Any:
+        if isinstance(v, datetime) or (isinstance(v, str) and _RFC3339.fullmatch(v)):
+            return v
+        shown = repr(v) if isinstance(v, str) else type(v).__name__
+        raise ValueError(f"must be an RFC 3339 string such as 2026-01-01T00:00:00Z, got {shown[:60]}")
 
     @field_validator("ts")
     @classmethod

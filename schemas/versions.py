@@ -25,6 +25,7 @@ MAX_EVENT_BYTES = 4 * 1024 * 1024
 
 Upgrade = Callable[[dict[str, Any]], dict[str, Any]]
 UPGRADES: dict[int, Upgrade] = {}
+"""``UPGRADES[v]`` maps a version-``v`` event dict to version ``v + 1`` (it gets a copy)."""
 
 
 def upgrade(raw: dict[str, Any]) -> dict[str, Any]:
@@ -42,7 +43,10 @@ def upgrade(raw: dict[str, Any]) -> dict[str, Any]:
             "schema_version", f"{version} was never a valid version (first is {MIN_SCHEMA_VERSION})"
         )
     while version < SCHEMA_VERSION:
-        raw = UPGRADES[version](raw)
+        step = UPGRADES.get(version)
+        if step is None:
+            raise InvalidEvent("schema_version", f"no upgrade from version {version}: this reader cannot read it")
+        raw = step(dict(raw))  # a copy: the caller's dict stays as it was
         version += 1
         raw["schema_version"] = version
     return raw
@@ -71,6 +75,8 @@ def decode_event(data: bytes | str, *, max_bytes: int = MAX_EVENT_BYTES) -> Even
 
 def validate_event(raw: dict[str, Any]) -> Event:
     """Validate an already-decoded event dict (any accepted schema version)."""
+    if not isinstance(raw, dict):
+        raise InvalidEvent("(event)", f"must be a JSON object, got {type(raw).__name__}")
     event_type = raw.get("type")
     if event_type not in EVENT_TYPES:
         raise InvalidEvent("type", f"unknown event type {event_type!r}; known: {', '.join(EVENT_TYPES)}")
