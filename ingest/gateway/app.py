@@ -1,4 +1,4 @@
-"""The app factory: assembles services and routers; the lifespan owns the upstream client and the emitter."""
+"""The app factory: assembles services and routers; the lifespan owns the upstream connection pool and the emitter."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from ingest.gateway.proxy import ProxyService
 from ingest.gateway.retokenize import Retokenizer
 from ingest.gateway.routes import completions, events, health, models
 from ingest.gateway.services import Services
-from ingest.gateway.upstream import Upstream, make_client
+from ingest.gateway.upstream import Upstream, make_pool
 from ingest.spool import Spool
 
 log = logging.getLogger(__name__)
@@ -48,12 +48,12 @@ def create_gateway_app(settings: GatewayConfig, *, emitter: Emitter | None = Non
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        client = make_client(
+        pool = make_pool(
             settings.upstream_url, api_key=settings.upstream_api_key,
             timeout_s=settings.upstream_timeout_s, connect_timeout_s=settings.upstream_connect_timeout_s,
         )
         proxy = ProxyService(
-            upstream=Upstream(client, retries=settings.upstream_retries), emitter=emitter, recorder=recorder,
+            upstream=Upstream(pool, retries=settings.upstream_retries), emitter=emitter, recorder=recorder,
             metrics=metrics,
             idempotency=IdempotencyCache(max_entries=settings.idempotency_entries, ttl_s=settings.idempotency_ttl_s),
         )
@@ -65,7 +65,7 @@ def create_gateway_app(settings: GatewayConfig, *, emitter: Emitter | None = Non
         try:
             yield
         finally:
-            await client.aclose()
+            await pool.aclose()
             emitter.close()
             log.info("gateway stopped produced=%d spooled=%d dropped=%d", emitter.produced, emitter.spooled, emitter.dropped)
 

@@ -10,11 +10,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-import httpx
-
 from ingest.gateway.capture import CapturedCall, Recorder
 from ingest.gateway.emitter import Emitter
 from ingest.gateway.errors import GatewayError
+from ingest.gateway.http1 import Reply
 from ingest.gateway.idempotency import IdempotencyCache, StoredReply
 from ingest.gateway.identity import CallIdentity, RolloutIdentity
 from ingest.gateway.metrics import GatewayMetrics
@@ -129,21 +128,23 @@ class ProxyService:
 
     async def _stream(self, current: _Call, payload: bytes) -> Answer | StreamAnswer:
         response, current.retries = await self.upstream.open_stream(UPSTREAM_PATHS[current.kind], body=payload)
-        if response.status_code != 200:
-            body = await response.aread()
-            await response.aclose()
-            return self._upstream_failed(
-                current, response.status_code, body, response.headers.get("content-type", _JSON)
-            )
+        if response.status != 200:
+            try:
+                body = await response.read()
+            except (TimeoutError, ConnectionError) as exc:
+                body = f"(error body unreadable: {exc!r})".encode()
+            finally:
+                await response.aclose()
+            return self._upstream_failed(current, response.status, body, response.headers.get("content-type", _JSON))
         return StreamAnswer(self._relay(current, response))
 
-    async def _relay(self, current: _Call, response: httpx.Response) -> AsyncIterator[bytes]:
+    async def _relay(self, current: _Call, response: Reply) -> AsyncIterator[bytes]:
         acc = StreamAccumulator(current.kind)
         sent: list[bytes] = []
         error: str | None = "client disconnected before the stream ended"
         buffer = b""
         try:
-            async for data in response.aiter_bytes():
+            async for data in response.iter_bytes():
                 buffer += data
                 while (end := buffer.find(b"\n\n")) >= 0:
                     event, buffer = buffer[: end + 2], buffer[end + 2:]
@@ -154,7 +155,7 @@ class ProxyService:
                 sent.append(buffer)
                 yield buffer
             error = None
-        except httpx.HTTPError as exc:
+        except (TimeoutError, ConnectionError) as exc:
             error = f"upstream stream broke: {exc!r}"
             self.metrics.upstream_errors.labels("stream_broken").inc()
             yield _sse_error(error)

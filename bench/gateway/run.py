@@ -1,0 +1,120 @@
+"""Gateway overhead benchmark: latency added over a direct call, and max proxied req/s, in one run.
+
+Starts a real embedded broker, the fast fake engine and ``trajlake gateway``
+(each its own process), then for each rate sends the same chat request to the
+engine directly and through the gateway (open loop, latency from the scheduled
+start), and finally saturates both with a closed loop. Prints a table and
+writes ``bench/gateway/results.json``.
+
+    .venv/bin/python bench/gateway/run.py [--rates 50,200,500] [--seconds 6]
+
+Goals (issue): p50 overhead <= 1 ms and p99 <= 5 ms at 200 req/s; >= 1,000
+proxied req/s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
+
+from loadgen import RunResult, Target, at_rate, saturate  # noqa: E402
+
+from ingest.broker import EmbeddedBroker, free_port  # noqa: E402
+
+KEY = "sk-bench"
+BODY = json.dumps({"model": "bench", "max_tokens": 16,
+                   "messages": [{"role": "user", "content": "say something short please"}]}).encode()
+
+
+def start(cmd: list[str], *, env: dict[str, str], port: int) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, env={**os.environ, **env}, cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+            return proc
+        except httpx.HTTPError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{cmd[:3]} did not start")
+            time.sleep(0.1)
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=1000)[int(q * 10) - 1] if len(values) > 1 else values[0]
+
+
+def summary(result: RunResult) -> dict:
+    ms = [x * 1000 for x in result.latencies_s]
+    return {"n": len(ms), "errors": result.errors, "p50_ms": round(percentile(ms, 50), 3),
+            "p99_ms": round(percentile(ms, 99), 3), "req_s": round(len(ms) / result.elapsed_s, 1)}
+
+
+async def measure(direct: Target, gateway: Target, *, rates: list[int], seconds: float, concurrency: int) -> dict:
+    for target in (direct, gateway):  # warm up connections, imports, caches
+        await at_rate(target, rate=100, seconds=1)
+    out: dict = {"rates": {}}
+    for rate in rates:
+        d = summary(await at_rate(direct, rate=rate, seconds=seconds))
+        g = summary(await at_rate(gateway, rate=rate, seconds=seconds))
+        out["rates"][rate] = {"direct": d, "gateway": g,
+                              "overhead_p50_ms": round(g["p50_ms"] - d["p50_ms"], 3),
+                              "overhead_p99_ms": round(g["p99_ms"] - d["p99_ms"], 3)}
+    out["max_direct"] = summary(await saturate(direct, concurrency=concurrency, seconds=seconds))
+    out["max_gateway"] = summary(await saturate(gateway, concurrency=concurrency, seconds=seconds))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rates", default="50,200,500")
+    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--concurrency", type=int, default=32)
+    args = parser.parse_args()
+    rates = [int(r) for r in args.rates.split(",")]
+    engine_port, gateway_port = free_port(), free_port()
+    fake_dir = ROOT / "tests" / "ingest" / "gateway"
+    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
+        broker.create_topic("bench.events", partitions=4)
+        engine = start(
+            [sys.executable, "-m", "uvicorn", "--factory", "gateway_fake_engine:create_fake_engine",
+             "--port", str(engine_port), "--log-level", "warning", "--no-access-log"],
+            env={"PYTHONPATH": str(fake_dir)}, port=engine_port)
+        gateway = start(
+            [sys.executable, "-m", "trajlake.cli", "gateway", "--port", str(gateway_port)],
+            env={"TRAJLAKE_UPSTREAM_URL": f"http://127.0.0.1:{engine_port}/v1",
+                 "TRAJLAKE_GATEWAY_KEYS": f"{KEY}=bench", "TRAJLAKE_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
+                 "TRAJLAKE_TOPIC": "bench.events", "TRAJLAKE_SPOOL_DIR": f"{tmp}/spool"},
+            port=gateway_port)
+        try:
+            direct = Target("127.0.0.1", engine_port, "/v1/chat/completions", {}, BODY)
+            through = Target("127.0.0.1", gateway_port, "/v1/chat/completions",
+                             {"authorization": f"Bearer {KEY}", "x-trajlake-rollout-id": "bench-rollout"}, BODY)
+            results = asyncio.run(measure(direct, through, rates=rates, seconds=args.seconds,
+                                          concurrency=args.concurrency))
+            metrics = httpx.get(f"http://127.0.0.1:{gateway_port}/metrics").text
+            results["events_produced"] = next(
+                float(line.split()[-1]) for line in metrics.splitlines()
+                if line.startswith("trajlake_gateway_events_produced_total"))
+        finally:
+            for proc in (gateway, engine):
+                proc.terminate()
+                proc.wait(30)
+    print(json.dumps(results, indent=2))
+    (Path(__file__).parent / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
