@@ -37,17 +37,18 @@ _DONE = object()
 
 def create_serve_app(
     model_dir: Path, *, served_name: str | None = None, policy_version: str | None = None,
-    max_new_tokens_cap: int = 512, seed: int = 0,
+    max_new_tokens_cap: int = 512, seed: int = 0, threads: int = 1,
 ) -> FastAPI:
     """Load the model in ``model_dir`` (a ``save_pretrained`` folder) and return the app serving it.
 
     ``served_name`` defaults to the folder's name and ``policy_version`` to the
     served name; ``max_new_tokens_cap`` bounds ``max_tokens``; ``seed`` seeds
-    the stream of seeds given to requests that bring none.
+    the stream of seeds given to requests that bring none; ``threads`` is the
+    torch intra-op thread count of generation (1 suits small models).
     """
     engine = ServeEngine(
         model_dir, served_name=served_name, policy_version=policy_version,
-        max_new_tokens_cap=max_new_tokens_cap, seed=seed,
+        max_new_tokens_cap=max_new_tokens_cap, seed=seed, threads=threads,
     )
     headers = engine.identity.headers()
     app = FastAPI(title="trajlake serve-model", docs_url=None, redoc_url=None)

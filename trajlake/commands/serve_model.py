@@ -30,6 +30,8 @@ class ServeModelSettings(BaseSettings):
     """Cap on a request's max_tokens (tokens)."""
     seed: int = 0
     """Seeds the seeds of requests that bring none (reproducible runs)."""
+    threads: int = 1
+    """Torch threads per generation: 1 is fastest for small models; raise it for big ones."""
 
 
 def serve_model(
@@ -40,12 +42,13 @@ def serve_model(
     policy_version: str | None = typer.Option(None, help="Policy version to report [default: served name]."),
     max_new_tokens: int | None = typer.Option(None, min=1, help="Cap on max_tokens [default: 512]."),
     seed: int | None = typer.Option(None, help="Seed for requests without one [default: 0]."),
+    threads: int | None = typer.Option(None, min=1, help="Torch threads per generation [default: 1]."),
 ) -> None:
     """Serve a causal LM over an OpenAI-compatible API with vLLM-style token ids and logprobs."""
     import uvicorn
 
     flags = {"model": model, "host": host, "port": port, "served_name": served_name,
-             "policy_version": policy_version, "max_new_tokens": max_new_tokens, "seed": seed}
+             "policy_version": policy_version, "max_new_tokens": max_new_tokens, "seed": seed, "threads": threads}
     settings = ServeModelSettings(**{k: v for k, v in flags.items() if v is not None})
     console = Console()
     model_dir = settings.model
@@ -55,7 +58,7 @@ def serve_model(
     try:
         app = create_serve_app(
             model_dir, served_name=settings.served_name, policy_version=settings.policy_version,
-            max_new_tokens_cap=settings.max_new_tokens, seed=settings.seed,
+            max_new_tokens_cap=settings.max_new_tokens, seed=settings.seed, threads=settings.threads,
         )
     except (FileNotFoundError, OSError, ValueError) as exc:
         console.print(f"[red]cannot load the model:[/] {exc}")
