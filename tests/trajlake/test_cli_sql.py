@@ -5,15 +5,29 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import typer
 from typer.testing import CliRunner
 
-from schemas.tables import TOKENS
-from trajlake.commands import rollout as rollout_commands
-from trajlake.commands import sql as sql_commands
+sys.path.insert(0, str(Path(__file__).parents[1] / "store"))  # the SQL tests' lake builder, as pytest does there
+
+from lake_builder import sample_rollout, write_events  # noqa: E402
+
+from schemas.tables import TOKENS  # noqa: E402
+from store.lake import Lake  # noqa: E402
+from trajlake.commands import rollout as rollout_commands  # noqa: E402
+from trajlake.commands import sql as sql_commands  # noqa: E402
+
+
+@pytest.fixture
+def sample_lake(lake: Lake) -> Lake:
+    """A finished rollout r1 (2 LLM calls, 1 tool step, 3 rewards) and a running rollout r2."""
+    write_events(lake, sample_rollout("r1") + sample_rollout("r2", task_id="t2")[:4])
+    return lake
 
 
 @pytest.fixture
@@ -222,8 +236,6 @@ def test_rollout_show_json_is_the_trajectory(run):
 
 def test_rollout_show_unknown_and_ambiguous_ids_fail_cleanly(run, sample_lake):
     failed(run("rollout", "show", "nope"), "no rollout 'nope'", "FROM rollouts")
-    from lake_builder import sample_rollout, write_events
-
     write_events(sample_lake, sample_rollout("r1", tenant="other")[:1])
     failed(run("rollout", "show", "r1"), "tenants default, other", "--tenant")
     assert "rollout.finished" in ok(run("rollout", "show", "r1", "--tenant", "default"))
