@@ -3,11 +3,12 @@
 Tables are read with ``delta_scan`` from the pip-installed delta extension
 (loaded from the file the wheel ships; nothing downloads).
 
-View names: every Delta table under the lake root (any folder holding a
-``_delta_log``) becomes a view named by its path with ``/`` replaced by ``__``
-and any other character outside ``[A-Za-z0-9_]`` by ``_``: ``events``,
-``dataset_versions``, ``datasets/gsm8k-v2`` -> ``datasets__gsm8k_v2``. Folders
-starting with ``.`` or ``_`` are skipped. An ingested table that has not been
+View names: every Delta table of the lake (a folder holding a ``_delta_log``
+one or two levels under the root, local or object store) becomes a view named
+by its path with ``/`` replaced by ``__`` and any other character outside
+``[A-Za-z0-9_]`` by ``_``: ``events``, ``dataset_versions``,
+``datasets/gsm8k-v2`` -> ``datasets__gsm8k_v2``. Folders starting with ``.``
+or ``_`` are skipped. An ingested table that has not been
 written yet is an empty view typed from its Arrow schema, so queries never
 fail with "table not found" on a young lake. On top sit the joined views of
 ``store/views.sql``: ``llm_calls`` (request + response), ``tool_steps``
@@ -24,7 +25,6 @@ sandbox (tenant isolation) on top.
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 
 from schemas.tables import INGESTED_TABLES
 from store.lake import Lake
+from store.storage import list_tables
 
 log = logging.getLogger(__name__)
 
@@ -109,33 +110,21 @@ def view_name(table: str) -> str:
 
 
 def discover_tables(lake: Lake) -> dict[str, str]:
-    """View name -> table path of every Delta table in the lake.
+    """View name -> table path of every Delta table in the lake (``store.storage.list_tables``).
 
-    A local lake is walked for ``_delta_log`` folders (a Delta table's
-    subfolders are not searched); an object-store lake lists the ingested
-    tables only. On a name clash the first path in sorted order wins.
+    Tables under a folder starting with ``.`` or ``_`` are left out. On a
+    name clash the first path in sorted order wins.
     """
-    paths = _walk_delta_tables(lake.root) if lake.is_local else [t for t in INGESTED_TABLES if lake.exists(t)]
     found: dict[str, str] = {}
-    for path in sorted(paths):
+    for path in list_tables(lake):
+        if any(part.startswith((".", "_")) for part in path.split("/")):
+            continue
         name = view_name(path)
         if name in found:
             log.warning("view_name_clash view=%s kept=%s skipped=%s", name, found[name], path)
             continue
         found[name] = path
     return found
-
-
-def _walk_delta_tables(root: str) -> list[str]:
-    base = Path(root.removeprefix("file://"))
-    found: list[str] = []
-    for folder, subdirs, _ in os.walk(base):
-        if "_delta_log" in subdirs:
-            found.append(Path(folder).relative_to(base).as_posix())
-            subdirs.clear()
-        else:
-            subdirs[:] = [d for d in subdirs if not d.startswith((".", "_"))]
-    return [p for p in found if p != "."]
 
 
 def connect(lake: Lake, *, tables: Iterable[str] | None = None, sandbox: bool = False) -> duckdb.DuckDBPyConnection:
