@@ -15,6 +15,7 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from ingest.broker import free_port
+from ingest.ids import rfc3339, uuid7
 from ingest.producer import BrokerUnreachable, encode_event
 from ingest.sdk import Harness, SdkSettings, TrajectoryClient, harness_identity
 from schemas.errors import InvalidEvent
@@ -248,3 +249,31 @@ def test_a_closed_client_refuses_new_events(recorded):
 def test_no_broker_means_broker_unreachable_at_construction():
     with pytest.raises(BrokerUnreachable, match="trajlake broker"):
         TrajectoryClient(f"127.0.0.1:{free_port()}", connect_timeout_s=0.5)
+
+
+def test_uuid7_ids_sort_by_creation_and_can_be_reproduced():
+    ids = [uuid7() for _ in range(5000)]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    parsed = uuid.UUID(ids[0])
+    assert (parsed.version, parsed.variant) == (7, uuid.RFC_4122)
+    fixed = uuid7(unix_ms=1_767_225_600_123, random_bytes=bytes(range(10)))
+    assert fixed == uuid7(unix_ms=1_767_225_600_123, random_bytes=bytes(range(10)))
+    assert int(fixed.replace("-", "")[:12], 16) == 1_767_225_600_123
+    assert uuid7(unix_ms=1, random_bytes=bytes(10)) < uuid7(unix_ms=2, random_bytes=bytes(10))
+
+
+@pytest.mark.parametrize(("kwargs", "problem"), [
+    ({"unix_ms": 0, "random_bytes": b"short"}, "10 bytes"),
+    ({"unix_ms": -1, "random_bytes": bytes(10)}, "unix_ms"),
+    ({"unix_ms": 2**48, "random_bytes": bytes(10)}, "unix_ms"),
+    ({"random_bytes": bytes(10)}, "needs unix_ms"),
+])
+def test_uuid7_refuses_bad_arguments(kwargs, problem):
+    with pytest.raises(ValueError, match=problem):
+        uuid7(**kwargs)
+
+
+def test_rfc3339_is_utc_with_milliseconds():
+    assert rfc3339(1_767_225_600_123) == "2026-01-01T00:00:00.123Z"
+    assert rfc3339(0) == "1970-01-01T00:00:00.000Z"
+    assert datetime.fromisoformat(rfc3339()).utcoffset().total_seconds() == 0
