@@ -87,6 +87,11 @@ def test_long_cells_are_cut(run):
     assert ("abc" * 20)[:59] + "…" in out and "abc" * 20 not in out
 
 
+def test_explain_prints_the_whole_plan(run):
+    out = ok(run("sql", "EXPLAIN SELECT sum(n_response_tokens) FROM llm_calls"))
+    assert "HASH_JOIN" in out and "…" not in out
+
+
 def test_wide_results_print_one_block_per_row(app, sample_lake):
     runner = CliRunner(env={"TRAJLAKE_LAKE": sample_lake.root, "COLUMNS": "80"})
     out = ok(runner.invoke(app, ["sql", "SELECT * FROM llm_calls ORDER BY rollout_id, seq"]))

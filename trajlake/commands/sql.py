@@ -104,6 +104,10 @@ def write_result(result: pa.Table, fmt: str, output: Path | None) -> None:
 def print_table(result: pa.Table, *, more: bool = False) -> None:
     """A rich table; one block per record when the columns would not fit the terminal."""
     console = Console()
+    if result.column_names == ["explain_key", "explain_value"]:  # EXPLAIN: the plan text, uncut
+        for plan in result.column("explain_value").to_pylist():
+            console.print(Text(plan))
+        return
     rows = [[cell(v) for v in row.values()] for row in result.to_pylist()]
     if _table_width(result.column_names, rows) > console.width:
         width = max(len(name) for name in result.column_names)
