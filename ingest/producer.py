@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kafka import KafkaProducer
+from kafka.codec import has_gzip, has_lz4, has_snappy, has_zstd
 from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 from kafka.producer.future import FutureRecordMetadata
 from pydantic import BaseModel
@@ -32,7 +33,8 @@ from schemas.versions import MAX_EVENT_BYTES, validate_event
 
 log = logging.getLogger(__name__)
 
-COMPRESSION_TYPES = ("gzip", "snappy", "lz4", "zstd")
+CODECS = {"gzip": has_gzip, "snappy": has_snappy, "lz4": has_lz4, "zstd": has_zstd}
+"""Compression types and whether their library is installed (gzip needs none)."""
 _REQUEST_OVERHEAD_BYTES = 64 * 1024
 """Room for the record batch framing around the largest accepted event."""
 
@@ -62,17 +64,17 @@ class DeliveryFailed(RuntimeError):
 def encode_event(event: Event | Mapping[str, Any], *, max_bytes: int = MAX_EVENT_BYTES) -> tuple[bytes, bytes]:
     """Validate one event and return its Kafka ``(key, value)``.
 
-    A dict is validated and sent as given (so optional fields newer than this
-    library survive); a model is dumped in JSON mode. Raises ``InvalidEvent``.
+    A dict is sent as given (so optional fields newer than this library
+    survive); a model is dumped in JSON mode. Both are validated first.
+    Raises ``InvalidEvent``.
     """
     if isinstance(event, BaseModel):
         raw: dict[str, Any] = event.model_dump(mode="json")
-        rollout_id = raw["rollout_id"]
     elif isinstance(event, Mapping):
         raw = dict(event)
-        rollout_id = validate_event(raw).rollout_id
     else:
         raise InvalidEvent("(event)", f"must be an Event model or a dict, got {type(event).__name__}")
+    rollout_id = validate_event(raw).rollout_id
     try:
         value = json.dumps(raw, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
     except (TypeError, ValueError) as exc:
@@ -101,8 +103,11 @@ class EventProducer:
         max_event_bytes: int = MAX_EVENT_BYTES,
         client_id: str = "trajlake-producer",
     ) -> None:
-        if compression is not None and compression not in COMPRESSION_TYPES:
-            raise ValueError(f"compression must be one of {', '.join(COMPRESSION_TYPES)} or None, got {compression!r}")
+        if compression is not None and compression not in CODECS:
+            raise ValueError(f"compression must be one of {', '.join(CODECS)} or None, got {compression!r}")
+        if compression is not None and not CODECS[compression]():
+            raise ValueError(f"compression {compression!r} needs its Python library (see kafka-python's "
+                             "compression docs); gzip needs none")
         if connect_timeout_s <= 0:
             raise ValueError(f"connect_timeout_s must be > 0, got {connect_timeout_s}")
         self.bootstrap_servers = bootstrap_servers

@@ -9,9 +9,10 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from ingest.broker import EmbeddedBroker, free_port
-from ingest.producer import BrokerUnreachable, EventProducer, encode_event
+from ingest.producer import CODECS, BrokerUnreachable, EventProducer, encode_event
 from ingest.workload import WorkloadConfig, generate_events
 from schemas.errors import InvalidEvent
+from schemas.events import Harness
 from schemas.versions import validate_event
 
 
@@ -113,6 +114,18 @@ def test_options_are_checked():
         EventProducer("127.0.0.1:1", compression="brotli")
     with pytest.raises(ValueError, match="connect_timeout_s"):
         EventProducer("127.0.0.1:1", connect_timeout_s=0)
+
+
+def test_a_codec_without_its_library_is_refused_before_connecting(monkeypatch):
+    monkeypatch.setitem(CODECS, "zstd", lambda: False)
+    with pytest.raises(ValueError, match="'zstd' needs its Python library"):
+        EventProducer("127.0.0.1:1", compression="zstd")
+
+
+def test_a_model_that_is_not_an_event_is_refused():
+    with pytest.raises(InvalidEvent) as exc:
+        encode_event(Harness(name="agent", version="1"))
+    assert exc.value.field == "type"
 
 
 @pytest.mark.timeout(20)  # kafka-python's own default would wait 30 s: this guards our setting
