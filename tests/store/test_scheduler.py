@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from datetime import datetime, timedelta, timezone
 
@@ -209,3 +210,96 @@ def _running(owner: str, *, claim: int, lease_until: datetime | None = None) -> 
         trigger="schedule", claim=claim, attempt=1, status=RunStatus.RUNNING, owner=owner,
         started_at=NOW, recorded_at=NOW, lease_until=lease_until or NOW + timedelta(minutes=10),
     )
+
+
+# --- the composed jobs and the CLI (real pipelines build, real DeepSpeed-on-CPU training) ---
+
+NIGHT = datetime(2026, 1, 1, 3, tzinfo=timezone.utc)
+"""The nightly window closing 2026-01-01 02:00 holds lake_builder's rollouts (they start at 00:00)."""
+
+
+@pytest.fixture
+def rollouts_lake(lake: Lake, tmp_path, monkeypatch) -> Lake:
+    from lake_builder import sample_rollout, write_events
+
+    monkeypatch.setenv("TRAJLAKE_HOME", str(tmp_path / "home"))  # the tiny base model is built here
+    write_events(lake, sample_rollout("r1") + sample_rollout("r2"))
+    return lake
+
+
+def nightly_settings(lake: Lake, tmp_path, **overrides):
+    from trajlake.commands.scheduler import SchedulerSettings
+
+    return SchedulerSettings(lake=lake.root, train_out=str(tmp_path / "ck"), compact_cron="", retention_cron="",
+                             scheduler_backoff_s=0, **overrides)
+
+
+def test_nightly_job_builds_and_trains_its_window_once(rollouts_lake: Lake, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from trainer.records import list_checkpoints
+    from trajlake.cli import build_app
+    from trajlake.commands.scheduler import build_jobs
+
+    lake = rollouts_lake
+    jobs = build_jobs(lake, nightly_settings(lake, tmp_path))
+    [final] = Scheduler(lake, jobs, clock=lambda: NIGHT).run_pending()
+    assert (final.job, final.status, final.dataset_version) == ("nightly", RunStatus.SUCCEEDED, 0)
+    assert final.checkpoint == list_checkpoints(lake, dataset="nightly")[0].checkpoint_id
+    assert Scheduler(lake, jobs, clock=lambda: NIGHT + timedelta(hours=5)).run_pending() == []
+    assert len(list_checkpoints(lake)) == 1
+
+    shown = CliRunner().invoke(build_app(), ["runs", "--json", "--lake", lake.root])
+    assert shown.exit_code == 0, shown.output
+    [row] = [json.loads(line) for line in shown.output.splitlines()]
+    assert (row["status"], row["checkpoint"], row["window_key"]) == ("succeeded", final.checkpoint, "2026-01-01T02:00:00Z")
+
+
+def test_nightly_retry_reuses_the_dataset_version_built_for_its_window(rollouts_lake: Lake, tmp_path) -> None:
+    from pipelines import list_versions
+    from trajlake.commands.scheduler import build_jobs
+
+    lake = rollouts_lake
+    settings = nightly_settings(lake, tmp_path, train_model=str(tmp_path / "no-such-model"), scheduler_max_attempts=2)
+    [final] = Scheduler(lake, build_jobs(lake, settings), clock=lambda: NIGHT, sleep=lambda s: None).run_pending()
+    assert final.status is RunStatus.GAVE_UP and "no-such-model" in final.error
+    assert list_versions(lake, "nightly")["version"].to_pylist() == [0]
+
+
+def test_nightly_window_without_rollouts_succeeds_as_skipped(rollouts_lake: Lake, tmp_path) -> None:
+    from trajlake.commands.scheduler import build_jobs
+
+    jobs = build_jobs(rollouts_lake, nightly_settings(rollouts_lake, tmp_path))
+    [final] = Scheduler(rollouts_lake, jobs, clock=lambda: NIGHT + timedelta(days=3)).run_pending()
+    assert final.status is RunStatus.SUCCEEDED and "no rollout is left" in final.results["skipped"]
+
+
+def test_scheduler_cli_runs_a_window_once(lake: Lake) -> None:
+    from typer.testing import CliRunner
+
+    from trajlake.cli import build_app
+
+    lake.append("events_like", pa.table({"task_id": ["t"], "rollout_id": ["r"]}))
+    runner = CliRunner()
+    first = runner.invoke(build_app(), ["scheduler", "--once", "--job", "compact", "--lake", lake.root])
+    assert first.exit_code == 0, first.output
+    assert "compact" in first.output and "succeeded" in first.output
+    again = runner.invoke(build_app(), ["scheduler", "--once", "--job", "compact", "--lake", lake.root])
+    assert again.exit_code == 0 and "no runs" in again.output
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "message"),
+    [
+        ({"TRAJLAKE_SCHEDULER_CRON": "every night"}, [], "not a cron expression"),
+        ({}, ["--job", "nope"], "no job to run"),
+        ({"TRAJLAKE_RETENTION_DAYS": "[1]"}, [], "JSON object"),
+    ],
+)
+def test_scheduler_cli_reports_bad_configuration(lake: Lake, env: dict, args: list, message: str) -> None:
+    from typer.testing import CliRunner
+
+    from trajlake.cli import build_app
+
+    result = CliRunner().invoke(build_app(), ["scheduler", "--once", "--lake", lake.root, *args], env=env)
+    assert result.exit_code == 1 and message in " ".join(result.output.split()), result.output

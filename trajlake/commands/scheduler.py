@@ -26,7 +26,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import typer
-from pydantic import Field
+from pydantic import Field, ValidationError
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -133,7 +134,7 @@ def scheduler_command(
     lake: str | None = LAKE_OPTION,
 ) -> None:
     """Run jobs on their cron windows, each window once across restarts and scheduler instances."""
-    settings = SchedulerSettings(**({"lake": lake} if lake else {}))
+    settings = _settings(lake)
     store = open_lake(settings.lake)
     try:
         jobs = [j for j in build_jobs(store, settings) if not job or j.name in job]
@@ -165,7 +166,7 @@ def runs_command(
     lake: str | None = LAKE_OPTION,
 ) -> None:
     """List scheduled runs: window, status, attempts, dataset version, checkpoint, error."""
-    settings = SchedulerSettings(**({"lake": lake} if lake else {}))
+    settings = _settings(lake)
     runs = RunsTable(open_lake(settings.lake))
     records = runs.history() if history else list(runs.current().values())
     records = sorted((r for r in records if job is None or r.job == job), key=lambda r: (r.window_end, r.recorded_at))
@@ -177,23 +178,36 @@ def runs_command(
     _render_runs(Console(), records, title="scheduled runs (newest first)")
 
 
+def _settings(lake: str | None) -> SchedulerSettings:
+    try:
+        return SchedulerSettings(**({"lake": lake} if lake else {}))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = "TRAJLAKE_" + str(first["loc"][0]).upper()
+        hint = " (a JSON object of tenant -> days, e.g. '{\"acme\": 30}')" if key == "TRAJLAKE_RETENTION_DAYS" else ""
+        raise fail(f"{key}: {first['msg']}{hint}") from None
+
+
 def _render_runs(console: Console, records: list[RunRecord], *, title: str) -> None:
     if not records:
         console.print("no runs")
         return
-    table = Table("job", "window end", "status", "attempt", "started", "ended", "dataset v", "checkpoint", "error", title=title)
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    for name, width in (("job", 7), ("window end", 16), ("status", 9), ("try", 3), ("dataset", 7), ("checkpoint", 10)):
+        table.add_column(name, no_wrap=True, min_width=width)
+    table.add_column("error / note", no_wrap=True, overflow="ellipsis", max_width=40)
     style = {"succeeded": "green", "failed": "yellow", "gave_up": "red", "running": "cyan"}
     for r in records:
         table.add_row(
-            r.job, r.window_key, f"[{style[r.status]}]{r.status}[/]", str(r.attempt), _clock(r.started_at),
-            _clock(r.ended_at), "" if r.dataset_version is None else str(r.dataset_version), r.checkpoint or "",
-            (r.error or r.results.get("skipped") or "")[:80],
+            r.job, _clock(r.window_end), f"[{style[r.status]}]{r.status}[/]", str(r.attempt),
+            "" if r.dataset_version is None else str(r.dataset_version), r.checkpoint or "",
+            (r.error or r.results.get("skipped") or "")[:200],
         )
     console.print(table)
 
 
-def _clock(moment: datetime | None) -> str:
-    return "" if moment is None else moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+def _clock(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M")
 
 
 def register(app: typer.Typer) -> None:
