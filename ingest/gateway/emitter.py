@@ -199,10 +199,9 @@ class Emitter:
             try:
                 events = job()
                 records.extend(encode(e) for e in events)
-            except (InvalidEvent, ValueError) as exc:
-                # A bug in event building must not take the thread down; count and say it loudly.
+            except Exception as exc:  # noqa: BLE001 - an odd upstream answer must not kill the thread
                 self.invalid += 1
-                log.error("event build failed error=%r: nothing recorded for this call", exc)
+                log.error("event build failed error=%r: nothing recorded for this call", exc, exc_info=True)
         return records
 
     def _deliver(self, records: list[KeyValue]) -> bool:
