@@ -18,8 +18,9 @@ is exposed as ``<name>__table``.
 
 ``run_query`` is the read-only entry point people (and the CLI) use: one
 SELECT/EXPLAIN statement, no file access outside the lake, settings locked.
-``connect`` stays a plain connection factory so services can add their own
-sandbox (tenant isolation) on top.
+``connect`` stays a plain connection factory and ``run_read_only`` runs a
+query on any connection, so a service can keep a connection, add its own
+views (tenant isolation) and lock it with ``sandbox=True``.
 """
 
 from __future__ import annotations
@@ -177,27 +178,36 @@ def _lock_down(con: duckdb.DuckDBPyConnection, lake: Lake) -> None:
 def run_query(lake: Lake, sql: str, *, max_rows: int | None = None) -> pa.Table:
     """Run one read-only statement over the lake's views and return Arrow.
 
-    At most ``max_rows`` rows are fetched (ask for one more than you show to
-    learn whether there were more). Raises ``QueryError`` with DuckDB's
-    message and a hint, ``WriteRefused`` for anything but SELECT/EXPLAIN,
-    ``LakeMissing`` when the lake root does not exist.
+    A fresh sandboxed connection per call (``connect(lake, sandbox=True)``
+    then ``run_read_only``). Raises ``LakeMissing`` when the lake root does
+    not exist, and what ``run_read_only`` raises.
 
     >>> run_query(Lake("./lake"), "SELECT count(*) AS n FROM llm_calls").to_pylist()  # doctest: +SKIP
     [{'n': 12}]
     """
-    if max_rows is not None and max_rows < 0:
-        raise ValueError("max_rows must be >= 0")
     check_lake(lake)
     con = connect(lake, sandbox=True)
     try:
-        _check_read_only(con, sql)
-        try:
-            batch_rows = 100_000 if max_rows is None else max(1, min(max_rows, 100_000))
-            return _read_at_most(con.execute(sql).to_arrow_reader(batch_rows), max_rows)
-        except duckdb.Error as e:
-            raise QueryError(str(e).strip(), hint=_hint(con, e)) from None
+        return run_read_only(con, sql, max_rows=max_rows)
     finally:
         con.close()
+
+
+def run_read_only(con: duckdb.DuckDBPyConnection, sql: str, *, max_rows: int | None = None) -> pa.Table:
+    """Run one SELECT/EXPLAIN statement on ``con`` (reusable, e.g. by a service) and return Arrow.
+
+    At most ``max_rows`` rows are fetched (ask for one more than you show to
+    learn whether there were more). Raises ``QueryError`` with DuckDB's
+    message and a hint, ``WriteRefused`` for any other statement kind.
+    """
+    if max_rows is not None and max_rows < 0:
+        raise ValueError("max_rows must be >= 0")
+    _check_read_only(con, sql)
+    try:
+        batch_rows = 100_000 if max_rows is None else max(1, min(max_rows, 100_000))
+        return _read_at_most(con.execute(sql).to_arrow_reader(batch_rows), max_rows)
+    except duckdb.Error as e:
+        raise QueryError(str(e).strip(), hint=_hint(con, e)) from None
 
 
 def check_lake(lake: Lake) -> None:

@@ -6,6 +6,7 @@ import csv
 import json
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -23,6 +24,7 @@ from store.sql import (
     discover_tables,
     export,
     run_query,
+    run_read_only,
     view_name,
 )
 
@@ -285,6 +287,16 @@ def test_max_rows_stops_early_and_rejects_negatives(empty_lake):
     assert run_query(empty_lake, "SELECT * FROM range(10)").num_rows == 10
     with pytest.raises(ValueError, match="max_rows"):
         run_query(empty_lake, "SELECT 1", max_rows=-1)
+
+
+def test_a_sandboxed_connection_serves_many_queries_and_stays_locked(lake):
+    write_events(lake, sample_rollout())
+    con = connect(lake, sandbox=True)
+    for _ in range(3):
+        assert run_read_only(con, "SELECT count(*) AS n FROM llm_calls").to_pylist() == [{"n": 2}]
+    with pytest.raises(duckdb.Error, match="locked"):
+        con.execute("SET enable_external_access = true")
+    con.close()
 
 
 def test_python_variables_are_invisible_to_sql(empty_lake):
