@@ -100,3 +100,17 @@ def test_compact_all_tables_and_rejects_negative_retention(lake: Lake) -> None:
     assert sorted(r.table for r in compact(lake)) == ["datasets/nightly", "events"]
     with pytest.raises(ValueError, match=">= 0"):
         compact_table(lake, "events", vacuum_retention=timedelta(hours=-1))
+
+
+def test_compact_cli_reports_each_table(lake: Lake) -> None:
+    from typer.testing import CliRunner
+
+    from trajlake.cli import build_app
+
+    append_batches(lake, "events", 0, 3)
+    result = CliRunner().invoke(build_app(), ["compact", "--vacuum-hours", "0", "--lake", lake.root])
+    assert result.exit_code == 0, result.output
+    assert "events" in result.output and "task_id,rollout_id" in result.output
+    assert len(parquet_files(lake, "events")) == 1
+    empty = CliRunner().invoke(build_app(), ["compact", "--lake", lake.root + "-empty"])
+    assert empty.exit_code == 0 and "no tables" in empty.output

@@ -244,3 +244,57 @@ def test_retention_policy_file_that_is_not_json(tmp_path: Path) -> None:
     (tmp_path / "p.json").write_text("acme: 30")
     with pytest.raises(ValueError, match="not valid json"):
         RetentionPolicy.from_file(tmp_path / "p.json")
+
+
+def run_cli(*args: str, env: dict | None = None, input: str | None = None):
+    from typer.testing import CliRunner
+
+    from trajlake.cli import build_app
+
+    result = CliRunner().invoke(build_app(), list(args), env=env, input=input)
+    return result.exit_code, " ".join(result.output.split())
+
+
+def test_forget_cli_deletes_after_confirmation_and_names_datasets_to_rebuild(full_lake: Lake) -> None:
+    code, output = run_cli("forget", "--tenant", "acme", "--lake", full_lake.root, input="n\n")
+    assert code == 1 and rollouts_in(full_lake, "events") == {"r1", "r2", "z1"}
+    code, output = run_cli("forget", "--tenant", "acme", "--reason", "ticket-9", "--yes", "--lake", full_lake.root)
+    assert code == 0, output
+    assert "events" in output and "trajlake build-dataset nightly" in output
+    assert rollouts_in(full_lake, "events") == {"z1"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "say what to forget"),
+        (["--user", "u1"], "needs --tenant"),
+        (["--rollout", "x" * 600], "at most 512"),
+    ],
+)
+def test_forget_cli_rejects_bad_requests(lake: Lake, args: list[str], message: str) -> None:
+    code, output = run_cli("forget", "--yes", "--lake", lake.root, *args)
+    assert code == 1 and message in output
+
+
+def test_retention_cli_show_and_apply(lake: Lake, tmp_path: Path) -> None:
+    ingest(lake, rollout_events("acme", "old", at=T0))
+    policy = tmp_path / "retention.json"
+    policy.write_text('{"acme": 1}')
+    code, output = run_cli("retention", "show", "--policy", str(policy), "--lake", lake.root)
+    assert code == 0 and "acme 1 1" in output.replace("│", " ").replace("  ", " ")
+    code, output = run_cli("retention", "apply", "--lake", lake.root, env={"TRAJLAKE_RETENTION_DAYS": '{"acme": 1}'})
+    assert code == 0 and "1 expired rollouts of tenant acme" in output
+    assert not lake.read("events").num_rows
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"TRAJLAKE_RETENTION_DAYS": "not json"}, "JSON object"),
+        ({"TRAJLAKE_RETENTION_DAYS": '{"acme": -1}'}, "whole number"),
+    ],
+)
+def test_retention_cli_reports_bad_policies(lake: Lake, env: dict, message: str) -> None:
+    code, output = run_cli("retention", "apply", "--lake", lake.root, env=env)
+    assert code == 1 and message in output, output

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 from pydantic import Field, ValidationError
+from pydantic_settings import SettingsError
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -76,7 +78,7 @@ def retention_show(
     if not parsed.days:
         Console().print("no retention policy: every rollout is kept (set TRAJLAKE_RETENTION_DAYS or --policy)")
         return
-    table = Table("tenant", "days", "expired rollouts", title="retention policy")
+    table = Table("tenant", "days", "expired rollouts", title="retention policy", box=box.SIMPLE_HEAD)
     for tenant in sorted(set(expired) | set(parsed.days) - {DEFAULT_KEY}):
         table.add_row(tenant, str(parsed.days_for(tenant)), str(len(expired.get(tenant, []))))
     if DEFAULT_KEY in parsed.days:
@@ -113,9 +115,9 @@ def compact_command(
 def _policy(policy: Path | None, lake: str | None) -> tuple[OpsSettings, RetentionPolicy]:
     try:
         settings = settings_from(lake=lake, retention_policy=policy)
-    except ValidationError as exc:
-        raise fail(f"TRAJLAKE_RETENTION_DAYS must be a JSON object of tenant -> days, e.g. '{{\"acme\": 30}}' "
-                   f"({exc.errors()[0]['msg']})") from None
+    except (ValidationError, SettingsError) as exc:
+        detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        raise fail(f"TRAJLAKE_RETENTION_DAYS must be a JSON object of tenant -> days, e.g. '{{\"acme\": 30}}' ({detail})") from None
     try:
         return settings, settings.policy()
     except ValueError as exc:
@@ -132,7 +134,8 @@ def _describe(request: ForgetRequest) -> str:
 
 
 def _render_forget(console: Console, report: ForgetReport, what: str) -> None:
-    table = Table("table", "rows deleted", "files vacuumed", "version", title=f"forgot {what} (forget_id {report.forget_id})")
+    table = Table("table", "rows deleted", "files vacuumed", "version", title=f"forgot {what} (forget_id {report.forget_id})",
+                  box=box.SIMPLE_HEAD)
     for t in report.tables:
         if t.rows_deleted:
             table.add_row(t.table, f"{t.rows_deleted:,}", str(t.files_vacuumed), f"{t.version_before} -> {t.version_after}")
@@ -145,7 +148,7 @@ def _render_forget(console: Console, report: ForgetReport, what: str) -> None:
 
 
 def _render_compacted(console: Console, results: list[Compacted]) -> None:
-    table = Table("table", "files removed", "files added", "files vacuumed", "z-order", "version", title="compaction")
+    table = Table("table", "removed", "added", "vacuumed", "z-order", "version", title="compaction (files)", box=box.SIMPLE_HEAD)
     for r in results:
         table.add_row(r.table, str(r.files_removed), str(r.files_added), str(r.files_vacuumed),
                       ",".join(r.z_order) or "-", f"{r.version_before} -> {r.version_after}")

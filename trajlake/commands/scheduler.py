@@ -27,6 +27,7 @@ from typing import Any
 
 import typer
 from pydantic import Field, ValidationError
+from pydantic_settings import SettingsError
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -186,6 +187,8 @@ def _settings(lake: str | None) -> SchedulerSettings:
         key = "TRAJLAKE_" + str(first["loc"][0]).upper()
         hint = " (a JSON object of tenant -> days, e.g. '{\"acme\": 30}')" if key == "TRAJLAKE_RETENTION_DAYS" else ""
         raise fail(f"{key}: {first['msg']}{hint}") from None
+    except SettingsError as exc:
+        raise fail(f"{exc}: JSON settings (TRAJLAKE_RETENTION_DAYS) must be valid JSON objects") from None
 
 
 def _render_runs(console: Console, records: list[RunRecord], *, title: str) -> None:
