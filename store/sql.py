@@ -50,6 +50,12 @@ JOINED_VIEWS: tuple[str, ...] = ("llm_calls", "tool_steps", "rollouts")
 READ_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
 EXPORT_FORMATS: tuple[str, ...] = ("csv", "json", "parquet")
 
+CONNECTION_CONFIG = {
+    "allow_unsigned_extensions": "true",  # the delta extension file shipped by the wheel
+    "python_enable_replacements": "false",  # SQL must not see Python variables by name
+    "enable_progress_bar": "false",  # it would print into csv/json on stdout
+}
+
 ViewKind = Literal["delta", "empty", "joined"]
 
 
@@ -141,10 +147,7 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, sandbox: bool = 
     >>> con.sql("SELECT status, count(*) FROM rollouts GROUP BY ALL").fetchall()  # doctest: +SKIP
     """
     found = discover_tables(lake) if tables is None else {view_name(t): t for t in tables if lake.exists(t)}
-    con = duckdb.connect(
-        ":memory:",
-        config={"allow_unsigned_extensions": "true", "python_enable_replacements": "false"},
-    )
+    con = duckdb.connect(":memory:", config=CONNECTION_CONFIG)
     con.load_extension(delta_extension_path())
     for name, path in found.items():
         con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM delta_scan(\'{_quote(lake.uri(path))}\')')
