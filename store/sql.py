@@ -53,7 +53,6 @@ EXPORT_FORMATS: tuple[str, ...] = ("csv", "json", "parquet")
 CONNECTION_CONFIG = {
     "allow_unsigned_extensions": "true",  # the delta extension file shipped by the wheel
     "python_enable_replacements": "false",  # SQL must not see Python variables by name
-    "enable_progress_bar": "false",  # it would print into csv/json on stdout
 }
 
 ViewKind = Literal["delta", "empty", "joined"]
@@ -148,6 +147,7 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, sandbox: bool = 
     """
     found = discover_tables(lake) if tables is None else {view_name(t): t for t in tables if lake.exists(t)}
     con = duckdb.connect(":memory:", config=CONNECTION_CONFIG)
+    con.execute("SET enable_progress_bar = false")  # it would print into csv/json on stdout
     con.load_extension(delta_extension_path())
     for name, path in found.items():
         con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM delta_scan(\'{_quote(lake.uri(path))}\')')
