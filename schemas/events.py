@@ -196,8 +196,15 @@ class _Envelope(_Model):
     @field_validator("ts", mode="before")
     @classmethod
     def _rfc3339(cls, v: Any) -> Any:
-        if isinstance(v, datetime) or (isinstance(v, str) and _RFC3339.fullmatch(v)):
+        # Parsed here, not by pydantic: its strict JSON mode (the ingester's fast
+        # path) refuses a str that a before-validator hands on.
+        if isinstance(v, datetime):
             return v
+        if isinstance(v, str) and _RFC3339.fullmatch(v):
+            try:
+                return datetime.fromisoformat(v.upper())
+            except ValueError as exc:
+                raise ValueError(f"not a valid RFC 3339 timestamp: {exc}") from None
         shown = repr(v) if isinstance(v, str) else type(v).__name__
         raise ValueError(f"must be an RFC 3339 string such as 2026-01-01T00:00:00Z, got {shown[:60]}")
 

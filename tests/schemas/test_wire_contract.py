@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from schemas.errors import InvalidEvent
-from schemas.events import EVENT_TYPES, LlmResponseEvent, RewardEvent
+from schemas.events import EVENT_ADAPTER, EVENT_TYPES, LlmResponseEvent, RewardEvent
 from schemas.versions import MAX_EVENT_BYTES, decode_event, validate_event
 
 ENVELOPE = {
@@ -55,6 +55,13 @@ def test_every_event_type_round_trips(event_type):
     assert decode_event(json.dumps(again)) == decoded
     for field, value in raw["payload"].items():
         assert again["payload"][field] == value
+
+
+@pytest.mark.parametrize("event_type", EVENT_TYPES)
+def test_valid_events_pass_the_strict_json_path_too(event_type):
+    # The ingester's fast path: pydantic strict JSON validation, no json.loads.
+    data = json.dumps(event(event_type, ts="2026-01-01t00:00:00.5z"))
+    assert EVENT_ADAPTER.validate_json(data, strict=True) == decode_event(data)
 
 
 def test_timestamps_are_normalised_to_utc_and_optional_fields_defaulted():
