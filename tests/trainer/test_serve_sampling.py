@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -10,6 +12,15 @@ from trainer.serve_sampling import SamplingParams, _nucleus, sample_tokens
 
 PROMPT = [1, 85, 91, 1107, 79, 201, 2, 10]
 NO_STOP: frozenset[int] = frozenset()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """Decode on one thread, as the server does (much faster on a busy box); restore after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

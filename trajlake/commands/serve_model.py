@@ -9,7 +9,6 @@ import typer
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from rich.console import Console
 
-from trainer.serve import create_serve_app
 from trajlake.tiny_model import build_tiny_model, default_model_dir
 
 
@@ -47,6 +46,8 @@ def serve_model(
     """Serve a causal LM over an OpenAI-compatible API with vLLM-style token ids and logprobs."""
     import uvicorn
 
+    from trainer.serve import create_serve_app  # torch/transformers: only when serving
+
     flags = {"model": model, "host": host, "port": port, "served_name": served_name,
              "policy_version": policy_version, "max_new_tokens": max_new_tokens, "seed": seed, "threads": threads}
     settings = ServeModelSettings(**{k: v for k, v in flags.items() if v is not None})
@@ -61,14 +62,15 @@ def serve_model(
             max_new_tokens_cap=settings.max_new_tokens, seed=settings.seed, threads=settings.threads,
         )
     except (FileNotFoundError, OSError, ValueError) as exc:
-        console.print(f"[red]cannot load the model:[/] {exc}")
+        console.print(f"[red]cannot load the model:[/] {exc}", soft_wrap=True)
         raise typer.Exit(2) from exc
     sock = socket.create_server((settings.host, settings.port))  # bound here so port 0 can be printed
     identity = app.state.identity
     url = f"http://{settings.host}:{sock.getsockname()[1]}/v1"
     console.print(f"[green]serving[/] {model_dir} as [bold]{identity.served_name}[/] "
-                  f"(policy {identity.policy_version}, tokenizer {identity.tokenizer}) at [bold]{url}[/]")
-    console.print(f"export OPENAI_BASE_URL={url}", highlight=False)
+                  f"(policy {identity.policy_version}, tokenizer {identity.tokenizer}) at [bold]{url}[/]",
+                  soft_wrap=True)
+    console.print(f"export OPENAI_BASE_URL={url}", highlight=False, soft_wrap=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
