@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -47,6 +47,8 @@ class CapturedCall:
     raw_response: bytes | None = None
     """Unparsed upstream body, when the hot path had no reason to parse it."""
     error: str | None = None
+    engine_headers: dict[str, str] = field(default_factory=dict)
+    """Response headers of the engine; ``x-policy-version``, ``x-tokenizer``, ``x-chat-template-hash`` are recorded."""
 
 
 def _parse_answer(captured: CapturedCall) -> Completion | None:
@@ -116,8 +118,8 @@ class Recorder:
             tools=body.get("tools"),
             params={k: v for k, v in body.items() if k not in _NOT_PARAMS},
             prompt_token_ids=prompt_ids,
-            tokenizer=retok.identity if retok else None,
-            chat_template_hash=retok.template_hash if retok else None,
+            tokenizer=retok.identity if retok else captured.engine_headers.get("x-tokenizer"),
+            chat_template_hash=retok.template_hash if retok else captured.engine_headers.get("x-chat-template-hash"),
             idempotency_key=captured.call.idempotency_key,
         )
         seq = captured.received_ns // 1000
@@ -143,7 +145,7 @@ class Recorder:
             usage=done.usage,
             latency_ms=(captured.finished_ns - captured.received_ns) / 1e6,
             upstream_retries=captured.upstream_retries,
-            policy_version=self.policy_version or done.model,
+            policy_version=self.policy_version or captured.engine_headers.get("x-policy-version") or done.model,
             error=captured.error,
         )
         seq = max(captured.finished_ns // 1000, captured.received_ns // 1000 + 1)

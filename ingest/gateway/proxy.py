@@ -122,7 +122,7 @@ class ProxyService:
                 answer = None  # passed through as is; the recorder notes the bad JSON
             if isinstance(answer, dict) and strip(current.kind, answer, current.asked):
                 body = json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode()
-        self._record(current.captured(raw_response=reply.body))
+        self._record(current.captured(raw_response=reply.body, engine_headers=reply.headers))
         self._remember(current, StoredReply(200, body, _JSON))
         return Answer(200, body)
 
@@ -161,7 +161,7 @@ class ProxyService:
             yield _sse_error(error)
         finally:
             await response.aclose()
-            self._record(current.captured(completion=acc.result(), error=error))
+            self._record(current.captured(completion=acc.result(), error=error, engine_headers=response.headers))
             self._remember(current, StoredReply(200, b"".join(sent), _SSE) if error is None else None)
 
     def _relay_event(self, event: bytes, acc: StreamAccumulator, asked: Asked) -> bytes:

@@ -22,8 +22,12 @@ _BACKOFF_S = 0.05
 class UpstreamReply:
     status: int
     body: bytes
-    content_type: str
+    headers: dict[str, str]
     retries: int
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("content-type", "application/json")
 
 
 def make_pool(base_url: str, *, api_key: str | None, timeout_s: float, connect_timeout_s: float) -> Http1Pool:
@@ -49,7 +53,7 @@ class Upstream:
             raise UpstreamUnavailable(f"the upstream engine broke the connection: {exc}") from None
         finally:
             await reply.aclose()
-        return UpstreamReply(reply.status, content, reply.headers.get("content-type", "application/json"), retries)
+        return UpstreamReply(reply.status, content, reply.headers, retries)
 
     async def open_stream(self, path: str, *, body: bytes) -> tuple[Reply, int]:
         """Open a streaming POST; the caller iterates ``iter_bytes()`` and must ``aclose()`` the reply."""

@@ -92,3 +92,35 @@ def wait_for(predicate, *, timeout_s: float = 20.0, what: str = "condition") -> 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """The tiny default model (built once into $TRAJLAKE_HOME, then reused; read-only)."""
+    from trajlake.tiny_model import build_tiny_model, default_model_dir
+
+    return build_tiny_model(default_model_dir())
+
+
+def read_topic(bootstrap_servers: str, topic: str, *, count: int, timeout_s: float = 30.0) -> list[dict]:
+    """Every event on ``topic`` (all partitions, from the start) once ``count`` have arrived."""
+    import json
+
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False)
+    try:
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        out: list[dict] = []
+        deadline = time.monotonic() + timeout_s
+        while len(out) < count and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=200).values():
+                out.extend(json.loads(r.value) for r in records)
+        # one more short poll: anything beyond ``count`` would be a duplicate
+        for records in consumer.poll(timeout_ms=300).values():
+            out.extend(json.loads(r.value) for r in records)
+        return out
+    finally:
+        consumer.close()

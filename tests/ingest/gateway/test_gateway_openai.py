@@ -1,0 +1,112 @@
+"""The official openai client through the gateway: same answers as direct, token-exact records.
+
+Upstreams: the reference engine ``trajlake serve-model`` (tiny real model) and
+the fake engine (deterministic tool calls). Events go to a real Kafka-protocol
+broker; the ingester writes them to a real Delta lake.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from conftest import KEY, TENANT, read_topic, serve
+from openai import OpenAI
+
+from ingest.gateway import create_gateway_app
+from ingest.ingester import IngesterConfig, ingest_until_idle
+from trainer.serve import create_serve_app
+
+MESSAGES = [{"role": "user", "content": "Write a haiku about the sea."}]
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+@pytest.fixture(scope="module")
+def serve_model(tiny_model_dir):
+    app = create_serve_app(tiny_model_dir, served_name="tiny", policy_version="policy-1", max_new_tokens_cap=32)
+    with serve(app) as url:
+        yield f"{url}/v1"
+
+
+def gateway_app(settings, *, upstream: str, broker, topic):
+    settings.upstream_url = upstream
+    settings.bootstrap_servers = broker.bootstrap_servers
+    settings.topic = topic
+    return create_gateway_app(settings)
+
+
+def client(base_url: str, **headers: str) -> OpenAI:
+    return OpenAI(base_url=base_url, api_key=KEY, default_headers=headers, max_retries=0)
+
+
+def test_openai_client_gets_the_same_answers_and_the_lake_holds_the_sampled_tokens(
+    settings, broker, topic, group, lake, serve_model
+):
+    params = dict(model="tiny", messages=MESSAGES, max_tokens=8, temperature=0)
+    direct = client(serve_model)
+    sampled = httpx.post(f"{serve_model}/chat/completions", json={**params, "return_token_ids": True}).json()
+    with serve(gateway_app(settings, upstream=serve_model, broker=broker, topic=topic)) as url:
+        through = client(f"{url}/v1", **{"x-trajlake-task-id": "task-1", "x-trajlake-rollout-id": "ro-1"})
+        d, g = direct.chat.completions.create(**params), through.chat.completions.create(**params)
+        assert g.choices[0].message == d.choices[0].message and g.usage == d.usage
+        assert g.choices[0].finish_reason == d.choices[0].finish_reason and g.model == d.model
+        assert "token_ids" not in (g.choices[0].model_extra or {}) and "prompt_token_ids" not in (g.model_extra or {})
+
+        d_chunks = list(direct.chat.completions.create(**params, stream=True))
+        g_chunks = list(through.chat.completions.create(**params, stream=True))
+        assert [c.choices[0].delta for c in g_chunks if c.choices] == [c.choices[0].delta for c in d_chunks if c.choices]
+        assert all("token_ids" not in (c.choices[0].model_extra or {}) for c in g_chunks if c.choices)
+
+        text_params = dict(model="tiny", prompt="def main():", max_tokens=6, temperature=0)
+        d_text, g_text = direct.completions.create(**text_params), through.completions.create(**text_params)
+        assert g_text.choices[0].text == d_text.choices[0].text
+        assert through.models.list().data[0].id == "tiny"
+
+    stats = ingest_until_idle(IngesterConfig(lake=lake.root, bootstrap_servers=broker.bootstrap_servers,
+                                             topic=topic, group=group, dlq_topic=""), idle_s=1.5)
+    assert stats.events == 6 and stats.quarantined == 0
+    requests = {r["call_id"]: r for r in lake.read("llm_requests").to_pylist()}
+    responses = [
+        (r["response_token_ids"], r["token_source"], r["policy_version"], r["tenant"],
+         requests[r["call_id"]]["prompt_token_ids"])
+        for r in sorted(lake.read("llm_responses").to_pylist(), key=lambda r: r["seq"]) if r["rollout_id"] == "ro-1"
+    ]
+    assert len(responses) == 3
+    chat_ids = sampled["choices"][0]["token_ids"]
+    for ids, source, policy, tenant, prompt_ids in responses[:2]:  # chat, then streamed chat
+        assert ids == chat_ids and prompt_ids == sampled["prompt_token_ids"]
+        assert (source, policy, tenant) == ("engine", "policy-1", TENANT)
+    text_sampled = httpx.post(f"{serve_model}/completions", json={**text_params, "return_token_ids": True}).json()
+    assert responses[2][0] == text_sampled["choices"][0]["token_ids"]
+
+
+def test_tool_calls_round_trip_and_are_recorded(settings, broker, topic, engine):
+    with serve(gateway_app(settings, upstream=engine[0], broker=broker, topic=topic)) as url:
+        through = client(f"{url}/rollouts/ro-tools/v1")
+        messages = [{"role": "user", "content": "what is the weather in Paris"}]
+        answer = through.chat.completions.create(model="fake-model", messages=messages, tools=TOOLS)
+        call = answer.choices[0].message.tool_calls[0]
+        assert answer.choices[0].finish_reason == "tool_calls"
+        assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+        streamed = list(through.chat.completions.create(model="fake-model", messages=messages, tools=TOOLS,
+                                                        stream=True))
+        arguments = "".join(c.choices[0].delta.tool_calls[0].function.arguments or ""
+                            for c in streamed if c.choices and c.choices[0].delta.tool_calls)
+        assert json.loads(arguments) == {"city": "Paris"}
+        follow_up = messages + [answer.choices[0].message.model_dump(exclude_none=True),
+                                {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+        assert through.chat.completions.create(model="fake-model", messages=follow_up, tools=TOOLS).choices
+
+    recorded = read_topic(broker.bootstrap_servers, topic, count=6)
+    assert len(recorded) == 6 and {e["rollout_id"] for e in recorded} == {"ro-tools"}
+    requests = [e for e in recorded if e["type"] == "llm.request"]
+    responses = {e["payload"]["call_id"]: e for e in recorded if e["type"] == "llm.response"}
+    assert all(r["payload"]["tools"] == TOOLS for r in requests)
+    assert requests[2]["payload"]["messages"][1]["tool_calls"][0]["function"]["name"] == "get_weather"
+    for request in requests[:2]:
+        response = responses[request["payload"]["call_id"]]["payload"]
+        assert response["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+        assert response["finish_reason"] == "tool_calls" and response["token_source"] == "engine"
