@@ -82,6 +82,12 @@ def test_table_format_summarises_token_lists(run):
     assert "2 rows" in out
 
 
+def test_the_query_can_come_from_stdin(app, sample_lake):
+    runner = CliRunner(env={"TRAJLAKE_LAKE": sample_lake.root})
+    result = runner.invoke(app, ["sql", "-", "-f", "csv"], input="SELECT count(*) AS n\nFROM rollouts\n")
+    assert ok(result) == "n\n2\n"
+
+
 def test_long_cells_are_cut(run):
     out = ok(run("sql", "SELECT repeat('abc', 100) AS long"))
     assert ("abc" * 20)[:59] + "…" in out and "abc" * 20 not in out

@@ -55,7 +55,7 @@ def fail(message: str) -> typer.Exit:
 
 
 def sql(
-    query: str = typer.Argument(..., help='One SELECT statement, e.g. "SELECT status, count(*) FROM rollouts GROUP BY ALL".'),
+    query: str = typer.Argument(..., help='One SELECT statement, e.g. "SELECT status, count(*) FROM rollouts GROUP BY ALL"; - reads it from stdin.'),
     lake: str | None = LAKE_OPTION,
     format: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help="table (for people), csv, json (one object per line) or parquet."),
     output: Path | None = typer.Option(None, "--output", "-o", help="File to write (csv/json/parquet); csv and json go to stdout without it."),
@@ -63,6 +63,8 @@ def sql(
 ) -> None:
     """Run SQL over every lake table (views: trajlake tables) and print or export the result."""
     settings = build_settings(lake)
+    if query == "-":
+        query = sys.stdin.read()
     if format is OutputFormat.table and output is not None:
         raise fail("--output needs --format csv, json or parquet (the table format prints to the terminal)")
     if format is OutputFormat.parquet and output is None:
