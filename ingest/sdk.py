@@ -25,6 +25,12 @@ rewards) and gateway events (LLM calls) of one rollout sort together.
 ...     with r.subagent() as helper:             # own span, same rollout
 ...         helper.llm_call(prompt_token_ids=[9], response_token_ids=[10])
 ...     r.reward("correctness", 1.0, source="unit-tests")
+
+A harness that calls a vLLM/SGLang engine directly (asking for
+``return_token_ids`` and logprobs) can hand over the request body and the
+answer instead: ``r.llm_call_from_response(body, answer)``. A reward that
+comes after the rollout ended, even from another process:
+
 >>> client.reward("task-42", r.rollout_id, "human", 0.5)  # doctest: +SKIP
 >>> client.close()  # doctest: +SKIP
 """
@@ -39,7 +45,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -51,6 +57,8 @@ from schemas.versions import SCHEMA_VERSION
 __all__ = ["Harness", "RolloutContext", "SdkSettings", "Span", "TrajectoryClient", "harness_identity"]
 
 _REASON_CHARS = 500
+_REQUEST_FIELDS = frozenset({"model", "messages", "prompt", "tools"})
+"""Request body keys recorded as their own fields; the rest are sampling params."""
 
 
 class SdkSettings(BaseSettings):
@@ -197,6 +205,38 @@ class Span:
         self._sequencer.send([request, response], self._client._send)
         self.llm_calls += 1
         return call_id
+
+    def llm_call_from_response(
+        self,
+        request: Mapping[str, Any],
+        response: Mapping[str, Any] | Any,
+        *,
+        kind: Literal["chat", "completions"] = "chat",
+        latency_ms: float | None = None,
+        **fields: Any,
+    ) -> str:
+        """Record a call made directly to a vLLM/SGLang engine from its request body and answer.
+
+        ``response`` is the engine's JSON (or an ``openai`` response object):
+        ask the engine for ``return_token_ids`` and logprobs, and the exact ids
+        are taken from it (``prompt_token_ids``, ``choices[0].token_ids``).
+        ``fields`` are passed on to ``llm_call`` (e.g. ``idempotency_key``).
+
+        >>> body = {"model": "m", "messages": msgs, "extra_body": {"return_token_ids": True}}  # doctest: +SKIP
+        >>> r.llm_call_from_response(body, openai_client.chat.completions.create(**body))  # doctest: +SKIP
+        """
+        from ingest.gateway.tokens import read_completion  # here: importing the gateway loads FastAPI
+
+        answer = response if isinstance(response, Mapping) else response.model_dump()
+        done = read_completion(kind, dict(answer))
+        params = {k: v for k, v in request.items() if k not in _REQUEST_FIELDS}
+        return self.llm_call(
+            prompt_token_ids=done.prompt_token_ids, response_token_ids=done.response_token_ids,
+            logprobs=done.logprobs, text=done.text, tool_calls=done.tool_calls, finish_reason=done.finish_reason,
+            usage=done.usage, model=request.get("model", done.model), messages=request.get("messages"),
+            prompt=request.get("prompt"), tools=request.get("tools"), params=params, latency_ms=latency_ms,
+            **fields,
+        )
 
     def tool_call(self, name: str, arguments: Any = None, *, call_id: str | None = None) -> str:
         """Record that the agent invoked a tool; returns the call id to pass to ``tool_result``."""

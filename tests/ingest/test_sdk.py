@@ -277,3 +277,52 @@ def test_rfc3339_is_utc_with_milliseconds():
     assert rfc3339(1_767_225_600_123) == "2026-01-01T00:00:00.123Z"
     assert rfc3339(0) == "1970-01-01T00:00:00.000Z"
     assert datetime.fromisoformat(rfc3339()).utcoffset().total_seconds() == 0
+
+
+VLLM_CHAT_ANSWER = {
+    "id": "chatcmpl-1", "model": "qwen3-8b", "prompt_token_ids": [151644, 872, 198],
+    "choices": [{"index": 0, "finish_reason": "tool_calls", "token_ids": [151657, 5152, 151658],
+                 "message": {"role": "assistant", "content": None, "tool_calls": [
+                     {"id": "tc-1", "type": "function", "function": {"name": "search", "arguments": "{}"}}]},
+                 "logprobs": {"content": [{"token": t, "logprob": lp, "top_logprobs": []}
+                                          for t, lp in (("a", -0.5), ("b", -0.25), ("c", -1.0))]}}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6},
+    "object": "chat.completion", "created": 1767225600,
+}
+
+
+def test_a_direct_engine_call_is_recorded_from_its_request_and_answer(recorded):
+    client, producer = recorded
+    request = {"model": "qwen3-8b", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.7,
+               "return_token_ids": True, "logprobs": True}
+    with client.rollout("t") as r:
+        r.llm_call_from_response(request, VLLM_CHAT_ANSWER, latency_ms=80.0, idempotency_key="k-1")
+    sent, answered = producer.events[1]["payload"], producer.events[2]["payload"]
+    assert sent["prompt_token_ids"] == [151644, 872, 198] and sent["idempotency_key"] == "k-1"
+    assert sent["params"] == {"temperature": 0.7, "return_token_ids": True, "logprobs": True}
+    assert sent["messages"] == request["messages"] and sent["model"] == "qwen3-8b"
+    assert answered["response_token_ids"] == [151657, 5152, 151658]
+    assert answered["logprobs"] == [-0.5, -0.25, -1.0] and answered["token_source"] == "engine"
+    assert answered["tool_calls"][0]["id"] == "tc-1" and answered["finish_reason"] == "tool_calls"
+    assert answered["latency_ms"] == 80.0
+
+
+def test_an_engine_answer_without_logprobs_for_every_token_is_refused(recorded):
+    client, producer = recorded
+    answer = json.loads(json.dumps(VLLM_CHAT_ANSWER))
+    answer["choices"][0]["logprobs"]["content"].pop()
+    r = client.rollout("t").__enter__()
+    with pytest.raises(InvalidEvent, match="send one logprob per response token"):
+        r.llm_call_from_response({"model": "m"}, answer)
+    assert [e["type"] for e in producer.events] == ["rollout.started"]
+
+
+def test_an_openai_client_response_object_is_read_too(recorded):
+    from openai.types.chat import ChatCompletion
+
+    client, producer = recorded
+    with client.rollout("t") as r:
+        r.llm_call_from_response({"model": "qwen3-8b"}, ChatCompletion.model_validate(VLLM_CHAT_ANSWER))
+    assert producer.events[1]["payload"]["prompt_token_ids"] == [151644, 872, 198]
+    assert producer.events[2]["payload"]["response_token_ids"] == [151657, 5152, 151658]
+    assert producer.events[2]["payload"]["logprobs"] == [-0.5, -0.25, -1.0]
