@@ -56,6 +56,7 @@ __all__ = [
     "WorkloadConfig",
     "generate_events",
     "generate_rollouts",
+    "simulate_rollout",
 ]
 
 
@@ -107,10 +108,6 @@ class WorkloadConfig(BaseModel):
         if self.min_calls > self.max_calls:
             raise ValueError(f"min_calls ({self.min_calls}) must not exceed max_calls ({self.max_calls})")
         return self
-
-    @property
-    def rollouts(self) -> int:
-        return self.tasks * self.rollouts_per_task
 
 
 # Chat-template markers: ids below FIRST_TEXT_TOKEN never appear as text.
@@ -446,13 +443,6 @@ def _clone(value):
     return value
 
 
-def simulate_rollout(config: WorkloadConfig, *, task: int, index: int, start_ms: int) -> _RolloutSim:
-    """Run one rollout's simulation; its events, emission times and facts are on the result."""
-    sim = _RolloutSim(config, task=task, index=index, start_ms=start_ms)
-    sim.run()
-    return sim
-
-
 @dataclass(frozen=True)
 class SyntheticRollout:
     """One generated rollout: its wire events in emission order and what it contains."""
@@ -466,24 +456,23 @@ class SyntheticRollout:
     facts: RolloutFacts
 
 
-def generate_rollouts(config: WorkloadConfig) -> Iterator[SyntheticRollout]:
-    """Every rollout, in start order (task by task, K rollouts per task).
+def simulate_rollout(config: WorkloadConfig, *, task: int, index: int) -> SyntheticRollout:
+    """Rollout ``index`` (0-based over all rollouts) of task ``task``.
 
-    Each rollout depends only on (seed, task, index), so generating a subset
-    or a different count leaves the others unchanged.
+    It depends only on (seed, task, index), so generating a subset or a
+    different count leaves the others unchanged.
     """
-    gap = config.rollout_spacing_ms
+    sim = _RolloutSim(config, task=task, index=index, start_ms=config.start_ms + index * config.rollout_spacing_ms)
+    sim.run()
+    return SyntheticRollout(task_id=sim.task_id, rollout_id=sim.rollout_id, events=sim.events,
+                            emitted_at_ms=sim.emitted_at_ms, facts=sim.facts)
+
+
+def generate_rollouts(config: WorkloadConfig) -> Iterator[SyntheticRollout]:
+    """Every rollout, in start order (task by task, K rollouts per task)."""
     for task in range(config.tasks):
         for k in range(config.rollouts_per_task):
-            index = task * config.rollouts_per_task + k
-            sim = simulate_rollout(config, task=task, index=index, start_ms=config.start_ms + index * gap)
-            yield SyntheticRollout(
-                task_id=sim.task_id,
-                rollout_id=sim.rollout_id,
-                events=sim.events,
-                emitted_at_ms=sim.emitted_at_ms,
-                facts=sim.facts,
-            )
+            yield simulate_rollout(config, task=task, index=task * config.rollouts_per_task + k)
 
 
 def generate_events(config: WorkloadConfig) -> Iterator[dict]:
