@@ -22,10 +22,15 @@ calls and results between them, and the irregularities a real fleet shows:
   both return the same tokens.
 * **Rewards** arrive after ``rollout.finished``; some hours late (emitted after
   other rollouts' events), some twice (same name and value, new event id).
+* **Endings.** Most rollouts succeed; some fail (a tool crashes, sub-agents
+  are abandoned) and those that reach ``max_calls`` are truncated (last
+  ``finish_reason`` "length").
 * **Token sources.** Responses carry ``token_source`` "engine" with one
   negative logprob per token; a few are "retokenized" (ids, no logprobs) or
   "none" (no ids at all, prompt ids also missing).
 
+``seq`` counts 0, 1, 2, ... per rollout (a resend repeats its ``seq``); ``ts``
+follows a simulated clock starting at ``start_ms``, so runs are reproducible.
 Token ids are structured, not text: ids below ``FIRST_TEXT_TOKEN`` are chat
 template markers (``<|im_start|>``, roles, ``<|im_end|>``), the rest are drawn
 from ``[FIRST_TEXT_TOKEN, vocab_size)``.
