@@ -109,6 +109,8 @@ async def _respond(engine: ServeEngine, builder, prompt_ids: list[int], params: 
     stop = request.stop_strings()
     if not request.stream:
         steps = await asyncio.to_thread(lambda: list(engine.generate(prompt_ids, params, stop=stop)))
+        log.debug("event=serve_completed id=%s prompt_tokens=%d completion_tokens=%d finish=%s",
+                  builder.id, len(prompt_ids), len(steps), steps[-1].finish_reason)
         return JSONResponse(builder.response(steps), headers=headers)
 
     async def events() -> AsyncIterator[str]:

@@ -83,7 +83,7 @@ class ServeEngine:
         self.identity = ModelIdentity(
             served_name=name,
             policy_version=policy_version or name,
-            tokenizer=tokenizer_identity(self.tokenizer),
+            tokenizer=_tokenizer_identity(self.tokenizer),
             chat_template_hash=chat_template_hash(template) if isinstance(template, str) else None,
             max_model_len=getattr(self.model.config, "max_position_embeddings", None) or DEFAULT_CONTEXT,
         )
@@ -177,6 +177,15 @@ class ServeEngine:
                     yield Step(token, delta + text.finish(), offset, "length")
                     return
                 yield Step(token, delta, offset)
+
+
+def _tokenizer_identity(tokenizer) -> str:
+    """The content identity, or ``unknown`` for a tokenizer without a tokenizer.json behind it."""
+    try:
+        return tokenizer_identity(tokenizer)
+    except (TypeError, ValueError) as exc:
+        log.warning("event=tokenizer_unidentified reason=%r", str(exc))
+        return "unknown"
 
 
 def _end_token_ids(model, tokenizer) -> list[int]:
