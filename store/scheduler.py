@@ -165,7 +165,10 @@ class Scheduler:
     def serve(self, stop: threading.Event, *, poll: timedelta = timedelta(seconds=60)) -> None:
         """Run pending windows until ``stop`` is set, waking at fire times and every ``poll``."""
         while not stop.is_set():
-            self.run_pending()
+            try:
+                self.run_pending()
+            except Exception:  # the lake or the store is unreachable: log, wait, try again
+                log.exception("scheduler.pass_failed owner=%s", self.owner)
             now = self.clock()
             next_fire = min(croniter(job.cron, now).get_next(datetime) for job in self.jobs)
             wait = min(next_fire - now, poll).total_seconds()

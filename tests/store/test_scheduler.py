@@ -303,3 +303,56 @@ def test_scheduler_cli_reports_bad_configuration(lake: Lake, env: dict, args: li
 
     result = CliRunner().invoke(build_app(), ["scheduler", "--once", "--lake", lake.root, *args], env=env)
     assert result.exit_code == 1 and message in " ".join(result.output.split()), result.output
+
+
+def test_serve_runs_due_windows_until_stopped(lake: Lake) -> None:
+    stop = threading.Event()
+    ran: list[str] = []
+
+    def job(window: Window) -> dict:
+        ran.append(window.key)
+        stop.set()
+        return {}
+
+    scheduler = Scheduler(lake, [Job("minutely", "* * * * *", run=job)])
+    thread = threading.Thread(target=scheduler.serve, args=(stop,), kwargs={"poll": timedelta(seconds=0.05)})
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive() and len(ran) == 1
+
+
+def test_serve_survives_a_pass_that_fails(lake: Lake) -> None:
+    stop = threading.Event()
+
+    class UnreachableOnce(Scheduler):
+        passes = 0
+
+        def run_pending(self, **options) -> list[RunRecord]:
+            self.passes += 1
+            if self.passes == 1:
+                raise OSError("object store unreachable")
+            stop.set()
+            return super().run_pending(**options)
+
+    scheduler = UnreachableOnce(lake, [writing_job(lake, cron="* * * * *")])
+    thread = threading.Thread(target=scheduler.serve, args=(stop,), kwargs={"poll": timedelta(seconds=0.01)})
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive() and scheduler.passes == 2 and len(windows_written(lake)) == 1
+
+
+def test_two_scheduler_processes_take_each_backfilled_window_once(lake: Lake) -> None:
+    import subprocess
+    import sys
+
+    lake.append("events_like", pa.table({"task_id": ["t"], "rollout_id": ["r"]}))
+    since = (datetime.now(timezone.utc) - timedelta(days=3)).strftime("%Y-%m-%dT%H:%M:%S")
+    command = [sys.executable, "-m", "trajlake.cli", "scheduler", "--once", "--job", "compact",
+               "--backfill", since, "--lake", lake.root]
+    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=120)[0] for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], outputs
+    history = RunsTable(lake).history()
+    claims = [(r.window_key, r.owner) for r in history if r.status is RunStatus.RUNNING]
+    assert len(claims) == len({key for key, _ in claims}) == 3  # one claim per window, across both processes
+    assert {r.status for r in RunsTable(lake).current().values()} == {RunStatus.SUCCEEDED}
