@@ -74,6 +74,8 @@ class SdkSettings(BaseSettings):
     harness_config_hash: str | None = None
     connect_timeout_s: float = 5.0
     """How long to wait for a broker before raising BrokerUnreachable."""
+    flush_timeout_s: float = 30.0
+    """How long a flush (rollout end, close) waits for the broker's acknowledgement."""
     compression: str | None = None
     """gzip, snappy, lz4 or zstd; None sends uncompressed."""
 
@@ -328,11 +330,13 @@ class TrajectoryClient:
         connect_timeout_s: float = 5.0,
         compression: str | None = None,
         flush_each_rollout: bool = True,
+        flush_timeout_s: float = 30.0,
         producer: EventProducer | None = None,
     ) -> None:
         self.tenant = tenant
         self.harness = harness
         self.flush_each_rollout = flush_each_rollout
+        self.flush_timeout_s = flush_timeout_s
         self.producer = producer or EventProducer(
             bootstrap_servers, topic=topic, connect_timeout_s=connect_timeout_s, compression=compression,
             client_id="trajlake-sdk",
@@ -351,6 +355,7 @@ class TrajectoryClient:
                               config_hash=settings.harness_config_hash)
         options: dict[str, Any] = dict(topic=settings.topic, tenant=settings.tenant, harness=harness,
                                        connect_timeout_s=settings.connect_timeout_s,
+                                       flush_timeout_s=settings.flush_timeout_s,
                                        compression=settings.compression)
         return cls(settings.bootstrap_servers, **{**options, **overrides})
 
@@ -395,17 +400,20 @@ class TrajectoryClient:
             raise RuntimeError("this TrajectoryClient is closed: create a new one")
         self.producer.send(event)
 
-    def flush(self, *, timeout_s: float = 60.0) -> None:
-        """Wait until every event sent so far is acknowledged by the broker."""
-        self.producer.flush(timeout_s=timeout_s)
+    def flush(self, *, timeout_s: float | None = None) -> None:
+        """Wait until every event sent so far is acknowledged (default: ``flush_timeout_s``).
 
-    def close(self, *, timeout_s: float = 60.0) -> None:
+        Raises ``BrokerUnreachable`` when the broker does not acknowledge in time.
+        """
+        self.producer.flush(timeout_s=self.flush_timeout_s if timeout_s is None else timeout_s)
+
+    def close(self, *, timeout_s: float | None = None) -> None:
         """Flush and disconnect; safe to call twice."""
         if self._closed:
             return
         self._closed = True
         atexit.unregister(self._atexit)
-        self.producer.close(timeout_s=timeout_s)
+        self.producer.close(timeout_s=self.flush_timeout_s if timeout_s is None else timeout_s)
 
     def __enter__(self) -> TrajectoryClient:
         return self

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from ingest.broker import free_port
+from ingest.broker import EmbeddedBroker, free_port
 from ingest.ids import rfc3339, uuid7
 from ingest.producer import BrokerUnreachable, encode_event
 from ingest.sdk import Harness, SdkSettings, TrajectoryClient, harness_identity
@@ -326,3 +326,17 @@ def test_an_openai_client_response_object_is_read_too(recorded):
     assert producer.events[1]["payload"]["prompt_token_ids"] == [151644, 872, 198]
     assert producer.events[2]["payload"]["response_token_ids"] == [151657, 5152, 151658]
     assert producer.events[2]["payload"]["logprobs"] == [-0.5, -0.25, -1.0]
+
+
+@pytest.mark.timeout(60)
+def test_a_broker_that_dies_mid_rollout_makes_the_rollout_end_fail_loudly():
+    with EmbeddedBroker() as private:
+        private.create_topic("events", partitions=1)
+        client = TrajectoryClient(private.bootstrap_servers, topic="events", connect_timeout_s=1, flush_timeout_s=1)
+        with pytest.raises(BrokerUnreachable, match="flush timed out after 1 s"):
+            with client.rollout("t") as r:
+                r.tool_call("x")
+                private.kill()
+        with pytest.raises(BrokerUnreachable):
+            client.close()
+        client.close()  # already closed: nothing left to do
