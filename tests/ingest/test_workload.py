@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 
 import pytest
@@ -9,6 +10,7 @@ from pydantic import ValidationError
 
 import ingest.workload as workload
 from ingest.workload import WorkloadConfig, generate_events, generate_rollouts
+from schemas.events import EVENT_ADAPTER
 from schemas.versions import validate_event
 
 SMALL = dict(tasks=3, rollouts_per_task=3, max_context_tokens=1200, seed=11)
@@ -68,6 +70,7 @@ def test_every_event_satisfies_the_contract(busy_events):
     assert len(busy_events) > 300
     for event in busy_events:
         validate_event(event)
+        EVENT_ADAPTER.validate_json(json.dumps(event), strict=True)  # the ingester's fast path
 
 
 def test_events_are_all_rollouts_events_interleaved(busy, busy_events):
