@@ -40,6 +40,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
@@ -53,6 +54,8 @@ from ingest.ids import rfc3339, uuid7
 from ingest.producer import EventProducer, encode_event
 from schemas.events import DEFAULT_TOPIC, Harness, RolloutStatus
 from schemas.versions import SCHEMA_VERSION
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Harness", "RolloutContext", "SdkSettings", "Span", "TrajectoryClient", "harness_identity"]
 
@@ -313,6 +316,7 @@ class RolloutContext(Span):
         self._emit("rollout.finished", {"status": status, "reason": reason,
                                         "steps": self.llm_calls if steps is None else steps})
         self._close()
+        log.debug("rollout finished rollout_id=%s task_id=%s status=%s", self.rollout_id, self.task_id, status)
         if self._client.flush_each_rollout:
             self._client.flush()
 
