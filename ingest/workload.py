@@ -114,6 +114,11 @@ class WorkloadConfig(BaseModel):
             raise ValueError(f"min_calls ({self.min_calls}) must not exceed max_calls ({self.max_calls})")
         return self
 
+    @property
+    def rollouts(self) -> int:
+        """How many rollouts the workload has (tasks x rollouts_per_task)."""
+        return self.tasks * self.rollouts_per_task
+
 
 # Chat-template markers: ids below FIRST_TEXT_TOKEN never appear as text.
 IM_START, IM_END = 1, 2

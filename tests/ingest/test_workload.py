@@ -215,6 +215,7 @@ def test_identity_fields_come_from_the_config():
     for e in events:
         per_task[e["task_id"]].add(e["rollout_id"])
     assert len(per_task) == 3 and all(len(r) == 3 for r in per_task.values())
+    assert config.rollouts == sum(len(r) for r in per_task.values())
 
 
 def test_events_stream_without_generating_everything_first(monkeypatch):
