@@ -264,27 +264,29 @@ def _delete_and_vacuum(lake: Lake, name: str, predicates: list[str]) -> TableFor
     for predicate in predicates:
         deleted += _delete(lake, name, predicate)
     vacuumed = 0
-    if deleted:
+    if deleted and before is not None:
         vacuumed = len(lake.table(name).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False))
-        _drop_log_history(lake, name)
+        _drop_log_history(lake, name, through=before)
     return TableForgotten(name, deleted, vacuumed, before, lake.version(name))
 
 
-def _drop_log_history(lake: Lake, name: str) -> None:
-    """Checkpoint the table, then delete the log entries before the checkpoint.
+def _drop_log_history(lake: Lake, name: str, *, through: int) -> None:
+    """Checkpoint the table, then delete its log entries up to version ``through``.
 
-    Old commits keep column statistics (min/max values, e.g. the start of a
-    prompt) of the files the delete removed. After the vacuum above those
-    versions are unreadable anyway; the checkpoint carries the live files and
-    every app transaction (the ingester's exactly-once markers) forward.
+    Commits up to ``through`` (the version before the forget) hold column
+    statistics (min/max values, e.g. the start of a prompt) of the files the
+    delete removed; after the vacuum above those versions are unreadable
+    anyway. The checkpoint carries the live files and every app transaction
+    (the ingester's exactly-once markers) forward. Later commits stay, so a
+    writer that read the table during the forget can still check its commit
+    against them.
     """
     table = lake.table(name)
     table.create_checkpoint()
-    checkpoint = table.version()
     filesystem, log_dir = pafs.FileSystem.from_uri(f"{lake.uri(name)}/_delta_log")
     for info in filesystem.get_file_info(pafs.FileSelector(log_dir)):
         version = info.base_name.split(".", 1)[0]
-        if info.type == pafs.FileType.File and version.isdigit() and int(version) < checkpoint:
+        if info.type == pafs.FileType.File and version.isdigit() and int(version) <= through < table.version():
             filesystem.delete_file(info.path)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -142,6 +143,43 @@ def test_forget_keeps_the_ingesters_exactly_once_markers(full_lake: Lake) -> Non
     full_lake.append("events", full_lake.read("events").slice(0, 0), markers={"ingester:g:t:0": 299})
     forget(full_lake, ForgetRequest(tenant="acme"))
     assert full_lake.marker("events", "ingester:g:t:0") == 299
+
+
+def test_forget_while_the_ingester_appends_loses_none_of_the_other_rows(full_lake: Lake) -> None:
+    import threading
+
+    from deltalake.exceptions import CommitFailedError
+
+    app_id = "ingester:g:trajlake.events:0"
+    appended: list[int] = []
+
+    def retried(append: Callable[[], object]) -> None:
+        """delta-rs fails an append that overlaps a delete; nothing was committed, so commit again."""
+        for _ in range(20):
+            try:
+                append()
+                return
+            except CommitFailedError:
+                continue
+        raise AssertionError("append kept conflicting")
+
+    def ingester() -> None:
+        for i in range(12):
+            offset = 1000 + 10 * i
+            rows = events_table(rollout_events("zeta", f"z-live-{i}"),
+                                [KafkaCoordinates("trajlake.events", 0, offset + k) for k in range(7)])
+            retried(lambda: full_lake.append("events", rows, markers={app_id: offset}))
+            appended.append(offset)
+
+    thread = threading.Thread(target=ingester)
+    thread.start()
+    forget(full_lake, ForgetRequest(tenant="acme"))
+    thread.join()
+    assert rollouts_in(full_lake, "events") == {"z1", *(f"z-live-{i}" for i in range(12))}
+    assert rollouts_in(full_lake, "llm_requests") == {"z1"}
+    assert full_lake.read("events").num_rows == 7 * 13
+    assert full_lake.marker("events", app_id) == appended[-1]
+    assert secret("acme", "r1") not in stored_text(full_lake)
 
 
 def test_forget_rollout_inside_another_tenant_deletes_nothing(full_lake: Lake) -> None:
