@@ -63,7 +63,7 @@ def create_serve_app(
     async def models() -> JSONResponse:
         identity = engine.identity
         entry = {
-            "id": identity.served_name, "object": "model", "created": 0, "owned_by": "trajlake",
+            "id": identity.served_name, "object": "model", "created": identity.loaded_at, "owned_by": "trajlake",
             "max_model_len": identity.max_model_len, "policy_version": identity.policy_version,
             "tokenizer": identity.tokenizer, "chat_template_hash": identity.chat_template_hash,
         }
@@ -83,7 +83,7 @@ def create_serve_app(
     async def completions(request: Request):
         completion, _ = parse_request(await _read_body(request), CompletionRequest)
         engine.check_model(completion.model)
-        prompt_ids = engine.text_prompt(completion.single_prompt())
+        prompt_ids = engine.text_prompt(completion.single_prompt(), add_special_tokens=completion.add_special_tokens)
         top = completion.logprobs or 0
         params = _sampling(engine, completion, prompt_ids, completion.requested_max_tokens(), top, param="prompt")
         builder = TextCompletion(completion, prompt_ids, engine.strings, engine.identity.served_name)
@@ -92,8 +92,8 @@ def create_serve_app(
     return app
 
 
-def _sampling(engine: ServeEngine, request, prompt_ids: list[int], requested: int | None, top: int, *, param: str
-              ) -> SamplingParams:
+def _sampling(engine: ServeEngine, request: ChatRequest | CompletionRequest, prompt_ids: list[int],
+              requested: int | None, top: int, *, param: str) -> SamplingParams:
     return SamplingParams(
         max_tokens=engine.max_tokens(requested, len(prompt_ids), param=param),
         temperature=1.0 if request.temperature is None else request.temperature,
@@ -104,8 +104,9 @@ def _sampling(engine: ServeEngine, request, prompt_ids: list[int], requested: in
     )
 
 
-async def _respond(engine: ServeEngine, builder, prompt_ids: list[int], params: SamplingParams, request,
-                   headers: dict[str, str]):
+async def _respond(engine: ServeEngine, builder: ChatCompletion | TextCompletion, prompt_ids: list[int],
+                   params: SamplingParams, request: ChatRequest | CompletionRequest, headers: dict[str, str]
+                   ) -> JSONResponse | StreamingResponse:
     stop = request.stop_strings()
     if not request.stream:
         steps = await asyncio.to_thread(lambda: list(engine.generate(prompt_ids, params, stop=stop)))

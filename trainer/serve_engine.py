@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,6 +48,8 @@ class ModelIdentity:
     tokenizer: str
     chat_template_hash: str | None
     max_model_len: int
+    loaded_at: int
+    """Unix time the model was loaded (``created`` in /v1/models)."""
 
     def headers(self) -> dict[str, str]:
         headers = {"x-policy-version": self.policy_version, "x-tokenizer": self.tokenizer}
@@ -86,6 +89,7 @@ class ServeEngine:
             tokenizer=_tokenizer_identity(self.tokenizer),
             chat_template_hash=chat_template_hash(template) if isinstance(template, str) else None,
             max_model_len=getattr(self.model.config, "max_position_embeddings", None) or DEFAULT_CONTEXT,
+            loaded_at=int(time.time()),
         )
         self._lock = threading.Lock()
         self._seeds = random.Random(seed)
@@ -112,10 +116,10 @@ class ServeEngine:
         except (jinja2.TemplateError, TypeError, ValueError) as exc:
             raise ServeError(400, f"the chat template rejected these messages: {exc}", param="messages") from exc
 
-    def text_prompt(self, prompt: str | list[int]) -> list[int]:
-        """The prompt's token ids (text is encoded without special tokens added)."""
+    def text_prompt(self, prompt: str | list[int], *, add_special_tokens: bool = True) -> list[int]:
+        """The prompt's token ids: token ids as given (checked), text encoded."""
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt, add_special_tokens=False)
+            return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         bad = next((t for t in prompt if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise ServeError(400, f"token id {bad} is outside the vocabulary [0, {self.vocab_size})", param="prompt")

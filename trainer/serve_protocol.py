@@ -138,6 +138,8 @@ class ChatRequest(_Sampling):
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    add_special_tokens: bool = True
+    """As vLLM: a text prompt gets the tokenizer's special tokens (e.g. BOS)."""
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None

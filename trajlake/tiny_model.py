@@ -35,6 +35,8 @@ MARKER_FILE = "trajlake-tiny-model.json"
 """Written last into a built folder: the build parameters (reuse only on an exact match)."""
 CORPUS_BYTES = 2_000_000
 """Tokenizer training text: ~2 MB trains a 2k BPE in under a second."""
+MIN_VOCAB = 512
+"""256 byte symbols, the special and tool tokens, and room for merges."""
 MIN_CORPUS_BYTES = 200_000
 """Below this the stdlib is missing or stripped and the tokenizer would be poor."""
 
@@ -120,24 +122,19 @@ def build_tiny_model(
     sibling folder that is renamed into place.
     """
     out_dir = Path(out_dir).expanduser()
+    shape = {"vocab_size": vocab_size, "hidden": hidden, "intermediate": intermediate, "layers": layers,
+             "heads": heads, "max_positions": max_positions}
+    _check_shape(seed, shape)
     corpus = training_corpus()
-    params = {
-        "builder_version": BUILDER_VERSION,
-        "seed": seed,
-        "vocab_size": vocab_size,
-        "hidden": hidden,
-        "intermediate": intermediate,
-        "layers": layers,
-        "heads": heads,
-        "max_positions": max_positions,
-        "corpus_sha256": hashlib.sha256(corpus.encode("utf-8")).hexdigest(),
-    }
+    params = {"builder_version": BUILDER_VERSION, "seed": seed, **shape,
+              "corpus_sha256": hashlib.sha256(corpus.encode("utf-8")).hexdigest()}
     if _read_marker(out_dir) == params:
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with _build_lock(out_dir):
         if _read_marker(out_dir) == params:
             return out_dir
+        _refuse_foreign_folder(out_dir)
         log.info("event=tiny_model_build out_dir=%s seed=%d vocab_size=%d", out_dir, seed, vocab_size)
         staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
         try:
@@ -173,6 +170,27 @@ def training_corpus(max_bytes: int = CORPUS_BYTES) -> str:
     return "".join(parts)
 
 
+def _check_shape(seed: int, shape: dict[str, int]) -> None:
+    for name, value in {"seed": seed, **shape}.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < (0 if name == "seed" else 1):
+            raise ValueError(f"{name}={value} must be {'>= 0' if name == 'seed' else 'positive'}")
+    if shape["vocab_size"] < MIN_VOCAB:
+        raise ValueError(f"vocab_size={shape['vocab_size']} is too small for a byte-level BPE; use >= {MIN_VOCAB}")
+    if shape["hidden"] % shape["heads"]:
+        raise ValueError(f"hidden={shape['hidden']} must be a multiple of heads={shape['heads']}")
+
+
+def _refuse_foreign_folder(out_dir: Path) -> None:
+    """Never replace a folder this builder did not make (it is deleted on rebuild)."""
+    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MARKER_FILE).exists():
+        raise FileExistsError(
+            f"{out_dir} exists and is not a tiny-model folder (no {MARKER_FILE}); "
+            "pass a new or empty folder, the builder replaces its contents"
+        )
+
+
 def _read_marker(out_dir: Path) -> dict | None:
     try:
         return json.loads((out_dir / MARKER_FILE).read_text())
@@ -195,8 +213,6 @@ def _train_tokenizer(corpus: str, *, vocab_size: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AddedToken, PreTrainedTokenizerFast
 
-    if vocab_size < 256 + len(SPECIAL_TOKENS) + len(TEXT_TOKENS):
-        raise ValueError(f"vocab_size={vocab_size} is too small for a byte-level BPE; use >= 512")
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()

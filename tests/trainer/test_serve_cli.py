@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -41,3 +42,13 @@ def test_a_folder_that_is_not_a_model_is_refused_with_advice(tmp_path):
     result = CliRunner().invoke(build_app(), ["serve-model", "--model", str(tmp_path)])
     assert result.exit_code == 2
     assert "not a Hugging Face model folder" in result.output
+
+
+def test_a_busy_port_or_a_bad_setting_fails_fast_with_a_message(monkeypatch):
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = str(busy.getsockname()[1])
+        result = CliRunner().invoke(build_app(), ["serve-model", "--port", port])
+    assert result.exit_code == 2 and f"cannot listen on 127.0.0.1:{port}" in result.output
+    monkeypatch.setenv("TRAJLAKE_SERVE_THREADS", "many")
+    result = CliRunner().invoke(build_app(), ["serve-model", "--port", "0"])
+    assert result.exit_code == 2 and "threads" in result.output

@@ -72,10 +72,29 @@ def test_a_damaged_folder_is_rebuilt_bit_identical_and_another_seed_differs(buil
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".copy-")]  # no staging left behind
 
 
-def test_too_small_a_vocabulary_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="vocab_size"):
-        build_tiny_model(tmp_path / "m", vocab_size=100)
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"vocab_size": 100}, ValueError, "vocab_size=100 is too small"),
+        ({"vocab_size": "2048"}, TypeError, "vocab_size must be an int"),
+        ({"layers": 0}, ValueError, "layers=0 must be positive"),
+        ({"seed": -1}, ValueError, "seed=-1 must be >= 0"),
+        ({"seed": 1.5}, TypeError, "seed must be an int"),
+        ({"hidden": True}, TypeError, "hidden must be an int"),
+        ({"hidden": 250, "heads": 4}, ValueError, "multiple of heads"),
+    ],
+)
+def test_bad_parameters_are_refused_before_any_work(tmp_path, options, error, match):
+    with pytest.raises(error, match=match):
+        build_tiny_model(tmp_path / "m", **options)
     assert not (tmp_path / "m").exists()
+
+
+def test_a_folder_it_did_not_make_is_never_replaced(tmp_path):
+    (tmp_path / "notes.txt").write_text("precious")
+    with pytest.raises(FileExistsError, match="not a tiny-model folder"):
+        build_tiny_model(tmp_path)
+    assert (tmp_path / "notes.txt").read_text() == "precious"
 
 
 def test_chat_template_renders_tools_and_tool_turns(tokenizer):

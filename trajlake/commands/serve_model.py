@@ -6,6 +6,7 @@ import socket
 from pathlib import Path
 
 import typer
+from pydantic import ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from rich.console import Console
 
@@ -48,10 +49,15 @@ def serve_model(
 
     from trainer.serve import create_serve_app  # torch/transformers: only when serving
 
+    console = Console()
     flags = {"model": model, "host": host, "port": port, "served_name": served_name,
              "policy_version": policy_version, "max_new_tokens": max_new_tokens, "seed": seed, "threads": threads}
-    settings = ServeModelSettings(**{k: v for k, v in flags.items() if v is not None})
-    console = Console()
+    try:
+        settings = ServeModelSettings(**{k: v for k, v in flags.items() if v is not None})
+        sock, url = _listen(settings.host, settings.port)
+    except (ValidationError, OSError) as exc:
+        console.print(f"[red]cannot start:[/] {exc}", soft_wrap=True)
+        raise typer.Exit(2) from exc
     model_dir = settings.model
     if model_dir is None:
         with console.status("building the tiny default model (first run only)"):
@@ -61,17 +67,26 @@ def serve_model(
             model_dir, served_name=settings.served_name, policy_version=settings.policy_version,
             max_new_tokens_cap=settings.max_new_tokens, seed=settings.seed, threads=settings.threads,
         )
-    except (FileNotFoundError, OSError, ValueError) as exc:
+    except (OSError, ValueError) as exc:
         console.print(f"[red]cannot load the model:[/] {exc}", soft_wrap=True)
         raise typer.Exit(2) from exc
-    sock = socket.create_server((settings.host, settings.port))  # bound here so port 0 can be printed
     identity = app.state.identity
-    url = f"http://{settings.host}:{sock.getsockname()[1]}/v1"
     console.print(f"[green]serving[/] {model_dir} as [bold]{identity.served_name}[/] "
                   f"(policy {identity.policy_version}, tokenizer {identity.tokenizer}) at [bold]{url}[/]",
                   soft_wrap=True)
     console.print(f"export OPENAI_BASE_URL={url}", highlight=False, soft_wrap=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+
+
+def _listen(host: str, port: int) -> tuple[socket.socket, str]:
+    """A listening socket (bound before the model loads, so a busy port fails fast; 0 = any) and its URL."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        sock = socket.create_server((host, port), family=family)
+    except OSError as exc:
+        raise OSError(f"cannot listen on {host}:{port} ({exc}); pick another --port (0 = any free port)") from exc
+    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    return sock, f"http://{shown}:{sock.getsockname()[1]}/v1"
 
 
 def register(app: typer.Typer) -> None:
