@@ -214,8 +214,8 @@ def _running(owner: str, *, claim: int, lease_until: datetime | None = None) -> 
 
 # --- the composed jobs and the CLI (real pipelines build, real DeepSpeed-on-CPU training) ---
 
-NIGHT = datetime(2026, 1, 1, 3, tzinfo=timezone.utc)
-"""The nightly window closing 2026-01-01 02:00 holds lake_builder's rollouts (they start at 00:00)."""
+NIGHT = datetime(2026, 1, 2, 3, tzinfo=timezone.utc)
+"""The nightly run of 2026-01-02 02:00 builds from the rollouts of 2026-01-01 (2 h lag), lake_builder's day."""
 
 
 @pytest.fixture
@@ -252,7 +252,7 @@ def test_nightly_job_builds_and_trains_its_window_once(rollouts_lake: Lake, tmp_
     shown = CliRunner().invoke(build_app(), ["runs", "--json", "--lake", lake.root])
     assert shown.exit_code == 0, shown.output
     [row] = [json.loads(line) for line in shown.output.splitlines()]
-    assert (row["status"], row["checkpoint"], row["window_key"]) == ("succeeded", final.checkpoint, "2026-01-01T02:00:00Z")
+    assert (row["status"], row["checkpoint"], row["window_key"]) == ("succeeded", final.checkpoint, "2026-01-02T02:00:00Z")
 
 
 def test_nightly_retry_reuses_the_dataset_version_built_for_its_window(rollouts_lake: Lake, tmp_path) -> None:

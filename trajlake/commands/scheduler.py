@@ -4,7 +4,8 @@ The jobs are composed here from the packages' public APIs; ``store.scheduler``
 runs each job once per cron window and records every attempt in ``runs``.
 
 - ``nightly`` (TRAJLAKE_SCHEDULER_CRON, 02:00 UTC): build ``datasets/<name>``
-  from the rollouts that started in the window, then train it (starting
+  from the rollouts that started in the window shifted back by
+  TRAJLAKE_SCHEDULER_LAG_H (by default: the previous UTC day), then train it (starting
   from the dataset's latest checkpoint when there is one). A retry reuses a
   version already built for the window. A window without trainable rollouts
   succeeds with ``skipped``.
@@ -56,6 +57,9 @@ class SchedulerSettings(OpsSettings):
     """Dataset the nightly job builds (TRAJLAKE_SCHEDULER_DATASET)."""
     scheduler_train: bool = True
     """Train after the nightly build (TRAJLAKE_SCHEDULER_TRAIN)."""
+    scheduler_lag_h: float = Field(default=2.0, ge=0)
+    """The build takes rollouts that started in the window shifted back this many hours, so rollouts still
+    running at the fire time finish first (TRAJLAKE_SCHEDULER_LAG_H; 02:00 cron + 2 h = the previous UTC day)."""
     retention_cron: str = "30 3 * * *"
     """Retention job, UTC cron (TRAJLAKE_RETENTION_CRON); runs only with a retention policy."""
     compact_cron: str = "0 4 * * *"
@@ -95,11 +99,14 @@ def nightly_run(lake: Lake, settings: SchedulerSettings) -> Callable[[Window], d
     """Build the window's dataset version, then train it."""
     name = check_name(settings.scheduler_dataset)
 
+    lag = timedelta(hours=settings.scheduler_lag_h)
+
     def run(window: Window) -> dict[str, Any]:
-        version = _version_built_for(lake, name, window)
+        since, until = window.start - lag, window.end - lag
+        version = _version_built_for(lake, name, since, until)
         if version is None:
             try:
-                version = build_dataset(lake, name, BuildConfig(selection=Selection(since=window.start, until=window.end))).version
+                version = build_dataset(lake, name, BuildConfig(selection=Selection(since=since, until=until))).version
             except (EmptyDataset, SourceMissing) as exc:
                 return {"dataset": name, "skipped": str(exc)}
         results: dict[str, Any] = {"dataset": name, "dataset_version": version}
@@ -115,15 +122,15 @@ def nightly_run(lake: Lake, settings: SchedulerSettings) -> Callable[[Window], d
     return run
 
 
-def _version_built_for(lake: Lake, name: str, window: Window) -> int | None:
-    """The latest version of ``name`` when it was built for exactly this window (a retry)."""
+def _version_built_for(lake: Lake, name: str, since: datetime, until: datetime) -> int | None:
+    """The latest version of ``name`` when it was built for exactly this range (a retry)."""
     try:
         manifest = get_manifest(lake, name)
     except DatasetNotFound:
         return None
     filters = manifest.get("filters", {})
     built = [filters.get("since"), filters.get("until")]
-    wanted = [window.start, window.end]
+    wanted = [since, until]
     same = all(b is not None and datetime.fromisoformat(b.replace("Z", "+00:00")) == w for b, w in zip(built, wanted))
     return int(manifest["version"]) if same else None
 
