@@ -19,7 +19,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from pipelines.calls import iter_batches, read_call_tokens
+from pipelines.calls import BatchTokens, iter_batches, read_batch
 from pipelines.config import BuildConfig
 from pipelines.merging import MISMATCH_CLASSES, Call, Sample, merge_calls
 from schemas.tables import SAMPLES
@@ -96,15 +96,13 @@ class SampleStream:
 
     def _batches(self) -> Iterator[pa.RecordBatch]:
         plan, done = self._plan, 0
-        self._con.execute("CREATE OR REPLACE TEMP TABLE batch (rollout_id VARCHAR)")
         for batch in iter_batches(plan.rollout_ids, plan.read_tokens.tolist(), self._config.batch_tokens):
-            self._con.execute("DELETE FROM batch")
-            self._con.executemany("INSERT INTO batch VALUES (?)", [[r] for r in batch])
-            table = read_call_tokens(self._con, batch[0], batch[-1])
+            tokens = read_batch(self._con, batch)
             rows: list[tuple[int, int, Sample]] = []
-            for rollout_id, calls in calls_by_rollout(table):
+            for rollout_id, calls in calls_by_rollout(tokens):
                 i = self._index[rollout_id]
                 samples = merge_calls(calls)
+                self._check_counts(rollout_id, samples, int(plan.trained_tokens[i]))
                 self.samples_per_rollout[rollout_id] = len(samples)
                 rows.extend((i, k, sample) for k, sample in enumerate(samples))
             yield self._record_batch(rows)
@@ -159,6 +157,15 @@ class SampleStream:
         if n_trained != sample.n_trained:
             raise RuntimeError(f"rollout {rollout_id}: overlapping responses in a sample ({sample.call_ids})")
 
+    def _check_counts(self, rollout_id: str, samples: list[Sample], planned: int) -> None:
+        """The weights were planned from n_response_tokens: the token lists must agree."""
+        actual = sum(s.n_trained for s in samples)
+        if actual != planned:
+            raise CorruptTable(
+                f"rollout {rollout_id}: llm_responses.n_response_tokens sums to {planned} but the response "
+                f"token lists hold {actual} tokens: rebuild the typed tables from events (trajlake rebuild)"
+            )
+
     def _hash_row(self, rollout_id: str, k: int, sample: Sample, ids: np.ndarray, mask: np.ndarray,
                   lps: np.ndarray, i: int) -> None:
         plan = self._plan
@@ -175,32 +182,34 @@ def _concat(arrays: list[np.ndarray], dtype: type) -> pa.Array:
     return pa.array(np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype))
 
 
-def calls_by_rollout(table: pa.Table) -> Iterator[tuple[str, list[Call]]]:
-    """Group a batch's call rows (sorted by rollout, seq) into ``Call`` lists, tokens as numpy views."""
-    if table.num_rows == 0:
+class CorruptTable(RuntimeError):
+    """A source table's scalar summaries disagree with its token lists."""
+
+
+def calls_by_rollout(batch: BatchTokens) -> Iterator[tuple[str, list[Call]]]:
+    """Group a batch's calls (sorted by rollout, seq) into ``Call`` lists, tokens as numpy views."""
+    calls = batch.calls
+    if calls.num_rows == 0:
         return
-    prompts = _list_views(table["prompt_token_ids"])
-    responses = _list_views(table["response_token_ids"])
-    logprobs = _list_views(table["logprobs"])
-    rollout_ids = table["rollout_id"].to_pylist()
-    columns = {name: table[name].to_pylist() for name in
-               ("call_id", "span_id", "tokenizer", "chat_template_hash", "policy_version")}
+    req_row = {e: j for j, e in enumerate(batch.requests["event_id"].to_pylist())}
+    resp_row = {e: j for j, e in enumerate(batch.responses["event_id"].to_pylist())}
+    prompts = _list_views(batch.requests["prompt_token_ids"])
+    responses = _list_views(batch.responses["response_token_ids"])
+    logprobs = _list_views(batch.responses["logprobs"])
+    req = {name: batch.requests[name].to_pylist() for name in ("span_id", "tokenizer", "chat_template_hash")}
+    policy = batch.responses["policy_version"].to_pylist()
+    rollout_ids, call_ids = calls["rollout_id"].to_pylist(), calls["call_id"].to_pylist()
+    req_ids, resp_ids = calls["req_event_id"].to_pylist(), calls["resp_event_id"].to_pylist()
     start = 0
     for end in range(1, len(rollout_ids) + 1):
         if end == len(rollout_ids) or rollout_ids[end] != rollout_ids[start]:
-            yield rollout_ids[start], [
-                Call(
-                    call_id=columns["call_id"][j],
-                    span_id=columns["span_id"][j],
-                    tokenizer=columns["tokenizer"][j],
-                    chat_template_hash=columns["chat_template_hash"][j],
-                    prompt=prompts(j),
-                    response=responses(j),
-                    logprobs=logprobs(j),
-                    policy_version=columns["policy_version"][j],
-                )
-                for j in range(start, end)
-            ]
+            group = []
+            for i in range(start, end):
+                q, r = req_row[req_ids[i]], resp_row[resp_ids[i]]
+                group.append(Call(call_id=call_ids[i], span_id=req["span_id"][q], tokenizer=req["tokenizer"][q],
+                                  chat_template_hash=req["chat_template_hash"][q], prompt=prompts(q),
+                                  response=responses(r), logprobs=logprobs(r), policy_version=policy[r]))
+            yield rollout_ids[start], group
             start = end
 
 
