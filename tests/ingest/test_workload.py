@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import subprocess
+import sys
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -13,6 +18,7 @@ from ingest.workload import WorkloadConfig, generate_events, generate_rollouts
 from schemas.events import EVENT_ADAPTER
 from schemas.versions import validate_event
 
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = dict(tasks=3, rollouts_per_task=3, max_context_tokens=1200, seed=11)
 # Every irregularity often enough that a few rollouts show each one.
 BUSY = dict(
@@ -58,6 +64,22 @@ def test_same_seed_gives_identical_events_and_ids():
     assert first == again
     other = list(generate_events(WorkloadConfig(**{**SMALL, "seed": 12})))
     assert {e["event_id"] for e in first}.isdisjoint({e["event_id"] for e in other})
+
+
+def test_same_seed_gives_the_same_events_in_another_process():
+    script = (
+        "import hashlib, json; from ingest.workload import WorkloadConfig, generate_events; "
+        "print(hashlib.sha256(json.dumps(list(generate_events(WorkloadConfig(tasks=2, rollouts_per_task=2, "
+        "seed=5)))).encode()).hexdigest())"
+    )
+    digests = {
+        subprocess.run([sys.executable, "-c", script], cwd=ROOT, env={**os.environ, "PYTHONHASHSEED": hash_seed},
+                       capture_output=True, text=True, check=True).stdout
+        for hash_seed in ("1", "2")
+    }
+    here = hashlib.sha256(json.dumps(list(generate_events(WorkloadConfig(tasks=2, rollouts_per_task=2, seed=5))))
+                          .encode()).hexdigest()
+    assert digests == {here + "\n"}
 
 
 def test_a_rollout_does_not_depend_on_how_many_are_generated():
