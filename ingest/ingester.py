@@ -94,7 +94,8 @@ class IngestStats:
         return time.monotonic() - self.started
 
 
-OnCommit = Callable[[IngestStats], None]
+OnProgress = Callable[[IngestStats], None]
+"""Called with the running stats after every committed batch and every (re)assignment."""
 
 
 class _Tables:
@@ -111,7 +112,7 @@ class _Tables:
         return [self.events, *self.typed, self.quarantine]
 
 
-def run_ingester(config: IngesterConfig, stop: threading.Event, *, on_commit: OnCommit | None = None) -> IngestStats:
+def run_ingester(config: IngesterConfig, stop: threading.Event, *, on_progress: OnProgress | None = None) -> IngestStats:
     """Ingest until ``stop`` is set (or idle for ``stop_after_idle_s``); commits the batch in hand on stop."""
     lake = Lake(config.lake)
     tables = _Tables(lake, group=config.group, topic=config.topic)
@@ -122,7 +123,7 @@ def run_ingester(config: IngesterConfig, stop: threading.Event, *, on_commit: On
         bootstrap_timeout_ms=config.bootstrap_timeout_ms,
     )
     dead_letters = _open_dead_letters(config)
-    loop = _Loop(config, lake, tables, consumer, dead_letters, flag, on_commit)
+    loop = _Loop(config, lake, tables, consumer, dead_letters, flag, on_progress)
     try:
         loop.run(stop)
     finally:
@@ -134,9 +135,9 @@ def run_ingester(config: IngesterConfig, stop: threading.Event, *, on_commit: On
     return loop.stats
 
 
-def ingest_until_idle(config: IngesterConfig, *, idle_s: float = 3.0, on_commit: OnCommit | None = None) -> IngestStats:
+def ingest_until_idle(config: IngesterConfig, *, idle_s: float = 3.0, on_progress: OnProgress | None = None) -> IngestStats:
     """Ingest everything there is, then stop once nothing arrived for ``idle_s`` seconds."""
-    return run_ingester(replace(config, stop_after_idle_s=idle_s), threading.Event(), on_commit=on_commit)
+    return run_ingester(replace(config, stop_after_idle_s=idle_s), threading.Event(), on_progress=on_progress)
 
 
 def _open_dead_letters(config: IngesterConfig) -> DeadLetters | None:
@@ -150,9 +151,9 @@ class _Loop:
     """poll -> batch -> commit, re-seeking from the Delta log whenever the assignment changes."""
 
     def __init__(self, config: IngesterConfig, lake: Lake, tables: _Tables, consumer: KafkaConsumer,
-                 dead_letters: DeadLetters | None, flag: AssignmentFlag, on_commit: OnCommit | None) -> None:
+                 dead_letters: DeadLetters | None, flag: AssignmentFlag, on_progress: OnProgress | None) -> None:
         self.config, self.lake, self.tables, self.consumer = config, lake, tables, consumer
-        self.dead_letters, self.flag, self.on_commit = dead_letters, flag, on_commit
+        self.dead_letters, self.flag, self.on_progress = dead_letters, flag, on_progress
         self.seen = SeenEventIds(max_ids=config.dedupe_max_ids)
         self.batch = Batch()
         self.stats = IngestStats()
@@ -199,6 +200,7 @@ class _Loop:
         self.stats.partitions = tuple(parts)
         self.last_activity = time.monotonic()
         log.info("assigned partitions=%s resume=%s dedupe_ids=%d", parts, resume, ids)
+        self._report()
 
     def _commit_batch(self) -> None:
         if not self.batch:
@@ -218,8 +220,11 @@ class _Loop:
         self.stats.batches += 1
         self.batch.clear()
         report_progress(self.consumer, self.config.topic, decoded.last_offsets)
-        if self.on_commit is not None:
-            self.on_commit(self.stats)
+        self._report()
+
+    def _report(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self.stats)
 
     def _write(self, decoded: DecodedBatch) -> None:
         last, refresh = decoded.last_offsets, self.config.marker_refresh_offsets

@@ -120,7 +120,7 @@ def ingester(bootstrap_servers: str, lake: Path, *, expected: int, batch_max_eve
     config = IngesterConfig(lake=str(lake), bootstrap_servers=bootstrap_servers, topic=TOPIC, group="bench",
                             partitions=PARTITIONS, batch_max_events=batch_max_events)
     start, cpu = time.perf_counter(), time.process_time()
-    stats = run_ingester(config, stop, on_commit=done)
+    stats = run_ingester(config, stop, on_progress=done)
     return Run("ingester", time.perf_counter() - start, time.process_time() - cpu, stats.consumed, stats.bytes)
 
 

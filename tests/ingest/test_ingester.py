@@ -148,18 +148,19 @@ def test_two_ingesters_in_one_group_split_partitions_and_store_everything_once(b
         def note(stats: IngestStats) -> None:
             latest[name] = stats
         cfg = config(broker, topic, group, lake, batch_max_ms=300)
-        t = threading.Thread(target=run_ingester, args=(cfg, stop), kwargs={"on_commit": note}, daemon=True)
+        t = threading.Thread(target=run_ingester, args=(cfg, stop), kwargs={"on_progress": note}, daemon=True)
         t.start()
         return t
 
     a = ingester("a")
     produce(broker.bootstrap_servers, topic, first_half)
-    wait_for(lambda: len(stored_ids(lake)) == len(first_half), what="a to store the first half")
+    wait_for(lambda: "a" in latest and latest["a"].events == len(first_half), what="a to store the first half")
     b = ingester("b")
-    wait_for(lambda: "b" in latest or len(latest["a"].partitions) < 4, what="the group to rebalance", timeout_s=90)
+    wait_for(lambda: "b" in latest and latest["b"].partitions and len(latest["a"].partitions) < 4,
+             what="the group to rebalance", timeout_s=90)
     produce(broker.bootstrap_servers, topic, second_half)
     sent = {e["event_id"] for e in first_half + second_half}
-    wait_for(lambda: len(stored_ids(lake)) >= len(sent) and "b" in latest, what="both halves", timeout_s=90)
+    wait_for(lambda: latest["a"].events + latest["b"].events >= len(sent), what="both halves", timeout_s=90)
     stop.set()
     a.join(30)
     b.join(30)

@@ -68,7 +68,7 @@ def ingest(
     console.print(f"ingesting [bold]{s.topic}[/] from {s.bootstrap_servers} ({mode}) into [bold]{Lake(s.lake).root}[/]")
     try:
         with Live(_summary(IngestStats()), console=console, refresh_per_second=2, transient=False) as live:
-            stats = run_ingester(config, stop, on_commit=lambda st: live.update(_summary(st)))
+            stats = run_ingester(config, stop, on_progress=lambda st: live.update(_summary(st)))
             live.update(_summary(stats))
     except BrokerUnreachable as exc:
         Console(stderr=True).print(f"[bold red]error:[/] {exc}")
