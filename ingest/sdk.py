@@ -32,11 +32,15 @@ answer instead: ``r.llm_call_from_response(body, answer)``. A reward that
 comes after the rollout ended, even from another process:
 
 >>> client.reward("task-42", r.rollout_id, "human", 0.5)  # doctest: +SKIP
+
+An asyncio harness writes ``async with client.rollout(...) as r:``: the same
+events, and the rollout-end flush runs in a worker thread.
 >>> client.close()  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import hashlib
 import json
@@ -306,19 +310,32 @@ class RolloutContext(Span):
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        self._finish(exc_type, exc)
+        if self._client.flush_each_rollout:
+            self._client.flush()
+
+    async def __aenter__(self) -> RolloutContext:
+        return self.__enter__()  # sending only enqueues: it does not block the event loop
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        """As ``__exit__``, with the flush in a worker thread so the event loop keeps running."""
+        self._finish(exc_type, exc)
+        if self._client.flush_each_rollout:
+            await asyncio.to_thread(self._client.flush)
+
+    def _finish(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
         if self._status is not None:
             status, reason, steps = self._status
         elif exc_type is None:
             status, reason, steps = "succeeded", None, None
         else:
+            # CancelledError and KeyboardInterrupt are BaseExceptions: the rollout was stopped, not broken.
             status = "failed" if issubclass(exc_type, Exception) else "cancelled"
             reason, steps = f"{exc_type.__name__}: {exc}"[:_REASON_CHARS], None
         self._emit("rollout.finished", {"status": status, "reason": reason,
                                         "steps": self.llm_calls if steps is None else steps})
         self._close()
         log.debug("rollout finished rollout_id=%s task_id=%s status=%s", self.rollout_id, self.task_id, status)
-        if self._client.flush_each_rollout:
-            self._client.flush()
 
 
 class TrajectoryClient:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -340,3 +341,22 @@ def test_a_broker_that_dies_mid_rollout_makes_the_rollout_end_fail_loudly():
         with pytest.raises(BrokerUnreachable):
             client.close()
         client.close()  # already closed: nothing left to do
+
+
+def test_async_rollouts_record_the_same_events_and_cancellation(recorded):
+    client, producer = recorded
+
+    async def harness() -> None:
+        async with client.rollout("t", rollout_id="r-async") as r:
+            r.tool_call("search")
+        with pytest.raises(asyncio.CancelledError):
+            async with client.rollout("t", rollout_id="r-cancelled"):
+                raise asyncio.CancelledError
+
+    asyncio.run(harness())
+    assert [(e["rollout_id"], e["type"]) for e in producer.events] == [
+        ("r-async", "rollout.started"), ("r-async", "tool.call"), ("r-async", "rollout.finished"),
+        ("r-cancelled", "rollout.started"), ("r-cancelled", "rollout.finished")]
+    assert producer.events[2]["payload"]["status"] == "succeeded"
+    assert producer.events[-1]["payload"]["status"] == "cancelled"
+    assert producer.flushes == 2
