@@ -147,18 +147,25 @@ class RunsTable:
                 pass  # another scheduler created it at the same moment
         return self.lake.table(RUNS_TABLE)
 
-    def history(self, snapshot: DeltaTable | None = None) -> list[RunRecord]:
-        """Every row, oldest first."""
-        table = (snapshot or self.snapshot()).to_pyarrow_table()
+    def history(self, snapshot: DeltaTable | None = None, *, job: str | None = None,
+                window_key: str | None = None) -> list[RunRecord]:
+        """Every row (of one job / one run), oldest first."""
+        filters = [(name, "=", value) for name, value in (("job", job), ("window_key", window_key)) if value is not None]
+        table = (snapshot or self.snapshot()).to_pyarrow_table(filters=filters or None)
         records = [RunRecord.from_row(row) for row in table.to_pylist()]
         return sorted(records, key=_order)
 
-    def current(self, snapshot: DeltaTable | None = None) -> dict[tuple[str, str], RunRecord]:
-        """The newest row of every run, by (job, window_key)."""
+    def current(self, snapshot: DeltaTable | None = None, *, job: str | None = None) -> dict[tuple[str, str], RunRecord]:
+        """The newest row of every run (of one job), by (job, window_key)."""
         latest: dict[tuple[str, str], RunRecord] = {}
-        for record in self.history(snapshot):
+        for record in self.history(snapshot, job=job):
             latest[(record.job, record.window_key)] = record
         return latest
+
+    def latest(self, snapshot: DeltaTable, job: str, window_key: str) -> RunRecord | None:
+        """The newest row of one run, None when it was never taken."""
+        rows = self.history(snapshot, job=job, window_key=window_key)
+        return rows[-1] if rows else None
 
     def claim(self, record: RunRecord, snapshot: DeltaTable) -> None:
         """Commit ``record`` as a new claim on its run, on top of ``snapshot``.

@@ -147,7 +147,10 @@ class Scheduler:
         trigger = "backfill" if backfill_from else "schedule"
         finished = []
         for job in self.jobs:
+            done = {key for (_, key), r in self.runs.current(job=job.name).items() if r.status in FINAL_STATUSES}
             for window in job.due_windows(now, backfill_from=backfill_from):
+                if window.key in done:
+                    continue
                 record = self.run_window(job, window, trigger=trigger)
                 if record is not None:
                     finished.append(record)
@@ -178,7 +181,7 @@ class Scheduler:
     def _take(self, job: Job, window: Window, trigger: str) -> RunRecord | None:
         for _ in range(CLAIM_RACES):
             snapshot = self.runs.snapshot()
-            current = self.runs.current(snapshot).get((job.name, window.key))
+            current = self.runs.latest(snapshot, job.name, window.key)
             now = self.clock()
             if current is not None and (current.status in FINAL_STATUSES or _held(current, now)):
                 return None
