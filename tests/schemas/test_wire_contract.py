@@ -64,6 +64,21 @@ def test_valid_events_pass_the_strict_json_path_too(event_type):
     assert EVENT_ADAPTER.validate_json(data, strict=True) == decode_event(data)
 
 
+def test_the_fast_path_and_the_full_path_agree(monkeypatch):
+    raws = [event(t) for t in EVENT_TYPES] + [event(ts="2026-06-01T12:00:00+05:00", attempt=3)]
+    full = [validate_event(raw) for raw in raws]  # json.loads + lax validation, no fast path
+    served = []
+    real = EVENT_ADAPTER.validate_json
+
+    def spy(*args, **kwargs):
+        served.append(real(*args, **kwargs))
+        return served[-1]
+
+    monkeypatch.setattr(EVENT_ADAPTER, "validate_json", spy)
+    assert [decode_event(json.dumps(raw)) for raw in raws] == full
+    assert served == full  # every one was answered by the fast path
+
+
 def test_timestamps_are_normalised_to_utc_and_optional_fields_defaulted():
     raw = event(ts="2026-01-01T02:30:00.250+02:30")
     for optional in ("tenant", "attempt", "span_id", "parent_span_id", "harness"):
