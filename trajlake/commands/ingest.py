@@ -106,7 +106,7 @@ def rebuild(
     """Re-derive the typed tables from the events table (one Delta version each). Stop the ingesters first."""
     s = _settings(lake=lake, group=group)
     console = Console()
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=console) as progress:
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=console, transient=True) as progress:
         task = progress.add_task("reading events", total=None)
         try:
             counts = rebuild_typed_tables(
