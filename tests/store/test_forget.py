@@ -294,11 +294,19 @@ def run_cli(*args: str, env: dict | None = None, input: str | None = None):
 
 
 def test_forget_cli_deletes_after_confirmation_and_names_datasets_to_rebuild(full_lake: Lake) -> None:
+    from trainer.records import CheckpointRecord, write_checkpoint
+
+    for version in (0, 1):
+        write_checkpoint(full_lake, CheckpointRecord(
+            checkpoint_id=f"ckpt-nightly-v{version}", dataset="nightly", dataset_version=version, base_model="tiny",
+            parent_checkpoint_id=None, mode="pg", config={}, code_version="test", metrics={}, ds_path="ds",
+            hf_path="hf", tokenizer="tok", world_size=1, n_samples=1, n_tokens=2, steps=1, created_at=T0))
     code, output = run_cli("forget", "--tenant", "acme", "--lake", full_lake.root, input="n\n")
     assert code == 1 and rollouts_in(full_lake, "events") == {"r1", "r2", "z1"}
     code, output = run_cli("forget", "--tenant", "acme", "--reason", "ticket-9", "--yes", "--lake", full_lake.root)
     assert code == 0, output
     assert "events" in output and "trajlake build-dataset nightly" in output
+    assert "ckpt-nightly-v0, ckpt-nightly-v1" in output
     assert rollouts_in(full_lake, "events") == {"z1"}
 
 

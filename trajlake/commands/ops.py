@@ -16,7 +16,9 @@ from rich.text import Text
 from store.compact import Compacted, compact
 from store.forget import ForgetReport, ForgetRequest, forget
 from store.retention import DEFAULT_KEY, RetentionPolicy, apply_retention, expired_rollouts
+from store.lake import Lake
 from store.storage import open_lake
+from trainer.records import list_checkpoints
 from trajlake.settings import CommonSettings
 
 LAKE_OPTION = typer.Option(None, "--lake", help="Lake root (default: TRAJLAKE_LAKE, else ./lake).")
@@ -64,8 +66,9 @@ def forget_command(
     what = _describe(request)
     if not yes and not typer.confirm(f"permanently delete {what} from {settings.lake}?"):
         raise typer.Exit(code=1)
-    report = forget(open_lake(settings.lake), request)
-    _render_forget(Console(), report, what)
+    store = open_lake(settings.lake)
+    report = forget(store, request)
+    _render_forget(Console(), report, what, store)
 
 
 def retention_show(
@@ -92,10 +95,11 @@ def retention_apply(
 ) -> None:
     """Forget every rollout older than its tenant's retention (audited as kind=retention)."""
     settings, parsed = _policy(policy, lake)
-    reports = apply_retention(open_lake(settings.lake), parsed)
+    store = open_lake(settings.lake)
+    reports = apply_retention(store, parsed)
     console = Console()
     for report in reports:
-        _render_forget(console, report, f"{len(report.rollouts)} expired rollouts of tenant {report.request.tenant}")
+        _render_forget(console, report, f"{len(report.rollouts)} expired rollouts of tenant {report.request.tenant}", store)
     if not reports:
         console.print("nothing past its retention")
 
@@ -133,18 +137,20 @@ def _describe(request: ForgetRequest) -> str:
     return f"every row of tenant {request.tenant!r}"
 
 
-def _render_forget(console: Console, report: ForgetReport, what: str) -> None:
+def _render_forget(console: Console, report: ForgetReport, what: str, lake: Lake) -> None:
     table = Table("table", "rows deleted", "files vacuumed", "version", title=f"forgot {what} (forget_id {report.forget_id})",
                   box=box.SIMPLE_HEAD)
     for t in report.tables:
         if t.rows_deleted:
             table.add_row(t.table, f"{t.rows_deleted:,}", str(t.files_vacuumed), f"{t.version_before} -> {t.version_after}")
     console.print(table if report.rows_deleted else f"nothing matched {what}; the request is recorded in forget_audit")
-    for dataset, versions in report.marked_datasets.items():
-        console.print(
-            f"[yellow]{dataset}[/] versions {', '.join(map(str, versions))} contained forgotten rollouts: "
-            f"rebuild it (trajlake build-dataset {dataset.removeprefix('datasets/')}) and retrain checkpoints trained on those versions"
-        )
+    for table, versions in report.marked_datasets.items():
+        dataset = table.removeprefix("datasets/")
+        console.print(f"[yellow]{table}[/] versions {', '.join(map(str, versions))} contained forgotten rollouts: "
+                      f"rebuild it (trajlake build-dataset {dataset})")
+        trained = sorted(c.checkpoint_id for c in list_checkpoints(lake, dataset=dataset) if c.dataset_version in versions)
+        if trained:
+            console.print(f"  checkpoints trained on them (retrain, then delete): {', '.join(trained)}")
 
 
 def _render_compacted(console: Console, results: list[Compacted]) -> None:
