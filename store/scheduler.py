@@ -132,6 +132,8 @@ class Scheduler:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         names = [job.name for job in jobs]
+        if not jobs:
+            raise ValueError("a scheduler needs at least one job")
         if len(set(names)) != len(names):
             raise ValueError(f"job names must be unique, got {names}")
         self.runs = RunsTable(lake)

@@ -137,6 +137,16 @@ def test_run_of_a_dead_scheduler_is_taken_over_after_its_lease(lake: Lake) -> No
         runs.record(dead.evolve(status=RunStatus.SUCCEEDED))
 
 
+def test_run_whose_last_attempt_lost_its_lease_gives_up(lake: Lake) -> None:
+    calls: list[str] = []
+    job = Job("nightly", NIGHTLY, run=lambda w: calls.append(w.key) or {}, max_attempts=1)
+    runs = RunsTable(lake)
+    runs.claim(_running("dead", claim=1, lease_until=NOW - timedelta(seconds=1)), runs.snapshot())
+    assert Scheduler(lake, [job], clock=lambda: NOW).run_pending() == []
+    [final] = runs.current().values()
+    assert final.status is RunStatus.GAVE_UP and "lost its lease" in final.error and calls == []
+
+
 def test_run_held_under_a_live_lease_is_left_alone(lake: Lake) -> None:
     runs = RunsTable(lake)
     runs.claim(_running("other", claim=1, lease_until=NOW + timedelta(minutes=5)), runs.snapshot())
@@ -179,9 +189,11 @@ def test_job_rejects_bad_definitions(options: dict, message: str) -> None:
         Job(**values)
 
 
-def test_scheduler_rejects_duplicate_job_names(lake: Lake) -> None:
+def test_scheduler_rejects_duplicate_job_names_and_no_jobs(lake: Lake) -> None:
     with pytest.raises(ValueError, match="unique"):
         Scheduler(lake, [writing_job(lake), writing_job(lake)])
+    with pytest.raises(ValueError, match="at least one job"):
+        Scheduler(lake, [])
 
 
 def test_due_windows_at_exact_fire_time_and_fixed_length() -> None:
