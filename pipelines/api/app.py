@@ -1,0 +1,66 @@
+"""The app factory: assembles the service and the routers; the lifespan owns the service.
+
+Adding pages (the trajectory viewer): write ``routes/viewer.py`` with an
+``APIRouter`` returning ``HTMLResponse`` (using ``Tenant`` and ``Service``
+like the JSON routes), append it to ``ROUTERS``, and mount its local assets
+with ``app.mount("/static", StaticFiles(directory=...))`` here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from pipelines.api.auth import TenantKeys
+from pipelines.api.config import QueryApiConfig
+from pipelines.api.errors import install_error_handlers
+from pipelines.api.limits import BodyLimit
+from pipelines.api.routes import datasets, health, lineage, rollouts, sql
+from pipelines.api.services import PageLimits, QueryService
+from store.storage import open_lake
+from store.tenant_sql import SandboxLimits
+
+log = logging.getLogger(__name__)
+
+ROUTERS = (health.router, sql.router, rollouts.router, datasets.router, lineage.router)
+
+
+def build_service(settings: QueryApiConfig) -> QueryService:
+    """The service the routes call, from the settings."""
+    limits = SandboxLimits(timeout_s=settings.query_timeout_s, max_sql_chars=settings.max_sql_chars,
+                           memory_limit=settings.query_memory_limit, threads=settings.query_threads)
+    return QueryService(
+        open_lake(settings.lake), limits=limits,
+        pages=PageLimits(default=settings.default_page_rows, cap=settings.max_page_rows),
+        snapshot_ttl_s=settings.snapshot_ttl_s, max_concurrent=settings.max_concurrent_queries,
+    )
+
+
+def create_query_app(settings: QueryApiConfig, *, keys: TenantKeys) -> FastAPI:
+    """The query API. ``keys`` maps API keys to tenants (``ingest.gateway.auth.KeyRing`` fits).
+
+    >>> app = create_query_app(settings, keys=KeyRing({"sk-a": "acme"}))  # doctest: +SKIP
+    """
+    if settings.default_page_rows > settings.max_page_rows:
+        raise ValueError(f"default_page_rows ({settings.default_page_rows}) is above max_page_rows "
+                         f"({settings.max_page_rows}): lower the default or raise the cap")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.service = build_service(settings)
+        app.state.keys = keys
+        log.info("query_api up lake=%s timeout_s=%s max_page_rows=%d", settings.lake, settings.query_timeout_s,
+                 settings.max_page_rows)
+        yield
+        log.info("query_api stopped")
+
+    app = FastAPI(title="trajlake query API", lifespan=lifespan,
+                  description="Read-only SQL over your rows of the lake, rollouts, datasets and lineage.")
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    install_error_handlers(app)
+    for router in ROUTERS:
+        app.include_router(router)
+    return app

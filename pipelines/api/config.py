@@ -1,0 +1,32 @@
+"""What the query API needs to know, as a structural type.
+
+The shell's ``QueryApiSettings`` (pydantic-settings, ``trajlake query-api``)
+satisfies it; the package never imports the shell.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class QueryApiConfig(Protocol):
+    lake: str
+    """Lake root (local folder or s3://...)."""
+    query_timeout_s: float
+    """Wall-clock limit of one tenant query."""
+    max_sql_chars: int
+    """Longest accepted SQL text."""
+    default_page_rows: int
+    """Rows per page when a request names no limit."""
+    max_page_rows: int
+    """Row cap of one page, whatever the request asks for."""
+    max_body_bytes: int
+    """Largest accepted request body."""
+    snapshot_ttl_s: float
+    """How long one snapshot of the lake's Delta logs serves queries."""
+    query_memory_limit: str
+    """DuckDB memory limit of one query, e.g. 1GB."""
+    query_threads: int
+    """DuckDB threads of one query."""
+    max_concurrent_queries: int
+    """Queries running at once; more are answered 429."""

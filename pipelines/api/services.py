@@ -1,0 +1,179 @@
+"""What the query API does, without HTTP: tenant SQL, rollouts, datasets, lineage.
+
+Every method takes the tenant the caller authenticated as and sees only that
+tenant's rows: SQL and listings run in a ``store.tenant_sql`` sandbox (the
+tenant's rows only, nothing else reachable), trajectories are read with the
+tenant's filter, and dataset versions and lineage are cut down to what was
+built for the tenant alone (``visibility``). Lookups of anything the tenant
+may not see fail exactly like lookups of things that do not exist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from pipelines.api.visibility import VisibleVersion, visible_versions
+from pipelines.lineage import Lineage, LineageNotFound, lineage
+from pipelines.registry import DatasetNotFound, dataset_table
+from store.lake import Lake
+from store.sql import LakeMissing, view_name
+from store.tenant_sql import QueryPage, SandboxLimits, SnapshotCache, TenantSandbox, delta_dataset, open_tenant_sandbox
+from store.trajectory import RolloutNotFound, RolloutSummary, Trajectory, load_trajectory
+
+ROLLOUT_STATUSES = ("running", "succeeded", "failed", "truncated", "cancelled")
+
+
+class NotFound(LookupError):
+    """Nothing of that id the tenant may see (it may not exist, or belong to someone else)."""
+
+    def __init__(self, message: str, *, hint: str = "") -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+class Busy(RuntimeError):
+    """Every query slot is taken."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PageLimits:
+    """Rows per page: ``default`` when the caller names none, never more than ``cap``."""
+
+    default: int = 100
+    cap: int = 1000
+
+    def clamp(self, requested: int | None) -> int:
+        return self.default if requested is None else min(requested, self.cap)
+
+
+class QueryService:
+    """The query API's operations over one lake.
+
+    >>> svc = QueryService(Lake("./lake"))  # doctest: +SKIP
+    >>> svc.run_sql("acme", "SELECT count(*) FROM rollouts", limit=10).table  # doctest: +SKIP
+    """
+
+    def __init__(self, lake: Lake, *, limits: SandboxLimits = SandboxLimits(), pages: PageLimits = PageLimits(),
+                 snapshot_ttl_s: float = 2.0, max_concurrent: int = 4) -> None:
+        self.lake = lake
+        self.limits = limits
+        self.pages = pages
+        self._snapshots = SnapshotCache(lake, ttl_s=snapshot_ttl_s)
+        self._slots = threading.BoundedSemaphore(max_concurrent)
+        self._max_concurrent = max_concurrent
+
+    @contextmanager
+    def _slot(self) -> Iterator[None]:
+        if not self._slots.acquire(blocking=False):
+            raise Busy(f"{self._max_concurrent} queries are already running")
+        try:
+            yield
+        finally:
+            self._slots.release()
+
+    @contextmanager
+    def sandbox(self, tenant: str, *, datasets: bool = False) -> Iterator[TenantSandbox]:
+        """A query slot and the tenant's sandbox (with its visible datasets as ``datasets__NAME`` views)."""
+        with self._slot():
+            extra = self._dataset_views(tenant) if datasets else None
+            with open_tenant_sandbox(self._snapshots.get(), tenant, limits=self.limits, extra=extra) as box:
+                yield box
+
+    def _dataset_views(self, tenant: str) -> dict[str, ds.Dataset]:
+        """Each dataset built for ``tenant`` alone, at its newest such version."""
+        return {
+            view_name(dataset_table(name)): delta_dataset(self.lake, dataset_table(name), version=versions[-1].version)
+            for name, versions in visible_versions(self.lake, tenant).items()
+        }
+
+    def run_sql(self, tenant: str, sql: str, *, limit: int | None = None, offset: int = 0) -> QueryPage:
+        """One page of a tenant's SELECT (``QueryRefused``, ``QueryTimeout``, ``QueryError``, ``Busy``)."""
+        with self.sandbox(tenant, datasets=True) as box:
+            return box.query(sql, limit=self.pages.clamp(limit), offset=offset)
+
+    def views(self, tenant: str) -> dict[str, list[tuple[str, str]]]:
+        """View name -> [(column, type)] the tenant can query."""
+        with self.sandbox(tenant, datasets=True) as box:
+            return box.describe()
+
+    def list_rollouts(self, tenant: str, *, task_id: str | None = None, harness: str | None = None,
+                      status: str | None = None, limit: int | None = None,
+                      offset: int = 0) -> tuple[list[RolloutSummary], bool]:
+        """The tenant's rollouts, newest first; ``harness`` is ``NAME`` or ``NAME@VERSION``. Returns (page, more)."""
+        where, params = ["true"], []
+        if task_id is not None:
+            where.append("task_id = ?")
+            params.append(task_id)
+        if harness is not None:
+            name, _, version = harness.partition("@")
+            where.append("harness_name = ?")
+            params.append(name)
+            if version:
+                where.append("harness_version = ?")
+                params.append(version)
+        if status is not None:
+            where.append("status = ?")
+            params.append(status)
+        limit = self.pages.clamp(limit)
+        sql = (f"SELECT * EXCLUDE (metadata, rewards, first_event_at, last_event_at) FROM rollouts "
+               f"WHERE {' AND '.join(where)} ORDER BY first_event_at DESC, rollout_id LIMIT ? OFFSET ?")
+        with self.sandbox(tenant) as box:
+            rows = box.execute(sql, [*params, limit + 1, offset]).to_pylist()
+        return [RolloutSummary(**row) for row in rows[:limit]], len(rows) > limit
+
+    def trajectory(self, tenant: str, rollout_id: str) -> Trajectory:
+        """One of the tenant's rollouts with every step in order."""
+        with self._slot():
+            try:
+                return load_trajectory(self.lake, rollout_id, tenant=tenant)
+            except (RolloutNotFound, LakeMissing):
+                raise NotFound(f"no rollout {rollout_id!r}", hint="GET /v1/rollouts lists your rollouts") from None
+
+    def datasets(self, tenant: str) -> dict[str, list[VisibleVersion]]:
+        """Dataset name -> versions built for the tenant alone."""
+        return visible_versions(self.lake, tenant)
+
+    def dataset(self, tenant: str, name: str, version: int | None = None) -> tuple[VisibleVersion, list[VisibleVersion]]:
+        """(the asked version, or the newest; every visible version) of one dataset."""
+        versions = visible_versions(self.lake, tenant).get(name, [])
+        chosen = [v for v in versions if version is None or v.version == version]
+        if not chosen:
+            what = f"dataset {name!r}" + ("" if version is None else f" version {version}")
+            raise NotFound(f"no {what}", hint="GET /v1/datasets lists the datasets built from your rollouts only")
+        return chosen[-1], versions
+
+    def lineage(self, tenant: str, ref: str) -> Lineage:
+        """``pipelines.lineage`` cut down to the tenant: its events, rollouts and its own dataset versions."""
+        hint = "pass a dataset NAME@VERSION, checkpoint id, rollout id or event id of yours"
+        try:
+            found = lineage(self.lake, ref)
+        except (LineageNotFound, DatasetNotFound, ValueError):
+            raise NotFound(f"nothing of yours has the id {ref!r}", hint=hint) from None
+        mine = {(v.dataset, v.version) for vs in visible_versions(self.lake, tenant).values() for v in vs}
+        datasets = [u for u in found.datasets if (u.dataset, u.version) in mine]
+        if found.kind in ("dataset", "checkpoint") and not datasets:
+            raise NotFound(f"nothing of yours has the id {ref!r}", hint=hint)
+        with self.sandbox(tenant) as box:
+            owned = box.execute(
+                "SELECT rollout_id, event_id FROM events WHERE rollout_id IN (SELECT unnest(?::VARCHAR[]))",
+                [list(found.rollouts)],
+            )
+        events = found.events
+        if events is not None:
+            events = events.filter(pc.is_in(events["event_id"], owned["event_id"]))
+        if found.kind in ("rollout", "event") and not datasets and (events is None or events.num_rows == 0):
+            raise NotFound(f"nothing of yours has the id {ref!r}", hint=hint)
+        owned_rollouts = set(owned["rollout_id"].to_pylist())
+        return dataclasses.replace(
+            found,
+            datasets=datasets,
+            checkpoints=[c for c in found.checkpoints if (c.dataset, c.version) in mine],
+            rollouts=[r for r in found.rollouts if r in owned_rollouts or datasets],
+            events=events,
+        )

@@ -1,0 +1,445 @@
+"""SQL for one tenant: a DuckDB connection that holds only that tenant's rows.
+
+Isolation does not rest on inspecting the SQL. A tenant's connection is
+built so that nothing else is reachable from it:
+
+* every table is an Arrow dataset over the Delta table's files, filtered
+  ``tenant = '<tenant>'`` in Python *before* DuckDB sees it, and registered
+  under the table's view name (``events``, ``llm_requests``, ...,
+  ``datasets__NAME``); no unfiltered relation exists in the connection;
+* the joined views of ``store/views.sql`` (``llm_calls``, ``tool_steps``,
+  ``rollouts``) are built on top of those filtered tables;
+* DuckDB's own file access is off (``enable_external_access = false``: no
+  ``read_csv``, ``read_parquet``, ``COPY``, ``ATTACH``, no spilling to a
+  temp directory), no extension is loaded or installable, Python replacement
+  scans are off, memory and threads are capped and the configuration is
+  locked before the first user statement.
+
+Tables without a ``tenant`` column (``quarantine``, ``dataset_versions``,
+``dataset_lineage``, ``checkpoints``, ``runs``) are not exposed at all.
+
+On top, ``check_tenant_select`` parses the statement with DuckDB's parser
+(``json_serialize_sql``) and refuses, with a message saying what is allowed,
+anything that is not exactly one SELECT over the tenant's views and CTEs:
+other statement kinds, schema- or catalog-qualified names (``information_schema``
+and the ``duckdb_*``/``pg_catalog`` views included), table functions other
+than the pure generators ``range``/``generate_series``/``unnest``, settings
+functions, and time travel. Queries run under a wall-clock limit (DuckDB's
+``interrupt`` from a timer thread) and return at most ``limit`` rows after
+skipping ``offset``.
+
+>>> snap = take_snapshot(Lake("./lake"))  # doctest: +SKIP
+>>> with open_tenant_sandbox(snap, "acme") as box:  # doctest: +SKIP
+...     page = box.query("SELECT status, count(*) FROM rollouts GROUP BY ALL", limit=100)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from schemas.tables import INGESTED_TABLES
+from store.lake import Lake
+from store.sql import JOINED_VIEWS, QueryError, WriteRefused, _joined_view_statements
+
+log = logging.getLogger(__name__)
+
+TENANT_COLUMN = "tenant"
+TENANT_TABLES: tuple[str, ...] = tuple(name for name, schema in INGESTED_TABLES.items() if TENANT_COLUMN in schema.names)
+"""Ingested tables a tenant can query (those carrying a tenant column)."""
+
+PURE_TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest"})
+"""Table functions that read nothing: the only ones a tenant query may call."""
+
+REFUSED_FUNCTIONS = frozenset({"current_setting", "getenv", "getvariable", "json_execute_serialized_sql"})
+"""Scalar functions that reveal the server's configuration or run SQL text."""
+
+TABLE_REF_KINDS = frozenset({"BASE_TABLE", "JOIN", "SUBQUERY", "TABLE_FUNCTION", "EXPRESSION_LIST", "EMPTY", "SHOW_REF"})
+"""Kinds of FROM items a tenant query may contain (anything else is refused)."""
+
+
+class QueryRefused(QueryError):
+    """A statement the tenant sandbox does not run (not a single SELECT over the tenant's views)."""
+
+
+class QueryTimeout(QueryError):
+    """The query ran past the sandbox's time limit and was interrupted."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """What one tenant query may use."""
+
+    timeout_s: float = 10.0
+    """Wall-clock limit of one query (parse, run and fetch)."""
+    max_sql_chars: int = 20_000
+    """Longest accepted SQL text."""
+    memory_limit: str = "1GB"
+    """DuckDB memory limit of the query's connection (nothing spills to disk)."""
+    threads: int = 2
+    """DuckDB worker threads of the query's connection."""
+
+
+@dataclass(frozen=True)
+class LakeSnapshot:
+    """Arrow datasets of the tenant-scoped tables, as of ``taken_at`` (``time.monotonic``)."""
+
+    tables: Mapping[str, ds.Dataset | pa.Table]
+    """View name -> unfiltered dataset (an empty typed table for one not written yet)."""
+    versions: Mapping[str, int | None]
+    taken_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class QueryPage:
+    """One page of a query result."""
+
+    table: pa.Table
+    offset: int
+    more: bool
+    """True when rows follow this page (ask again with ``offset + table.num_rows``)."""
+
+
+def delta_dataset(lake: Lake, table: str, *, version: int | None = None) -> ds.Dataset:
+    """The Arrow dataset of a Delta table (at ``version``); ``ValueError`` without a tenant column.
+
+    Use it to expose more tables to a tenant (``open_tenant_sandbox(extra=)``).
+    """
+    dataset = lake.table(table, version=version).to_pyarrow_dataset()
+    if TENANT_COLUMN not in dataset.schema.names:
+        raise ValueError(f"table {table!r} has no {TENANT_COLUMN!r} column: it cannot be scoped to a tenant")
+    return dataset
+
+
+def take_snapshot(lake: Lake) -> LakeSnapshot:
+    """Open every tenant-scoped ingested table at its current version."""
+    tables: dict[str, ds.Dataset | pa.Table] = {}
+    versions: dict[str, int | None] = {}
+    for name in TENANT_TABLES:
+        if lake.exists(name):
+            delta = lake.table(name)
+            tables[name], versions[name] = delta.to_pyarrow_dataset(), delta.version()
+        else:
+            tables[name], versions[name] = INGESTED_TABLES[name].empty_table(), None
+    return LakeSnapshot(tables, versions)
+
+
+class SnapshotCache:
+    """The lake's snapshot, re-taken when older than ``ttl_s`` (thread-safe).
+
+    Opening the Delta logs costs tens of milliseconds per table; queries within
+    ``ttl_s`` of each other share one snapshot and so may miss the newest
+    commits by that long.
+    """
+
+    def __init__(self, lake: Lake, *, ttl_s: float = 2.0) -> None:
+        self.lake = lake
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._snapshot: LakeSnapshot | None = None
+
+    def get(self) -> LakeSnapshot:
+        with self._lock:
+            snap = self._snapshot
+            if snap is None or time.monotonic() - snap.taken_at >= self.ttl_s:
+                snap = self._snapshot = take_snapshot(self.lake)
+            return snap
+
+
+def open_tenant_sandbox(
+    snapshot: LakeSnapshot,
+    tenant: str,
+    *,
+    limits: SandboxLimits = SandboxLimits(),
+    extra: Mapping[str, ds.Dataset] | None = None,
+) -> TenantSandbox:
+    """A locked connection over ``tenant``'s rows of the snapshot (plus ``extra`` datasets by view name).
+
+    Every relation is filtered on the tenant column before registration; an
+    ``extra`` dataset without one raises ``ValueError``.
+    """
+    if not tenant:
+        raise ValueError("tenant must be a non-empty string")
+    tables = {**snapshot.tables, **(extra or {})}
+    con = duckdb.connect(":memory:", config={"python_enable_replacements": "false", "enable_external_access": "false",
+                                             "autoinstall_known_extensions": "false",
+                                             "autoload_known_extensions": "false", "temp_directory": "",
+                                             "memory_limit": limits.memory_limit, "threads": str(limits.threads)})
+    try:
+        con.execute("SET enable_progress_bar = false")
+        for name, table in tables.items():
+            con.register(name, _only_tenant(name, table, tenant))
+        relations = set(tables) | _create_joined_views(con)
+        con.execute("SET lock_configuration = true")
+    except BaseException:
+        con.close()
+        raise
+    return TenantSandbox(con, tenant, frozenset(relations), limits)
+
+
+def _only_tenant(name: str, table: ds.Dataset | pa.Table, tenant: str) -> ds.Dataset | pa.Table:
+    if TENANT_COLUMN not in table.schema.names:
+        raise ValueError(f"relation {name!r} has no {TENANT_COLUMN!r} column: it cannot be scoped to a tenant")
+    return table.filter(pc.field(TENANT_COLUMN) == pa.scalar(tenant, pa.string()))
+
+
+def _create_joined_views(con: duckdb.DuckDBPyConnection) -> set[str]:
+    created: set[str] = set()
+    for name, statement in zip(JOINED_VIEWS, _joined_view_statements()):
+        try:
+            con.execute(statement)
+            created.add(name)
+        except duckdb.Error as e:  # a table written with an older schema: keep the other views
+            log.warning("tenant_view_skipped view=%s error=%r", name, str(e).splitlines()[0])
+    return created
+
+
+class TenantSandbox:
+    """One tenant's connection: ``query`` runs tenant SQL (checked), ``execute`` runs the server's own SQL.
+
+    Not thread-safe: open one per request (it is cheap once the snapshot exists).
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, tenant: str, relations: frozenset[str],
+                 limits: SandboxLimits) -> None:
+        self._con = con
+        self.tenant = tenant
+        self.relations = relations
+        self.limits = limits
+
+    def __enter__(self) -> TenantSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._con.close()
+
+    def query(self, sql: str, *, limit: int, offset: int = 0) -> QueryPage:
+        """Run tenant SQL: ``check_tenant_select`` first, then at most ``limit`` rows after ``offset``.
+
+        Raises ``QueryRefused``, ``QueryTimeout`` or ``QueryError`` (DuckDB's message and a hint).
+        """
+        if limit < 0 or offset < 0:
+            raise ValueError("limit and offset must be >= 0")
+        check_tenant_select(self._con, sql, relations=self.relations, max_chars=self.limits.max_sql_chars)
+        with self._deadline():
+            reader = self._con.execute(sql).to_arrow_reader(max(1, min(limit + 1, 10_000)))
+            table, more = _page(reader, offset, limit)
+        return QueryPage(table, offset, more)
+
+    def execute(self, sql: str, params: list[Any] | None = None) -> pa.Table:
+        """Run the server's own parameterised SQL on the tenant's relations, under the time limit."""
+        with self._deadline():
+            return self._con.execute(sql, params or []).to_arrow_table()
+
+    def describe(self) -> dict[str, list[tuple[str, str]]]:
+        """View name -> [(column, DuckDB type)] of every relation the tenant can query."""
+        rows = self._con.execute(
+            "SELECT table_name, column_name, data_type FROM duckdb_columns() WHERE NOT internal "
+            "ORDER BY table_name, column_index"
+        ).fetchall()
+        found: dict[str, list[tuple[str, str]]] = {name: [] for name in sorted(self.relations)}
+        for table, column, kind in rows:
+            if table in found:
+                found[table].append((column, kind))
+        return found
+
+    @contextmanager
+    def _deadline(self) -> Iterator[None]:
+        fired = threading.Event()
+
+        def stop() -> None:
+            fired.set()
+            self._con.interrupt()
+
+        timer = threading.Timer(self.limits.timeout_s, stop)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        except duckdb.InterruptException:
+            if fired.is_set():
+                raise QueryTimeout(
+                    f"query stopped after {self.limits.timeout_s:g} s (the limit)",
+                    hint="filter earlier (WHERE on task_id, rollout_id or ts), aggregate, or select fewer columns",
+                ) from None
+            raise
+        except duckdb.OutOfMemoryException:
+            raise QueryError(
+                f"query needs more than the {self.limits.memory_limit} memory limit",
+                hint="aggregate or filter instead of sorting or joining whole tables; select fewer columns",
+            ) from None
+        except duckdb.Error as e:
+            raise QueryError(str(e).strip(), hint=_hint(e)) from None
+        finally:
+            timer.cancel()
+
+
+def _page(reader: pa.RecordBatchReader, offset: int, limit: int) -> tuple[pa.Table, bool]:
+    """Skip ``offset`` rows, keep ``limit``, and report whether any row follows."""
+    kept: list[pa.RecordBatch] = []
+    skip, need = offset, limit + 1
+    for batch in reader:
+        if skip >= batch.num_rows:
+            skip -= batch.num_rows
+            continue
+        batch, skip = batch.slice(skip), 0
+        kept.append(batch.slice(0, need))
+        need -= min(need, batch.num_rows)
+        if need == 0:
+            break
+    table = pa.Table.from_batches(kept, schema=reader.schema)
+    return table.slice(0, limit), table.num_rows > limit
+
+
+def _hint(e: duckdb.Error) -> str:
+    if isinstance(e, duckdb.CatalogException):
+        return "GET /v1/sql/views lists the views and columns you can query"
+    if isinstance(e, duckdb.BinderException):
+        return "check column names: GET /v1/sql/views lists each view's columns"
+    if isinstance(e, duckdb.ParserException):
+        return "check the SQL syntax near the marked position"
+    return ""
+
+
+# --- the statement check ------------------------------------------------------------------------------------------
+
+
+def check_tenant_select(
+    con: duckdb.DuckDBPyConnection, sql: str, *, relations: frozenset[str], max_chars: int = 20_000
+) -> None:
+    """Refuse (``QueryRefused``) anything but one SELECT reading ``relations``, CTEs and pure generators.
+
+    The statement is parsed by DuckDB (``json_serialize_sql``) and the parse
+    tree walked: every FROM item must be one of ``TABLE_REF_KINDS``; every
+    table name unqualified and in ``relations`` or a CTE in scope; every table
+    function in ``PURE_TABLE_FUNCTIONS``; no function in ``REFUSED_FUNCTIONS``.
+    """
+    if not isinstance(sql, str) or not sql.strip():
+        raise QueryRefused("empty query", hint="send one SELECT statement, e.g. SELECT * FROM rollouts LIMIT 10")
+    if len(sql) > max_chars:
+        raise QueryRefused(f"query is {len(sql):,} characters; the limit is {max_chars:,}",
+                           hint="shorten it: filter with WHERE instead of long IN lists")
+    _check_statement_kind(con, sql)
+    serialized = con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0]
+    try:
+        tree = json.loads(serialized)
+    except RecursionError:
+        raise QueryRefused("query is nested too deeply", hint="flatten the subqueries (use CTEs)") from None
+    if tree.get("error") or len(tree.get("statements", [])) != 1:
+        raise QueryRefused("only a single SELECT statement can run here",
+                           hint=tree.get("error_message") or "send one SELECT statement")
+    try:
+        _Walker(relations).visit(tree["statements"][0], frozenset())
+    except RecursionError:
+        raise QueryRefused("query is nested too deeply", hint="flatten the subqueries (use CTEs)") from None
+
+
+def _check_statement_kind(con: duckdb.DuckDBPyConnection, sql: str) -> None:
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error as e:
+        raise QueryRefused(str(e).strip(), hint="check the SQL syntax near the marked position") from None
+    if len(statements) != 1:
+        raise QueryRefused(f"got {len(statements)} statements", hint="send one statement (no ';' between statements)")
+    kind = statements[0].type
+    if kind != duckdb.StatementType.SELECT:
+        raise WriteRefused(f"{kind.name} statements are not allowed: this API runs read-only SELECT queries",
+                           hint="send one SELECT over your views (GET /v1/sql/views lists them)")
+
+
+class _Walker:
+    """Walks DuckDB's JSON parse tree, tracking which CTE names are in scope."""
+
+    def __init__(self, relations: frozenset[str]) -> None:
+        self.relations = frozenset(r.lower() for r in relations)
+
+    def visit(self, node: Any, ctes: frozenset[str]) -> None:
+        if isinstance(node, list):
+            for item in node:
+                self.visit(item, ctes)
+            return
+        if not isinstance(node, dict):
+            return
+        cte_map = node.get("cte_map")
+        if isinstance(cte_map, dict) and cte_map.get("map"):
+            ctes = self._visit_ctes(cte_map["map"], ctes)
+        if "sample" in node and "alias" in node and "type" in node:
+            self._check_table_ref(node, ctes)
+        if node.get("class") == "FUNCTION":
+            self._check_function(node)
+        for key, value in node.items():
+            if key != "cte_map":
+                self.visit(value, ctes)
+
+    def _visit_ctes(self, entries: list[dict[str, Any]], ctes: frozenset[str]) -> frozenset[str]:
+        """Each CTE body sees the CTEs before it and itself (recursive CTEs); the query sees all."""
+        for entry in entries:
+            ctes = ctes | {str(entry["key"]).lower()}
+            self.visit(entry.get("value"), ctes)
+        return ctes
+
+    def _check_table_ref(self, ref: dict[str, Any], ctes: frozenset[str]) -> None:
+        kind = ref["type"]
+        if kind not in TABLE_REF_KINDS:
+            raise QueryRefused(f"{kind.lower()} in FROM is not supported here", hint="use plain SELECT ... FROM views")
+        if kind == "BASE_TABLE":
+            name = ref.get("table_name", "")
+            if ref.get("schema_name") or ref.get("catalog_name"):
+                raise QueryRefused(f"qualified name {_qualified(ref)!r} refused: only your views are visible",
+                                   hint=_views_hint(self.relations))
+            if ref.get("at_clause"):
+                raise QueryRefused("time travel (AT ...) is not available here", hint="query the current views")
+            if name.lower() not in self.relations and name.lower() not in ctes:
+                raise QueryRefused(f"unknown relation {name!r}", hint=_views_hint(self.relations))
+        elif kind == "TABLE_FUNCTION":
+            function = ref.get("function") or {}
+            name = str(function.get("function_name", "")).lower()
+            if name not in PURE_TABLE_FUNCTIONS or function.get("schema") or function.get("catalog"):
+                raise QueryRefused(f"table function {name}() refused: files and catalogs are not readable here",
+                                   hint="read your views; allowed table functions: "
+                                   + ", ".join(sorted(PURE_TABLE_FUNCTIONS)))
+        elif kind == "SHOW_REF" and ref.get("query") is None:
+            raise QueryRefused("SHOW of the catalog is not available", hint="GET /v1/sql/views lists your views")
+
+    def _check_function(self, function: dict[str, Any]) -> None:
+        name = str(function.get("function_name", "")).lower()
+        if name in REFUSED_FUNCTIONS or function.get("schema") or function.get("catalog"):
+            raise QueryRefused(f"function {name}() is not available here", hint="use functions on your data only")
+
+
+def _qualified(ref: dict[str, Any]) -> str:
+    return ".".join(p for p in (ref.get("catalog_name"), ref.get("schema_name"), ref.get("table_name")) if p)
+
+
+def _views_hint(relations: frozenset[str]) -> str:
+    return "your views: " + ", ".join(sorted(relations))
+
+
+__all__ = [
+    "LakeSnapshot",
+    "QueryPage",
+    "QueryRefused",
+    "QueryTimeout",
+    "SandboxLimits",
+    "SnapshotCache",
+    "TENANT_TABLES",
+    "TenantSandbox",
+    "check_tenant_select",
+    "delta_dataset",
+    "open_tenant_sandbox",
+    "take_snapshot",
+]

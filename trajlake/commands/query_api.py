@@ -1,0 +1,76 @@
+"""``trajlake query-api``: the read-only query API (SQL, rollouts, datasets, lineage) in the foreground."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from trajlake.settings import CommonSettings
+
+
+class QueryApiSettings(CommonSettings):
+    """The query API's settings: TRAJLAKE_<FIELD> environment variables, overridden by flags."""
+
+    query_api_keys: Optional[str] = None
+    """API keys: `key1=tenantA,key2=tenantB` (env TRAJLAKE_QUERY_API_KEYS)."""
+    query_api_keys_file: Optional[Path] = None
+    """File of `key=tenant` lines, `#` comments (env TRAJLAKE_QUERY_API_KEYS_FILE, flag --keys-file)."""
+    query_timeout_s: float = 10.0
+    """Wall-clock limit of one query; longer ones are interrupted."""
+    max_sql_chars: int = 20_000
+    """Longest accepted SQL text."""
+    default_page_rows: int = 100
+    """Rows per page when a request names no limit."""
+    max_page_rows: int = 1_000
+    """Row cap of one page, whatever the request asks for."""
+    max_body_bytes: int = 64 << 10
+    """Largest accepted request body (64 KiB)."""
+    snapshot_ttl_s: float = 2.0
+    """Queries within this many seconds share one read of the Delta logs (may miss newer commits by that long)."""
+    query_memory_limit: str = "1GB"
+    """DuckDB memory limit of one query (nothing spills to disk)."""
+    query_threads: int = 2
+    """DuckDB threads of one query."""
+    max_concurrent_queries: int = 4
+    """Queries running at once; more are answered 429 with Retry-After."""
+
+
+def query_api(
+    host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
+    port: int = typer.Option(8090, min=1, max=65535, help="Port to listen on."),
+    lake: Optional[str] = typer.Option(None, "--lake", help="Lake root (default: TRAJLAKE_LAKE, else ./lake)."),
+    keys_file: Optional[Path] = typer.Option(None, help="File of key=tenant lines (TRAJLAKE_QUERY_API_KEYS_FILE)."),
+) -> None:
+    """Serve read-only SQL, rollouts, datasets and lineage over HTTP; each API key sees only its tenant's rows."""
+    import uvicorn
+
+    from ingest.gateway.auth import KeyConfigError, KeyRing
+    from pipelines.api import create_query_app
+
+    overrides = {"lake": lake, "query_api_keys_file": keys_file}
+    console = Console(stderr=True)
+    no_keys = ("no query API keys configured: set TRAJLAKE_QUERY_API_KEYS=key=tenant,... "
+               "or pass --keys-file FILE (lines of key=tenant)")
+    try:
+        settings = QueryApiSettings(**{k: v for k, v in overrides.items() if v is not None})
+        if not settings.query_api_keys and settings.query_api_keys_file is None:
+            raise KeyConfigError(no_keys)
+        keys = KeyRing.load(env_value=settings.query_api_keys, file=settings.query_api_keys_file,
+                            allow_anonymous=False)
+        app = create_query_app(settings, keys=keys)
+    except KeyConfigError as exc:
+        console.print(f"[red]query API not started:[/] {exc if 'gateway' not in str(exc) else no_keys}")
+        raise typer.Exit(2) from None
+    except ValueError as exc:  # settings out of range
+        console.print(f"[red]query API not started:[/] {exc}")
+        raise typer.Exit(2) from None
+    console.print(f"[green]query API[/] on http://{host}:{port} (docs /docs); lake {settings.lake}; "
+                  f"queries stop after {settings.query_timeout_s:g} s, pages hold at most {settings.max_page_rows} rows")
+    uvicorn.run(app, host=host, port=port, access_log=False, log_level="warning")
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="query-api")(query_api)
