@@ -49,6 +49,7 @@ def pinned_connection(lake: Lake, snapshot: Snapshot, *, memory_limit: str = "1G
     con.load_extension(delta_extension_path())
     con.execute(f"SET memory_limit = '{memory_limit}'")
     con.execute("SET preserve_insertion_order = false")
+    con.execute("SET enable_external_file_cache = false")  # cached Parquet blocks grew RSS with the lake
     for name, version in snapshot.versions.items():
         uri = lake.uri(name).replace("'", "''")
         con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM delta_scan(\'{uri}\', version={int(version)})')

@@ -2,7 +2,8 @@
 
 Generates two lakes with the workload generator (``--rollouts`` and 4x that),
 then runs each build in its own process and reports rollouts/s, tokens/s
-(input tokens of the source calls) and peak RSS (VmHWM) of that process.
+(input tokens of the source tables), CPU seconds (user + sys, all threads:
+fairer than wall time on a shared machine) and peak RSS (VmHWM).
 The naive baseline (bench/build/naive.py) runs on the small lake (and on the
 large one with ``--naive-on-both``); its sample and token counts must equal
 the pipeline's. Prints a table and writes ``bench/build/results.json``.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 import tempfile
@@ -42,6 +44,7 @@ def child(kind: str, lake_root: str) -> None:
     from store.lake import Lake
 
     lake = Lake(lake_root)
+    cpu = resource.getrusage(resource.RUSAGE_SELF)
     started = time.perf_counter()
     if kind == "pipeline":
         counts = build_dataset(lake, "bench").manifest["counts"]
@@ -50,6 +53,8 @@ def child(kind: str, lake_root: str) -> None:
     else:
         figures = naive_build(lake, "bench_naive")
     figures["seconds"] = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    figures["cpu_seconds"] = after.ru_utime - cpu.ru_utime + after.ru_stime - cpu.ru_stime
     figures["peak_rss_mb"] = peak_rss_mb()
     print(json.dumps(figures))
 
@@ -96,6 +101,7 @@ def main() -> None:
             same = all(row["naive"][k] == row["pipeline"][k] for k in ("samples", "tokens", "trained_tokens"))
             row["same_output"] = same
             row["speedup"] = round(row["naive"]["seconds"] / row["pipeline"]["seconds"], 2)
+            row["speedup_cpu"] = round(row["naive"]["cpu_seconds"] / row["pipeline"]["cpu_seconds"], 2)
         results["sizes"][str(n)] = row
         print_row(n, row)
     small, large = (results["sizes"][str(n)]["pipeline"] for n in (args.rollouts, 4 * args.rollouts))
@@ -109,11 +115,12 @@ def print_row(n: int, row: dict) -> None:
     for kind in ("pipeline", "naive"):
         if kind in row:
             r = row[kind]
-            print(f"{n:>6} rollouts {tokens / 1e6:6.1f}M input tokens  {kind:<8} {r['seconds']:7.2f} s  "
+            print(f"{n:>6} rollouts {tokens / 1e6:6.1f}M input tokens  {kind:<8} {r['seconds']:7.2f} s "
+                  f"(cpu {r['cpu_seconds']:6.2f} s)  "
                   f"{r['rollouts'] / r['seconds']:8.1f} rollouts/s  {tokens / r['seconds'] / 1e6:6.2f}M tokens/s  "
                   f"peak RSS {r['peak_rss_mb']:7.0f} MB  samples {r['samples']}")
     if "speedup" in row:
-        print(f"        speedup {row['speedup']}x, same output: {row['same_output']}")
+        print(f"        speedup {row['speedup']}x wall, {row['speedup_cpu']}x cpu; same output: {row['same_output']}")
 
 
 if __name__ == "__main__":

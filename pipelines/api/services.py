@@ -21,12 +21,17 @@ import pyarrow.dataset as ds
 from pipelines.api.visibility import VisibleVersion, visible_versions
 from pipelines.lineage import Lineage, LineageNotFound, lineage
 from pipelines.registry import DatasetNotFound, dataset_table
+from schemas.tables import TYPED_TABLES
 from store.lake import Lake
 from store.sql import LakeMissing, view_name
 from store.tenant_sql import QueryPage, SandboxLimits, SnapshotCache, TenantSandbox, delta_dataset, open_tenant_sandbox
 from store.trajectory import RolloutNotFound, RolloutSummary, Trajectory, load_trajectory
 
-ROLLOUT_STATUSES = ("running", "succeeded", "failed", "truncated", "cancelled")
+_OWNED_EVENTS = "WITH wanted AS (SELECT unnest(?::VARCHAR[]) AS rollout_id) " + " UNION ALL ".join(
+    f"SELECT rollout_id, event_id FROM {name} WHERE rollout_id IN (SELECT rollout_id FROM wanted)"
+    for name, _ in TYPED_TABLES.values()
+)
+"""The tenant's events (in the typed tables lineage reads) of the given rollouts."""
 
 
 class NotFound(LookupError):
@@ -160,10 +165,7 @@ class QueryService:
         if found.kind in ("dataset", "checkpoint") and not datasets:
             raise NotFound(f"nothing of yours has the id {ref!r}", hint=hint)
         with self.sandbox(tenant) as box:
-            owned = box.execute(
-                "SELECT rollout_id, event_id FROM events WHERE rollout_id IN (SELECT unnest(?::VARCHAR[]))",
-                [list(found.rollouts)],
-            )
+            owned = box.execute(_OWNED_EVENTS, [list(found.rollouts)])
         events = found.events
         if events is not None:
             events = events.filter(pc.is_in(events["event_id"], owned["event_id"]))

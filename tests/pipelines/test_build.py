@@ -264,3 +264,11 @@ def test_a_failed_announcement_leaves_the_version_committed(lake, four):
     result = build_dataset(lake, "ds", producer=FailingProducer())
     assert not result.published and "broker gone" in result.publish_error
     assert pc.sum(list_versions(lake)["n_samples"]).as_py() == 5
+
+
+def test_token_counts_that_disagree_with_the_token_lists_are_reported(lake, rows):
+    agent(rows, "r", "t", 1.0)
+    rows.rows["llm_responses"][0]["n_response_tokens"] = 7  # the list holds 2
+    rows.flush()
+    with pytest.raises(RuntimeError, match="trajlake rebuild"):
+        build_dataset(lake, "ds")
