@@ -16,7 +16,9 @@ rollouts, and ``quarantine`` (raw bytes, no tenant column) by the Kafka
 coordinates of the rejected messages whose key is a selected rollout or whose
 JSON names the tenant. Each table that lost rows is vacuumed at once
 (retention 0), so the Parquet files holding the rows leave the disk, and
-older versions of that table stop being readable by time travel.
+older versions of that table stop being readable by time travel. A dataset
+whose older versions (not the current one) used a forgotten rollout, as
+``dataset_lineage`` records, is vacuumed the same way.
 
 Datasets built before the request are also marked: ``forget_audit`` lists,
 per dataset, the versions that contained forgotten rollouts (from
@@ -158,9 +160,11 @@ def forget(
         predicates = _predicates(lake, name, request, rollouts)
         if predicates is None:
             continue
-        result = _delete_and_vacuum(lake, name, predicates)
-        if name.startswith(DATASETS_PREFIX) and result.rows_deleted:
-            versions = marked.get(name.removeprefix(DATASETS_PREFIX)) or {result.version_before}
+        is_dataset = name.startswith(DATASETS_PREFIX)
+        old_versions = marked.get(name.removeprefix(DATASETS_PREFIX), set()) if is_dataset else set()
+        result = _delete_and_vacuum(lake, name, predicates, purge_history=bool(old_versions))
+        if is_dataset and (old_versions or result.rows_deleted):
+            versions = old_versions or {result.version_before}
             result = replace(result, dataset_versions_marked=tuple(sorted(versions)))
         report.tables.append(result)
         log.info("forget.table id=%s table=%s rows=%d files=%d", report.forget_id, name, result.rows_deleted, result.files_vacuumed)
@@ -258,13 +262,14 @@ def _quarantine_predicates(lake: Lake, request: ForgetRequest, rollouts: set[str
     ]
 
 
-def _delete_and_vacuum(lake: Lake, name: str, predicates: list[str]) -> TableForgotten:
+def _delete_and_vacuum(lake: Lake, name: str, predicates: list[str], *, purge_history: bool) -> TableForgotten:
+    """Delete, then vacuum when rows went (or ``purge_history``: an older version held them)."""
     before = lake.version(name)
     deleted = 0
     for predicate in predicates:
         deleted += _delete(lake, name, predicate)
     vacuumed = 0
-    if deleted and before is not None:
+    if (deleted or purge_history) and before is not None:
         vacuumed = len(lake.table(name).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False))
         _drop_log_history(lake, name, through=before)
     return TableForgotten(name, deleted, vacuumed, before, lake.version(name))

@@ -199,6 +199,18 @@ def test_datasets_with_forgotten_rows_are_marked_and_audited(full_lake: Lake) ->
     assert {row["table"] for row in audit} >= {"events", "datasets/nightly", "quarantine", "dataset_lineage"}
 
 
+def test_forget_purges_older_dataset_versions_that_used_the_rollout(lake: Lake) -> None:
+    ingest(lake, rollout_events("acme", "r1"))
+    ingest(lake, rollout_events("acme", "r2"), first_offset=50)
+    dataset(lake, [("acme", "r1"), ("acme", "r2")])
+    dataset(lake, [("acme", "r2")])  # versions 2 and 3 no longer hold r1
+    assert secret("acme", "r1") in stored_text(lake)
+    report = forget(lake, ForgetRequest(rollouts=("r1",)))
+    assert report.marked_datasets == {"datasets/nightly": (0, 1)}
+    assert secret("acme", "r1") not in stored_text(lake)
+    assert rollouts_in(lake, "datasets/nightly") == {"r2"}
+
+
 def test_forget_again_is_a_no_op_that_is_still_audited(full_lake: Lake) -> None:
     forget(full_lake, ForgetRequest(rollouts=("r2",)))
     again = forget(full_lake, ForgetRequest(rollouts=("r2",)))
