@@ -108,8 +108,11 @@ async def _respond(engine: ServeEngine, builder: ChatCompletion | TextCompletion
                    params: SamplingParams, request: ChatRequest | CompletionRequest, headers: dict[str, str]
                    ) -> JSONResponse | StreamingResponse:
     stop = request.stop_strings()
+    stop_ids = frozenset(request.stop_token_ids or ())
     if not request.stream:
-        steps = await asyncio.to_thread(lambda: list(engine.generate(prompt_ids, params, stop=stop)))
+        steps = await asyncio.to_thread(
+            lambda: list(engine.generate(prompt_ids, params, stop=stop, stop_token_ids=stop_ids))
+        )
         log.debug("event=serve_completed id=%s prompt_tokens=%d completion_tokens=%d finish=%s",
                   builder.id, len(prompt_ids), len(steps), steps[-1].finish_reason)
         return JSONResponse(builder.response(steps), headers=headers)
@@ -118,7 +121,7 @@ async def _respond(engine: ServeEngine, builder: ChatCompletion | TextCompletion
         for chunk in builder.opening():
             yield _sse(chunk)
         try:
-            async for step in _steps_in_thread(engine, prompt_ids, params, stop):
+            async for step in _steps_in_thread(engine, prompt_ids, params, stop, stop_ids):
                 yield _sse(builder.chunk(step))
         except Exception as exc:  # the status line is sent already: report in-band, as vLLM does
             log.exception("event=serve_stream_failed")
@@ -132,7 +135,7 @@ async def _respond(engine: ServeEngine, builder: ChatCompletion | TextCompletion
 
 
 async def _steps_in_thread(engine: ServeEngine, prompt_ids: list[int], params: SamplingParams,
-                           stop: tuple[str, ...]) -> AsyncIterator[Step]:
+                           stop: tuple[str, ...], stop_ids: frozenset[int]) -> AsyncIterator[Step]:
     """Run the generation in a worker thread and hand its steps to the event loop as they come."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
@@ -145,7 +148,7 @@ async def _steps_in_thread(engine: ServeEngine, prompt_ids: list[int], params: S
             cancel.set()
 
     def work() -> None:
-        steps: Iterator[Step] = engine.generate(prompt_ids, params, stop=stop, cancel=cancel)
+        steps: Iterator[Step] = engine.generate(prompt_ids, params, stop=stop, stop_token_ids=stop_ids, cancel=cancel)
         try:
             for step in steps:
                 put(step)

@@ -36,7 +36,7 @@ class Step:
     finish_reason: str | None = None
     """``stop`` or ``length`` on the last step, else None."""
     stop_reason: str | int | None = None
-    """The stop string or stop token id that ended it (vLLM's field)."""
+    """The stop string or requested stop token id that ended it; None for EOS (vLLM's field)."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class ServeEngine:
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.max_new_tokens_cap = max_new_tokens_cap
         self.threads = threads
-        self.stop_token_ids = frozenset(_end_token_ids(self.model, self.tokenizer))
+        self.eos_token_ids = frozenset(_end_token_ids(self.model, self.tokenizer))
         name = served_name or model_dir.name
         template = self.tokenizer.chat_template
         self.identity = ModelIdentity(
@@ -151,6 +151,7 @@ class ServeEngine:
 
     def generate(
         self, prompt_ids: list[int], params: SamplingParams, *, stop: tuple[str, ...] = (),
+        stop_token_ids: frozenset[int] = frozenset(),
         cancel: threading.Event | None = None,
     ) -> Iterator[Step]:
         """Sample tokens and release their text; the last step carries the finish reason.
@@ -167,15 +168,17 @@ class ServeEngine:
             torch.set_num_threads(self.threads)
             if params.seed is None:
                 params = replace(params, seed=self._seeds.getrandbits(63))
-            tokens = sample_tokens(self.model, prompt_ids, params, stop_token_ids=self.stop_token_ids, cancel=cancel)
+            ends = self.eos_token_ids | stop_token_ids
+            tokens = sample_tokens(self.model, prompt_ids, params, stop_token_ids=ends, cancel=cancel)
             for count, token in enumerate(tokens, start=1):
                 offset = len(text.text)
                 delta = text.push(token.token_id)
                 if text.stop_string is not None:
                     yield Step(token, delta, offset, "stop", text.stop_string)
                     return
-                if token.token_id in self.stop_token_ids:
-                    yield Step(token, delta + text.finish(), offset, "stop", token.token_id)
+                if token.token_id in ends:
+                    reason = None if token.token_id in self.eos_token_ids else token.token_id
+                    yield Step(token, delta + text.finish(), offset, "stop", reason)
                     return
                 if count == params.max_tokens or (cancel is not None and cancel.is_set()):
                     yield Step(token, delta + text.finish(), offset, "length")

@@ -84,6 +84,8 @@ class _Sampling(_Strict):
     top_k: Annotated[int, Field(ge=-1)] | None = None
     seed: int | None = None
     stop: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    """vLLM extra: token ids that end the generation (kept in the output ids, like EOS)."""
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None

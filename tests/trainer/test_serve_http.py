@@ -134,6 +134,11 @@ def test_greedy_is_deterministic_and_a_stop_string_cuts_the_text(client):
     streamed = list(client.completions.create(stop=[stop], stream=True, **options))
     assert "".join(c.choices[0].text for c in streamed) == cut.text
     assert streamed[-1].choices[0].finish_reason == "stop"
+    token = full.token_ids[5]
+    options["extra_body"] = {**options["extra_body"], "stop_token_ids": [token]}
+    by_id = client.completions.create(**options).choices[0]
+    assert by_id.token_ids == full.token_ids[: full.token_ids.index(token) + 1]
+    assert (by_id.finish_reason, by_id.stop_reason) == ("stop", token)
 
 
 def _chat_body(**fields) -> dict:

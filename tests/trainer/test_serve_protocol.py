@@ -64,6 +64,8 @@ def test_unknown_extra_fields_are_ignored_like_vllm():
         (_chat(stream="yes"), "stream", "boolean"),
         (_chat(stop=["a"] * 17), "stop", "expected one of"),
         (_chat(stop=[""]), "stop", "expected one of"),
+        (_chat(stop_token_ids=[-1]), "stop_token_ids.0", "greater than or equal to 0"),
+        (_chat(stop_token_ids="2"), "stop_token_ids", "list"),
         (_chat(tools=[{"type": "function"}]), "tools.0.function", "Field required"),
         (_chat(tools=[{"type": "retrieval", "function": {"name": "f"}}]), "tools.0.type", "'function'"),
         (_chat(top_logprobs=21, logprobs=True), "top_logprobs", "less than or equal to 20"),
