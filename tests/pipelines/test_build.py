@@ -268,7 +268,7 @@ def test_a_failed_announcement_leaves_the_version_committed(lake, four):
 
 def test_token_counts_that_disagree_with_the_token_lists_are_reported(lake, rows):
     agent(rows, "r", "t", 1.0)
-    rows.rows["llm_responses"][0]["n_response_tokens"] = 7  # the list holds 2
+    rows.rows["llm_responses"][0].update(n_response_tokens=7, logprobs=[-0.1] * 7)  # the token list holds 2
     rows.flush()
     with pytest.raises(RuntimeError, match="trajlake rebuild"):
         build_dataset(lake, "ds")
