@@ -10,6 +10,7 @@ from pipelines.config import BuildConfig, RewardRule, Selection
 from pipelines.diff import DatasetDiff, diff_versions
 from pipelines.export import ExportResult, export_parquet
 from pipelines.lineage import Lineage, LineageNotFound, lineage
+from pipelines.samples import CorruptTable
 from pipelines.registry import DatasetNotFound, get_manifest, list_versions, parse_ref, read_dataset
 from pipelines.selection import BadFilter
 from pipelines.sources import SourceMissing
@@ -18,6 +19,7 @@ __all__ = [
     "BadFilter",
     "BuildConfig",
     "BuildResult",
+    "CorruptTable",
     "DatasetDiff",
     "DatasetNotFound",
     "EmptyDataset",

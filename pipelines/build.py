@@ -84,9 +84,7 @@ def build_dataset(
     try:
         plan, counts = _plan(con, config)
         stream = SampleStream(con, plan, config, progress=progress)
-        write_deltalake(lake.uri(dataset_table(name)), stream.reader(), mode="overwrite", schema_mode="overwrite",
-                        storage_options=dict(lake.storage_options), writer_properties=SAMPLE_FILES,
-                        target_file_size=SAMPLE_FILE_BYTES)
+        _write(lake, name, stream)
         lineage = _lineage(con, plan, stream.samples_per_rollout)
     finally:
         con.close()
@@ -104,6 +102,18 @@ def build_dataset(
             publish_error = f"{type(exc).__name__}: {exc}"
             log.warning("dataset.version not published dataset=%s version=%s error=%s", name, version, publish_error)
     return BuildResult(name, version, manifest["content_hash"], manifest, published, publish_error)
+
+
+def _write(lake: Lake, name: str, stream: SampleStream) -> None:
+    """One Delta overwrite commit of the streamed samples; errors raised while merging come out unwrapped."""
+    try:
+        write_deltalake(lake.uri(dataset_table(name)), stream.reader(), mode="overwrite", schema_mode="overwrite",
+                        storage_options=dict(lake.storage_options), writer_properties=SAMPLE_FILES,
+                        target_file_size=SAMPLE_FILE_BYTES)
+    except Exception:
+        if stream.error is not None:
+            raise stream.error from None
+        raise
 
 
 def _plan(con: duckdb.DuckDBPyConnection, config: BuildConfig) -> tuple[RolloutPlan, dict[str, Any]]:

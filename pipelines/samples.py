@@ -76,9 +76,18 @@ class SampleStream:
         self.samples_per_rollout: dict[str, int] = {}
         self.start_reasons: Counter[str] = Counter()
         self.n_samples = self.n_tokens = self.n_trained_tokens = 0
+        self.error: Exception | None = None
 
     def reader(self) -> pa.RecordBatchReader:
-        return pa.RecordBatchReader.from_batches(SAMPLES, self._batches())
+        return pa.RecordBatchReader.from_batches(SAMPLES, self._recording_errors())
+
+    def _recording_errors(self) -> Iterator[pa.RecordBatch]:
+        """The Delta writer wraps errors raised in the stream in its own; keep the original to re-raise."""
+        try:
+            yield from self._batches()
+        except Exception as exc:
+            self.error = exc
+            raise
 
     def content_hash(self) -> str:
         return self._hash.hexdigest()

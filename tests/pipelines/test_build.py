@@ -26,6 +26,7 @@ from pipelines import (
     list_versions,
     read_dataset,
 )
+from pipelines.samples import CorruptTable
 from tests.pipelines.conftest import T0, LakeRows
 
 
@@ -270,5 +271,6 @@ def test_token_counts_that_disagree_with_the_token_lists_are_reported(lake, rows
     agent(rows, "r", "t", 1.0)
     rows.rows["llm_responses"][0].update(n_response_tokens=7, logprobs=[-0.1] * 7)  # the token list holds 2
     rows.flush()
-    with pytest.raises(RuntimeError, match="trajlake rebuild"):
+    with pytest.raises(CorruptTable, match="trajlake rebuild"):
         build_dataset(lake, "ds")
+    assert not lake.exists("datasets/ds")

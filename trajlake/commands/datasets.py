@@ -23,6 +23,7 @@ from pipelines import (
     BadFilter,
     BuildConfig,
     BuildResult,
+    CorruptTable,
     DatasetNotFound,
     EmptyDataset,
     RewardRule,
@@ -110,7 +111,7 @@ def build_dataset_command(
             task_id = bar.add_task("merge", total=None)
             result = build_dataset(Lake(settings.lake), name, config, producer=producer,
                                    progress=lambda done, total: bar.update(task_id, completed=done, total=total))
-    except (SourceMissing, BadFilter, EmptyDataset, ValueError) as exc:
+    except (SourceMissing, BadFilter, EmptyDataset, CorruptTable, ValueError) as exc:
         raise fail(str(exc)) from None
     finally:
         if producer is not None:
