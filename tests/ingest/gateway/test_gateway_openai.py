@@ -11,11 +11,13 @@ import json
 
 import httpx
 import pytest
-from conftest import KEY, TENANT, read_topic, serve
+from conftest import KEY, TENANT, memory_emitter, read_topic, serve, wait_for
 from openai import OpenAI
+from transformers import AutoTokenizer
 
 from ingest.gateway import create_gateway_app
 from ingest.ingester import IngesterConfig, ingest_until_idle
+from schemas.tokenizer_identity import chat_template_hash, tokenizer_identity
 from trainer.serve import create_serve_app
 
 MESSAGES = [{"role": "user", "content": "Write a haiku about the sea."}]
@@ -110,3 +112,23 @@ def test_tool_calls_round_trip_and_are_recorded(settings, broker, topic, engine)
         response = responses[request["payload"]["call_id"]]["payload"]
         assert response["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
         assert response["finish_reason"] == "tool_calls" and response["token_source"] == "engine"
+
+
+def test_engine_without_ids_is_retokenized_with_the_configured_tokenizer(settings, tiny_model_dir, tmp_path):
+    settings.tokenizer = str(tiny_model_dir)
+    emitter, sink = memory_emitter(tmp_path)
+    messages = [{"role": "user", "content": "what is the weather in Paris"}]
+    with serve(create_gateway_app(settings, emitter=emitter)) as url:
+        answer = client(f"{url}/v1").chat.completions.create(model="fake-noids", messages=messages, tools=TOOLS)
+        assert answer.choices[0].message.tool_calls
+    wait_for(lambda: len(sink.records) == 2, what="2 events")
+    request, response = (json.loads(v) for _, v in sink.records)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    expected = tokenizer.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=True)
+    expected = expected["input_ids"] if hasattr(expected, "keys") else expected
+    assert request["payload"]["prompt_token_ids"] == list(expected)
+    assert request["payload"]["tokenizer"] == tokenizer_identity(tiny_model_dir)
+    assert request["payload"]["chat_template_hash"] == chat_template_hash(tokenizer.chat_template)
+    assert response["payload"]["token_source"] == "retokenized"
+    assert response["payload"]["logprobs"] is None or len(response["payload"]["logprobs"]) == len(
+        response["payload"]["response_token_ids"])
