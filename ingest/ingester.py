@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+import pyarrow as pa
 from kafka import KafkaConsumer
 
 from ingest.batch import Batch, DecodedBatch
@@ -102,10 +103,12 @@ class _Tables:
     """The ingested tables, open, in commit order: events, typed tables, quarantine."""
 
     def __init__(self, lake: Lake, *, group: str, topic: str) -> None:
-        open_ = lambda name, schema: MarkedTable(lake, name, schema, group=group, topic=topic)  # noqa: E731
-        self.events = open_("events", EVENTS)
-        self.typed = [open_(name, schema) for name, schema in TYPED_TABLES.values()]
-        self.quarantine = open_("quarantine", QUARANTINE)
+        def open_table(name: str, schema: pa.Schema) -> MarkedTable:
+            return MarkedTable(lake, name, schema, group=group, topic=topic)
+
+        self.events = open_table("events", EVENTS)
+        self.typed = [open_table(name, schema) for name, schema in TYPED_TABLES.values()]
+        self.quarantine = open_table("quarantine", QUARANTINE)
 
     @property
     def all(self) -> list[MarkedTable]:

@@ -67,11 +67,12 @@ class MarkedTable:
         if rows.num_rows == 0:
             return rows
         part, off = rows.column("kafka_partition"), rows.column("kafka_offset")
-        keep = pa.array([False] * rows.num_rows)
+        keep = None
         for p in pc.unique(part).to_pylist():
-            mark = self._markers.get(p)
-            above = pc.greater(off, mark) if mark is not None else pa.array([True] * rows.num_rows)
-            keep = pc.or_(keep, pc.and_(pc.equal(part, p), above))
+            mine = pc.equal(part, p)
+            if (mark := self._markers.get(p)) is not None:
+                mine = pc.and_(mine, pc.greater(off, mark))
+            keep = mine if keep is None else pc.or_(keep, mine)
         return rows.filter(keep)
 
     def commit(self, rows: pa.Table, last_offsets: Mapping[int, int], *, refresh_offsets: int) -> int:
