@@ -10,8 +10,9 @@ from pipelines.config import BuildConfig, RewardRule, Selection
 from pipelines.diff import DatasetDiff, diff_versions
 from pipelines.export import ExportResult, export_parquet
 from pipelines.lineage import Lineage, LineageNotFound, lineage
-from pipelines.samples import CorruptTable
+from pipelines.openlineage import run_event
 from pipelines.registry import DatasetNotFound, get_manifest, list_versions, parse_ref, read_dataset
+from pipelines.samples import CorruptTable
 from pipelines.selection import BadFilter
 from pipelines.sources import SourceMissing
 
@@ -37,4 +38,5 @@ __all__ = [
     "list_versions",
     "parse_ref",
     "read_dataset",
+    "run_event",
 ]

@@ -43,6 +43,10 @@ def test_build_show_list_diff_export_lineage(cli, tmp_path):
     assert traced.exit_code == 0 and "2 rollout(s)" in traced.output and "kafka offsets" in traced.output
     as_json = json.loads(cli("lineage", "r1", "--json").output)
     assert [d["version"] for d in as_json["datasets"]] == [0, 1]
+    run = json.loads(cli("lineage", "ds@1", "--openlineage").output)
+    assert run["eventType"] == "COMPLETE" and run["outputs"][0]["facets"]["version"]["datasetVersion"] == "1"
+    assert {i["name"] for i in run["inputs"]} >= {"llm_requests", "rewards"}
+    assert cli("lineage", "r1", "--openlineage").exit_code == 1
 
 
 @pytest.mark.parametrize(

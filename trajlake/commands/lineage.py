@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
 
-from pipelines import DatasetNotFound, Lineage, LineageNotFound, lineage
+from pipelines import DatasetNotFound, Lineage, LineageNotFound, get_manifest, lineage, run_event
 from store.lake import Lake
 from trajlake.settings import CommonSettings
 
@@ -19,6 +19,7 @@ def lineage_command(
     lake: str | None = typer.Option(None, "--lake", help="Lake root (default: TRAJLAKE_LAKE, else ./lake)."),
     limit: int = typer.Option(10, min=0, help="Rollouts and events to list by id (all are counted)."),
     as_json: bool = typer.Option(False, "--json", help="Print the lineage as JSON (every id)."),
+    openlineage: bool = typer.Option(False, "--openlineage", help="For a dataset version: print its build as an OpenLineage RunEvent."),
 ) -> None:
     """Trace an id down to rollouts, events and Kafka offsets, and up to dataset versions and checkpoints."""
     settings = CommonSettings(**({"lake": lake} if lake else {}))
@@ -27,7 +28,14 @@ def lineage_command(
     except (LineageNotFound, DatasetNotFound) as exc:
         Console(stderr=True).print(Text.assemble(("error: ", "bold red"), str(exc)))
         raise typer.Exit(code=1) from None
-    if as_json:
+    if openlineage:
+        if found.kind not in ("dataset", "checkpoint"):
+            Console(stderr=True).print("error: --openlineage needs a dataset version (NAME@VERSION) or checkpoint id")
+            raise typer.Exit(code=1)
+        use = found.datasets[0]
+        print(json.dumps(run_event(get_manifest(Lake(settings.lake), use.dataset, use.version),
+                                   namespace=Lake(settings.lake).root), indent=2))
+    elif as_json:
         print(json.dumps(to_json(found), indent=2, default=str))
     else:
         Console().print(render(found, limit=limit))
