@@ -1,0 +1,77 @@
+"""Unit tests of the ingester's parts, with fake Kafka records (no broker)."""
+
+import json
+from collections import namedtuple
+
+import pytest
+from ingester_support import stream, wire_event
+
+from ingest.batch import Batch
+from ingest.dedupe import SeenEventIds
+from ingest.ingester import IngesterConfig
+from schemas.tables import EVENTS
+from store.commit import MarkedTable
+
+Record = namedtuple("Record", "topic partition offset key value")
+
+
+def records(messages, partition=0, start=0):
+    return [Record("t", partition, start + i, b"k", m if isinstance(m, bytes) or m is None else json.dumps(m).encode())
+            for i, m in enumerate(messages)]
+
+
+def test_first_copy_wins_and_a_replay_decides_the_same():
+    seen = SeenEventIds(max_ids=10)
+    assert not seen.is_duplicate("e1", 0, 5)
+    assert seen.is_duplicate("e1", 0, 9)  # a producer retry
+    assert not seen.is_duplicate("e1", 0, 5)  # the original, replayed after a crash
+    assert seen.is_duplicate("e1", 1, 5)
+
+
+def test_seen_ids_are_bounded_oldest_first():
+    seen = SeenEventIds(max_ids=2)
+    for i, event_id in enumerate(["a", "b", "c"]):
+        seen.is_duplicate(event_id, 0, i)
+    assert len(seen) == 2
+    assert not seen.is_duplicate("a", 0, 99)  # evicted: the bound is documented
+    with pytest.raises(ValueError, match="max_ids"):
+        SeenEventIds(max_ids=0)
+
+
+def test_seen_ids_load_from_the_events_table(lake):
+    events = list(stream(1, seed=9))
+    batch = Batch()
+    batch.add(records(events, partition=2))
+    decoded = batch.decode(SeenEventIds(), max_event_bytes=10_000)
+    MarkedTable(lake, "events", EVENTS, group="g", topic="t").commit(decoded.events, decoded.last_offsets,
+                                                                     refresh_offsets=0)
+    seen = SeenEventIds()
+    assert seen.load(lake, topic="t", partitions=[2]) == len(events)
+    assert seen.is_duplicate(events[0]["event_id"], 2, 1000)
+    assert seen.load(lake, topic="t", partitions=[0]) == 0
+
+
+def test_batch_decode_sorts_good_duplicate_and_bad():
+    good = list(stream(1, seed=10))
+    batch = Batch()
+    batch.add(records([*good, good[0], b"{", None, wire_event("reward", {"name": "r"}, rollout="x", seq=0)], start=7))
+    assert len(batch) == len(good) + 4 and batch.bytes > 0
+    decoded = batch.decode(SeenEventIds(), max_event_bytes=10_000)
+    assert decoded.events.column("event_id").to_pylist() == [e["event_id"] for e in good]
+    assert decoded.duplicates == 1
+    assert [r.field for r in decoded.rejected] == ["(event)", "(event)", "payload.value"]
+    assert decoded.rejected[2].event_id is not None and decoded.rejected[1].raw == b""
+    assert decoded.last_offsets == {0: 7 + len(good) + 3}
+
+
+def test_oversized_event_is_rejected_whole_without_parsing():
+    big = json.dumps(wire_event("reward", {"name": "r", "value": 1.0, "source": "x" * 5000}, rollout="x", seq=0)).encode()
+    batch = Batch()
+    batch.add(records([big]))
+    (rejected,) = batch.decode(SeenEventIds(), max_event_bytes=1000).rejected
+    assert rejected.raw == big and "exceeds the 1000-byte limit" in rejected.reason and rejected.event_id is None
+
+
+def test_dead_letter_topic_defaults_to_topic_dot_dlq():
+    assert IngesterConfig(lake="l", bootstrap_servers="b", topic="ev").dead_letter_topic == "ev.dlq"
+    assert IngesterConfig(lake="l", bootstrap_servers="b", dlq_topic="").dead_letter_topic == ""

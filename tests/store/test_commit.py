@@ -1,0 +1,66 @@
+import pyarrow as pa
+import pytest
+
+from schemas.tables import QUARANTINE
+from store.commit import MarkedTable, OffsetConflict, marker_app_id, resume_offsets
+from store.event_rows import KafkaCoordinates, Rejected, quarantine_table
+
+
+def rows(partition: int, offsets) -> pa.Table:
+    return quarantine_table([Rejected(b"x", "f", "r", None, KafkaCoordinates("t", partition, o)) for o in offsets])
+
+
+def table(lake, name="quarantine") -> MarkedTable:
+    return MarkedTable(lake, name, QUARANTINE, group="g", topic="t")
+
+
+def offsets(lake, name="quarantine"):
+    return sorted(zip(*(lake.read(name, columns=["kafka_partition", "kafka_offset"]).to_pydict().values())))
+
+
+def test_commit_writes_rows_and_markers_in_one_version(lake):
+    t = table(lake)
+    t.load([0, 1])
+    assert t.commit(pa.concat_tables([rows(0, [0, 1]), rows(1, [5])]), {0: 1, 1: 5}, refresh_offsets=0) == 3
+    assert lake.version("quarantine") == 1  # 0 = creation
+    assert lake.marker("quarantine", marker_app_id("g", "t", 0)) == 1
+    assert lake.marker("quarantine", marker_app_id("g", "t", 1)) == 5
+
+
+def test_replayed_rows_at_or_below_the_marker_are_skipped(lake):
+    first = table(lake)
+    first.load([0])
+    first.commit(rows(0, [0, 1, 2]), {0: 2}, refresh_offsets=0)
+    again = table(lake)  # a restarted ingester replays offsets 1..4
+    again.load([0])
+    assert again.commit(rows(0, [1, 2, 3, 4]), {0: 4}, refresh_offsets=0) == 2
+    assert offsets(lake) == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 4)]
+
+
+def test_an_idle_table_commits_markers_only_when_they_trail(lake):
+    t = table(lake)
+    t.load([0])
+    assert t.commit(rows(0, []), {0: 10}, refresh_offsets=100) == 0  # no marker yet: stale, committed
+    version = lake.version("quarantine")
+    t.commit(rows(0, []), {0: 60}, refresh_offsets=100)
+    assert lake.version("quarantine") == version  # trails by 50 <= 100: skipped
+    t.commit(rows(0, []), {0: 200}, refresh_offsets=100)
+    assert lake.marker("quarantine", marker_app_id("g", "t", 0)) == 200
+
+
+def test_markers_moved_by_another_writer_are_a_conflict(lake):
+    mine, theirs = table(lake), table(lake)
+    mine.load([0])
+    theirs.load([0])
+    theirs.commit(rows(0, [0, 1]), {0: 1}, refresh_offsets=0)
+    with pytest.raises(OffsetConflict, match="re-seeking"):
+        mine.commit(rows(0, [0, 1]), {0: 1}, refresh_offsets=0)
+    assert offsets(lake) == [(0, 0), (0, 1)]
+
+
+def test_resume_is_the_smallest_marker_plus_one(lake):
+    a, b = table(lake, "quarantine"), table(lake, "other")
+    assert resume_offsets([a, b], [0, 1]) == {0: None, 1: None}
+    a.commit(rows(0, []), {0: 9, 1: 3}, refresh_offsets=0)
+    b.commit(rows(0, []), {0: 4}, refresh_offsets=0)
+    assert resume_offsets([a, b], [0, 1]) == {0: 5, 1: None}
