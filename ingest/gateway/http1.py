@@ -129,11 +129,11 @@ class Reply:
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        await self._chunks.aclose()
         if self._done and conn.reusable:
             self._pool.release(conn)
-        else:
-            conn.close()
+            return
+        conn.close()
+        await self._chunks.aclose()
 
 
 class Http1Pool:

@@ -160,9 +160,10 @@ class ProxyService:
             self.metrics.upstream_errors.labels("stream_broken").inc()
             yield _sse_error(error)
         finally:
-            await response.aclose()
+            # Record before awaiting anything: a cancelled task (client gone) may be cancelled again at any await.
             self._record(current.captured(completion=acc.result(), error=error, engine_headers=response.headers))
             self._remember(current, StoredReply(200, b"".join(sent), _SSE) if error is None else None)
+            await response.aclose()
 
     def _relay_event(self, event: bytes, acc: StreamAccumulator, asked: Asked) -> bytes:
         lines = event.split(b"\n")

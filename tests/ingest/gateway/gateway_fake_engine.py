@@ -8,7 +8,8 @@ the engine directly with answers through the gateway byte for byte.
 "Tokens" are whitespace-separated words; a word's id is its crc32 mod 50,000.
 Model names steer failures: ``fake-503`` always answers 503, ``fake-slow``
 sleeps 3 s, ``fake-flaky-<n>`` answers 503 to the first n calls per prompt,
-``fake-noids`` never returns token ids.
+``fake-noids`` never returns token ids, ``fake-break`` drops the connection
+after three streamed tokens, ``fake-slowstream`` streams a token per 0.2 s.
 """
 
 from __future__ import annotations
@@ -132,7 +133,9 @@ async def chat_stream(body: dict[str, Any], *, ids: bool):
         if ids:
             choice["token_ids"] = [token_id(word)]
         yield _sse({**base, "choices": [choice]})
-        await asyncio.sleep(0)
+        if body["model"] == "fake-break" and i == 2:
+            raise RuntimeError("the engine crashed mid-stream")
+        await asyncio.sleep(0.2 if body["model"] == "fake-slowstream" else 0)
     finish = whole["choices"][0]["finish_reason"]
     yield _sse({**base, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}]})
     if (body.get("stream_options") or {}).get("include_usage"):

@@ -257,3 +257,22 @@ def test_models_health_ready_and_metrics(gateway):
                  "trajlake_gateway_request_seconds_bucket", "trajlake_gateway_spool_depth_bytes",
                  "trajlake_gateway_events_produced_total", "trajlake_gateway_events_dropped_total"):
         assert name in metrics
+
+
+def test_stream_broken_by_the_engine_ends_with_an_error_chunk_and_is_recorded(gateway):
+    url, sink, _ = gateway
+    r = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "model": "fake-break", "stream": True}, headers=AUTH)
+    chunks = sse_chunks(r.text)
+    assert chunks[-1]["error"]["code"] == "stream_broken" and "[DONE]" not in r.text
+    _, response = events(sink, 2)
+    assert "upstream stream broke" in response["payload"]["error"]
+    assert len(response["payload"]["response_token_ids"]) == 3  # what was sampled before the break
+
+
+def test_client_leaving_mid_stream_is_recorded_as_such(gateway):
+    url, sink, _ = gateway
+    body = {**CHAT, "model": "fake-slowstream", "stream": True}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=AUTH) as r:
+        next(r.iter_lines())
+    _, response = events(sink, 2)
+    assert response["payload"]["error"] == "client disconnected before the stream ended"
