@@ -328,7 +328,9 @@ def check_tenant_select(
     table name unqualified and in ``relations`` or a CTE in scope; every table
     function in ``PURE_TABLE_FUNCTIONS``; no function in ``REFUSED_FUNCTIONS``.
     """
-    if not isinstance(sql, str) or not sql.strip():
+    if not isinstance(sql, str):
+        raise QueryRefused(f"the query must be text, not {type(sql).__name__}", hint="send the SQL as a string")
+    if not sql.strip():
         raise QueryRefused("empty query", hint="send one SELECT statement, e.g. SELECT * FROM rollouts LIMIT 10")
     if len(sql) > max_chars:
         raise QueryRefused(f"query is {len(sql):,} characters; the limit is {max_chars:,}",
@@ -408,7 +410,7 @@ class _Walker:
         elif kind == "TABLE_FUNCTION":
             function = ref.get("function") or {}
             name = str(function.get("function_name", "")).lower()
-            if name not in PURE_TABLE_FUNCTIONS or function.get("schema") or function.get("catalog"):
+            if name not in PURE_TABLE_FUNCTIONS:
                 raise QueryRefused(f"table function {name}() refused: files and catalogs are not readable here",
                                    hint="read your views; allowed table functions: "
                                    + ", ".join(sorted(PURE_TABLE_FUNCTIONS)))
@@ -417,7 +419,7 @@ class _Walker:
 
     def _check_function(self, function: dict[str, Any]) -> None:
         name = str(function.get("function_name", "")).lower()
-        if name in REFUSED_FUNCTIONS or function.get("schema") or function.get("catalog"):
+        if name in REFUSED_FUNCTIONS:  # by name: a schema or catalog prefix does not change which function runs
             raise QueryRefused(f"function {name}() is not available here", hint="use functions on your data only")
 
 

@@ -13,7 +13,8 @@ import pyarrow as pa
 
 
 def jsonable(value: Any) -> Any:
-    """One value as JSON: timestamps ISO 8601, intervals in seconds, decimals as text, bytes base64,
+    """One value as JSON: timestamps ISO 8601, durations in seconds, intervals as
+    {months, days, seconds}, decimals as text, bytes base64,
     NaN and infinities as null, maps as [key, value] pairs.
 
     >>> jsonable({"t": datetime(2026, 1, 1), "x": float("nan"), "b": b"hi"})
@@ -27,6 +28,8 @@ def jsonable(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, timedelta):
         return value.total_seconds()
+    if isinstance(value, pa.MonthDayNano):  # DuckDB INTERVAL: months and days have no fixed length
+        return {"months": value.months, "days": value.days, "seconds": value.nanoseconds / 1e9}
     if isinstance(value, Decimal):
         return str(value)
     if isinstance(value, (bytes, bytearray, memoryview)):

@@ -167,7 +167,7 @@ def test_values_become_strict_json(client):
     row = ok(response)["rows"][0]
     assert json.loads(response.text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert row[0].startswith("2026-01-01T00:00:01.5") and row[1] is None and row[2] is None
-    assert row[3:] == ["AQI=", "1.25", 90.0, [1, 2], {"a": 1}, [["k", 2]], None]
+    assert row[3:] == ["AQI=", "1.25", {"months": 0, "days": 0, "seconds": 90.0}, [1, 2], {"a": 1}, [["k", 2]], None]
 
 
 def test_token_columns_come_back_as_numbers(client):
