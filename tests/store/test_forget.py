@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from deltalake import write_deltalake
 
 from schemas.events import EVENT_ADAPTER
 from schemas.tables import INGESTED_TABLES, QUARANTINE, SAMPLES
@@ -75,8 +76,6 @@ def dataset(lake: Lake, rollouts: list[tuple[str, str]]) -> None:
              "n_trained_tokens": 1, "policy_version": secret(t, r), "tokenizer": "tok"}
             for t, r in rollouts
         ]
-        from deltalake import write_deltalake
-
         write_deltalake(lake.uri("datasets/nightly"), pa.Table.from_pylist(rows, schema=SAMPLES), mode="overwrite")
         lineage = [{"dataset": "nightly", "version": version, "rollout_id": r} for _, r in rollouts]
         lake.append("dataset_lineage", pa.Table.from_pylist(lineage, schema=LINEAGE))
