@@ -1,0 +1,228 @@
+"""The tenant sandbox on real Delta lakes: only the tenant's rows exist in it, nothing else is reachable.
+
+The connection-level tests go through ``TenantSandbox.execute`` (the server's
+own SQL, which skips the statement check) to show that isolation holds even
+for SQL the check would have refused.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from lake_builder import sample_rollout, write_events
+
+from schemas.tables import INGESTED_TABLES
+from store.lake import Lake
+from store.sql import JOINED_VIEWS, QueryError, WriteRefused, connect
+from store.tenant_sql import (
+    TENANT_TABLES,
+    QueryRefused,
+    QueryTimeout,
+    SandboxLimits,
+    SnapshotCache,
+    check_tenant_select,
+    delta_dataset,
+    open_tenant_sandbox,
+    take_snapshot,
+)
+
+FAST = SandboxLimits(timeout_s=0.5)
+
+
+@pytest.fixture
+def two_tenants(lake: Lake) -> Lake:
+    """acme: r1 (finished) and r2 (started); beta: r1 too (same id) and r9; o'brien: r5."""
+    write_events(lake, [*sample_rollout("r1", tenant="acme"), *sample_rollout("r2", tenant="acme")[:3],
+                        *sample_rollout("r1", tenant="beta"), *sample_rollout("r9", tenant="beta"),
+                        *sample_rollout("r5", tenant="o'brien")])
+    return lake
+
+
+@pytest.fixture
+def acme(two_tenants: Lake):
+    with open_tenant_sandbox(take_snapshot(two_tenants), "acme", limits=FAST) as box:
+        yield box
+
+
+def test_every_relation_holds_exactly_the_tenants_rows(two_tenants, acme):
+    plain = connect(two_tenants)
+    assert acme.relations == frozenset(TENANT_TABLES) | frozenset(JOINED_VIEWS)
+    for name in sorted(acme.relations):
+        expected = plain.execute(f"SELECT count(*) FROM {name} WHERE tenant = 'acme'").fetchone()[0]
+        assert expected > 0, name
+        got = acme.query(f"SELECT tenant, count(*) AS n FROM {name} GROUP BY ALL", limit=10).table.to_pylist()
+        assert got == [{"tenant": "acme", "n": expected}], name
+
+
+def test_tables_without_a_tenant_column_are_not_there(two_tenants, acme):
+    assert "quarantine" in INGESTED_TABLES and "quarantine" not in acme.relations
+    with pytest.raises(QueryRefused, match="unknown relation 'quarantine'"):
+        acme.query("SELECT * FROM quarantine", limit=1)
+    with pytest.raises(QueryError):
+        acme.execute("SELECT * FROM quarantine")
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM read_csv('/etc/passwd')",
+    "SELECT * FROM read_parquet('{lake}/events/*.parquet')",
+    "SELECT * FROM '{lake}/events/*.parquet'",
+    "SELECT * FROM glob('{lake}/*')",
+    "COPY (SELECT 1) TO '{lake}/../stolen.csv'",
+    "ATTACH '{lake}/../other.duckdb' AS other",
+    "INSTALL httpfs",
+    "LOAD '{lake}/../evil.duckdb_extension'",
+    "SET enable_external_access = true",
+    "SET lock_configuration = false",
+    "SET memory_limit = '100GB'",
+])
+def test_the_connection_itself_refuses_files_extensions_and_settings(two_tenants, acme, sql):
+    """Even SQL that skips the statement check (``execute``) cannot leave the tenant's rows."""
+    with pytest.raises(QueryError):
+        acme.execute(sql.format(lake=two_tenants.root))
+
+
+def test_copy_through_the_unchecked_path_writes_no_file(two_tenants, acme, tmp_path):
+    target = tmp_path / "stolen.csv"
+    with pytest.raises(QueryError):
+        acme.execute(f"COPY (SELECT * FROM events) TO '{target}'")
+    assert not target.exists()
+
+
+def test_unfiltered_rows_are_unreachable_even_without_the_check(acme):
+    assert acme.execute("SELECT DISTINCT tenant FROM events").to_pylist() == [{"tenant": "acme"}]
+    assert acme.execute("SELECT count(*) AS n FROM rollouts WHERE tenant = 'beta'").to_pylist() == [{"n": 0}]
+    assert acme.execute("SELECT count(*) AS n FROM rollouts WHERE rollout_id = 'r1'").to_pylist() == [{"n": 1}]
+
+
+@pytest.mark.parametrize("sql,error,match", [
+    ("SELECT * FROM read_csv('/etc/passwd')", QueryRefused, "read_csv"),
+    ("SELECT * FROM delta_scan('/lake/events')", QueryRefused, "delta_scan"),
+    ("SELECT * FROM system.main.read_parquet('x')", QueryRefused, "read_parquet"),
+    ("COPY events TO 'x.csv'", WriteRefused, "COPY"),
+    ("ATTACH 'x.db'", WriteRefused, "ATTACH"),
+    ("INSTALL httpfs", WriteRefused, "not allowed"),
+    ("LOAD httpfs", WriteRefused, "not allowed"),
+    ("SET threads = 64", WriteRefused, "SET"),
+    ("PRAGMA version", QueryRefused, "single SELECT"),
+    ("CALL pragma_version()", WriteRefused, "CALL"),
+    ("SELECT 1; SELECT 2", QueryRefused, "2 statements"),
+    ("SELECT * FROM information_schema.columns", QueryRefused, "qualified"),
+    ("SELECT * FROM duckdb_views", QueryRefused, "unknown relation"),
+    ("SELECT main.current_setting('threads')", QueryRefused, "current_setting"),
+    ("SELECT getvariable('x')", QueryRefused, "getvariable"),
+    ("SELECT * FROM events AT (VERSION => 1)", QueryRefused, "time travel"),
+    ("SELECT * FROM (PIVOT events ON type IN ('reward') USING count(*))", QueryRefused, "pivot"),
+    ("SHOW ALL TABLES", QueryRefused, "SHOW"),
+    ("WITH a AS (SELECT * FROM b), b AS (SELECT 1) SELECT * FROM a", QueryRefused, "unknown relation 'b'"),
+    ("SELECT (WITH x AS (SELECT 1) SELECT 1), * FROM x", QueryRefused, "unknown relation 'x'"),
+    ("   ", QueryRefused, "empty"),
+    ("SELEC 1", QueryRefused, "syntax"),
+])
+def test_the_check_refuses_with_a_message(acme, sql, error, match):
+    with pytest.raises(error, match=match) as caught:
+        check_tenant_select(acme._con, sql, relations=acme.relations)
+    assert caught.value.hint
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM rollouts",
+    "FROM events SELECT type",
+    "WITH mine AS (SELECT * FROM events) SELECT count(*) FROM mine JOIN rewards USING (event_id)",
+    "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 5) SELECT * FROM n",
+    "SELECT * FROM range(3), generate_series(1, 2)",
+    "SELECT unnest([1, 2])",
+    "SELECT * FROM unnest([1, 2])",
+    "DESCRIBE llm_calls",
+    "SUMMARIZE rollouts",
+    "VALUES (1), (2)",
+    "SELECT * FROM Rollouts",
+])
+def test_the_check_lets_ordinary_selects_through(acme, sql):
+    check_tenant_select(acme._con, sql, relations=acme.relations)
+    acme.query(sql, limit=5)
+
+
+def test_a_query_text_must_be_a_string_under_the_length_limit(acme):
+    with pytest.raises(QueryRefused, match="must be text"):
+        acme.query(b"SELECT 1", limit=1)  # type: ignore[arg-type]
+    with pytest.raises(QueryRefused, match="limit is 20,000"):
+        acme.query("SELECT 1" + " " * 100_000, limit=1)
+
+
+def test_long_queries_are_interrupted_at_the_limit_and_the_sandbox_recovers(acme):
+    with pytest.raises(QueryTimeout, match="0.5 s"):
+        acme.query("SELECT count(*) FROM range(1000000000000)", limit=1)
+    with pytest.raises(QueryTimeout):
+        acme.query("SELECT count(*) FROM events a, events b, events c, events d, events e, events f, events g",
+                   limit=1)
+    with pytest.raises(QueryTimeout):
+        acme.execute("SELECT count(*) FROM range(1000000000000)")
+    assert acme.query("SELECT 42 AS x", limit=1).table.to_pylist() == [{"x": 42}]
+
+
+def test_memory_hungry_queries_stop_at_the_memory_limit(two_tenants):
+    with open_tenant_sandbox(take_snapshot(two_tenants), "acme",
+                             limits=SandboxLimits(timeout_s=30, memory_limit="64MB")) as box:
+        with pytest.raises(QueryError, match="memory"):
+            box.query("SELECT list(range) FROM range(50000000)", limit=1)
+
+
+def test_pages_skip_offset_keep_limit_and_say_whether_more_follow(acme):
+    query = "SELECT range AS n FROM range(25) ORDER BY n"
+    page = acme.query(query, limit=10, offset=10)
+    assert page.table["n"].to_pylist() == list(range(10, 20)) and page.more and page.offset == 10
+    page = acme.query(query, limit=10, offset=20)
+    assert page.table["n"].to_pylist() == list(range(20, 25)) and not page.more
+    assert acme.query(query, limit=10, offset=99).table.num_rows == 0
+    with pytest.raises(ValueError):
+        acme.query(query, limit=-1)
+
+
+def test_a_tenant_name_with_a_quote_is_just_a_value(two_tenants):
+    with open_tenant_sandbox(take_snapshot(two_tenants), "o'brien") as box:
+        rows = box.query("SELECT DISTINCT tenant, rollout_id FROM rollouts", limit=5).table.to_pylist()
+    assert rows == [{"tenant": "o'brien", "rollout_id": "r5"}]
+    with pytest.raises(ValueError):
+        open_tenant_sandbox(take_snapshot(two_tenants), "")
+
+
+def test_an_unknown_tenant_sees_empty_views(two_tenants):
+    with open_tenant_sandbox(take_snapshot(two_tenants), "nobody") as box:
+        assert box.query("SELECT count(*) AS n FROM events", limit=1).table.to_pylist() == [{"n": 0}]
+
+
+def test_a_young_lake_has_every_view_empty(lake):
+    with open_tenant_sandbox(take_snapshot(lake), "acme") as box:
+        assert box.relations == frozenset(TENANT_TABLES) | frozenset(JOINED_VIEWS)
+        assert box.query("SELECT count(*) AS n FROM rollouts", limit=1).table.to_pylist() == [{"n": 0}]
+
+
+def test_extra_tables_are_filtered_too_and_must_carry_a_tenant_column(two_tenants):
+    rows = pa.table({"tenant": ["acme", "beta"], "secret": ["mine", "theirs"]})
+    two_tenants.append("datasets/mixed", rows)
+    two_tenants.append("scores", pa.table({"secret": ["anyone's"]}))
+    extra = {"datasets__mixed": delta_dataset(two_tenants, "datasets/mixed")}
+    with open_tenant_sandbox(take_snapshot(two_tenants), "acme", extra=extra) as box:
+        assert box.query("SELECT secret FROM datasets__mixed", limit=5).table.to_pylist() == [{"secret": "mine"}]
+    with pytest.raises(ValueError, match="no 'tenant' column"):
+        delta_dataset(two_tenants, "scores")
+    with pytest.raises(ValueError, match="no 'tenant' column"):
+        open_tenant_sandbox(take_snapshot(two_tenants), "acme", extra={"scores": pa.table({"x": [1]})})
+
+
+def test_describe_lists_columns_of_the_tenants_relations_only(acme):
+    views = acme.describe()
+    assert set(views) == acme.relations
+    assert ("rollout_id", "VARCHAR") in views["rollouts"]
+
+
+def test_the_snapshot_cache_reuses_a_fresh_snapshot_and_retakes_a_stale_one(two_tenants):
+    cached = SnapshotCache(two_tenants, ttl_s=3600)
+    assert cached.get() is cached.get()
+    stale = SnapshotCache(two_tenants, ttl_s=0)
+    before = stale.get()
+    write_events(two_tenants, sample_rollout("r3", tenant="acme"))
+    after = stale.get()
+    assert after is not before and after.versions["events"] == before.versions["events"] + 1
+    with open_tenant_sandbox(after, "acme") as box:
+        assert box.query("SELECT count(*) AS n FROM rollouts", limit=1).table.to_pylist() == [{"n": 3}]
