@@ -43,7 +43,14 @@ class StepLog:
     total_steps: int
     epoch: int
     metrics: dict[str, float]
-    tokens_per_s: float
+    tokens: int
+    """Real (unpadded) tokens of this step on this rank."""
+    seconds: float
+    """Wall time of this step (from the end of the previous one)."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / max(self.seconds, 1e-9)
 
 
 @dataclass
@@ -233,13 +240,14 @@ class _StepStats:
         if "ratio_min" in keys:
             means["ratio_min"] = min(m["ratio_min"] for m in self.pending)
             means["ratio_max"] = max(m["ratio_max"] for m in self.pending)
-        tps = self.step_tokens / max(now - self.t_step, 1e-9)
-        means["tokens_per_s"] = tps
+        seconds = now - self.t_step
+        means["tokens_per_s"] = self.step_tokens / max(seconds, 1e-9)
         self.losses.append(means["loss"])
         self.clip_fracs.append(means.get("clip_frac", 0.0))
+        entry = StepLog(step, total_steps, epoch, means, self.step_tokens, seconds)
         self.tokens += self.step_tokens
         self.pending, self.step_tokens, self.t_step = [], 0, now
-        return StepLog(step, total_steps, epoch, means, tps)
+        return entry
 
     def summary(self, dist: Dist) -> dict[str, float]:
         elapsed = time.perf_counter() - self.t0

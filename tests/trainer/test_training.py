@@ -161,16 +161,22 @@ def test_follow_trains_a_version_published_while_it_runs_and_skips_a_trained_one
     assert [s.attempt for s in run_states(lake).values()] == [1, 1]  # v0 was not trained again
 
 
-def test_two_ranks_under_torchrun(tiny_model_dir, synthetic, tmp_path):
+def test_the_cli_under_torchrun_with_two_ranks_sft_bf16_zero2(tiny_model_dir, synthetic, tmp_path):
     lake = Lake(str(tmp_path / "lake"))
     lake.append("datasets/syn", synthetic, schema=SAMPLES)
-    script = tmp_path / "driver.py"
-    script.write_text(DRIVER)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
-    cfg = config_for(tiny_model_dir, tmp_path / "ckpt", epochs=1, zero_stage=2)
-    result = drive({"lake": lake.root, "dataset": "syn", "config": cfg, "script": script}, launcher=torchrun)
+    cli = Path(sys.executable).parent / "trajlake"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+        str(cli), "train", "--dataset", "syn@0", "--model", str(tiny_model_dir), "--mode", "sft", "--bf16",
+        "--zero-stage", "2", "--lr", "1e-3", "--epochs", "3", "--micro-batch-tokens", "80",
+        "--lake", lake.root, "--out", str(tmp_path / "ckpt"),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (record,) = list_checkpoints(lake)
-    assert record.world_size == 2 and record.checkpoint_id == result["id"]
+    assert proc.stdout.count(f"checkpoint {record.checkpoint_id}") == 1  # rank 0 alone prints the summary
+    assert record.world_size == 2 and record.mode == "sft" and record.n_samples == 8  # the positive rollouts
+    assert record.config["deepspeed"]["bf16"]["enabled"] and record.metrics["eval_loss"] < record.metrics["first_loss"]
     assert len(list(Path(record.ds_path).glob("step*/*optim_states.pt"))) == 2  # one ZeRO shard per rank
     assert (Path(record.hf_path) / "model.safetensors").is_file()
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from store.lake import Lake
 from trainer.config import TrainConfig, load_deepspeed_json
@@ -177,7 +177,8 @@ def checkpoints(
     if not records:
         console.print("no checkpoints yet: run trajlake train --dataset NAME")
         return
-    table = Table("checkpoint", "dataset", "mode", "steps", "final loss", "eval loss", "tokens/s", "created", "hf path")
+    table = Table(Column("checkpoint", no_wrap=True), "dataset", "mode", "steps", "final loss", "eval loss",
+                  "tokens/s", "created", Column("hf path", overflow="fold"))  # fmt: skip
     for r in records:
         m = r.metrics
         table.add_row(r.checkpoint_id, f"{r.dataset}@{r.dataset_version}", r.mode, str(r.steps),
