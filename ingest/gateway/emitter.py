@@ -118,11 +118,14 @@ class Emitter:
         spool: Spool,
         *,
         batch_max: int = 500,
+        linger_s: float = 0.005,
         retry_interval_s: float = 1.0,
     ) -> None:
         self.sink = sink
         self.spool = spool
         self.batch_max = batch_max
+        self.linger_s = linger_s
+        """After the first queued job, wait this long for more: fewer, larger Kafka sends."""
         self.retry_interval_s = retry_interval_s
         self.produced = 0
         self.spooled = 0
@@ -183,12 +186,13 @@ class Emitter:
             item = self._queue.get(timeout=wait) if wait else self._queue.get_nowait()
         except queue.Empty:
             return jobs, False
+        linger_until = time.monotonic() + self.linger_s
         while item is not None:
             jobs.append(item)
             if len(jobs) >= self.batch_max:
                 return jobs, False
             try:
-                item = self._queue.get_nowait()
+                item = self._queue.get(timeout=max(linger_until - time.monotonic(), 0))
             except queue.Empty:
                 return jobs, False
         return jobs, True
