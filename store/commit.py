@@ -22,11 +22,18 @@ from collections.abc import Iterable, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import ColumnProperties, CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 
 from store.lake import Lake
 
 log = logging.getLogger(__name__)
+
+WRITER_PROPERTIES = WriterProperties(
+    compression="ZSTD", compression_level=1, default_column_properties=ColumnProperties(dictionary_enabled=False),
+)
+"""Parquet settings of ingested tables. Measured on 20k workload events: zstd(1) without dictionary
+pages writes the events table with 0.21 CPU s into 19.7 MB, the default (snappy + dictionary) 0.31 s
+into 25.5 MB (token lists are near-random ints: dictionaries cost and do not pay)."""
 
 Markers = dict[int, int | None]
 """Partition -> last offset a table is complete through (None: never written)."""
@@ -97,7 +104,7 @@ class MarkedTable:
             for p, o in sorted(last_offsets.items())
         ]
         write_deltalake(
-            self._table, rows.cast(self.schema), mode="append",
+            self._table, rows.cast(self.schema), mode="append", writer_properties=WRITER_PROPERTIES,
             commit_properties=CommitProperties(app_transactions=txns),
         )
         self._markers.update(last_offsets)

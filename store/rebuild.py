@@ -20,7 +20,7 @@ import pyarrow.dataset as ds
 from deltalake import CommitProperties, Transaction, write_deltalake
 
 from schemas.tables import TYPED_TABLES
-from store.commit import marker_app_id
+from store.commit import WRITER_PROPERTIES, marker_app_id
 from store.event_rows import typed_tables
 from store.lake import Lake
 
@@ -53,7 +53,7 @@ def rebuild_typed_tables(lake: Lake, *, group: str = "trajlake-ingest", batch_ro
         )
         write_deltalake(
             lake.uri(name), reader, mode="overwrite", schema_mode="overwrite",
-            storage_options=dict(lake.storage_options),
+            storage_options=dict(lake.storage_options), writer_properties=WRITER_PROPERTIES,
             commit_properties=CommitProperties(app_transactions=txns) if txns else None,
         )
         counts[name] = counter.rows
