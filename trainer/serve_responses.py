@@ -78,6 +78,7 @@ class ChatCompletion:
     def response(self, steps: Sequence[Step]) -> dict:
         text = "".join(s.text for s in steps)
         content, calls = parse_tool_calls(text) if self._tools else (text, [])
+        content = content.strip() if self._tools else content
         finish = _finish(steps)
         choice = {
             "index": 0,

@@ -1,7 +1,8 @@
 """Hermes-style tool calls in generated text -> OpenAI ``tool_calls``.
 
 The model writes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
-(a last unclosed block counts too). Text outside the tags stays content. If
+(a last unclosed block counts too). Text outside the tags stays content
+(callers strip its surrounding whitespace, see :class:`ToolCallStream`). If
 any block is not a JSON object with a string ``name``, nothing is parsed and
 the whole text is content (as vLLM's Hermes parser does).
 """
@@ -56,15 +57,18 @@ def _parse_block(body: str) -> dict | None:
 
 
 class ToolCallStream:
-    """Streams content until the first ``<tool_call>``, then buffers; parses at the end.
+    """Streams content up to the first ``<tool_call>``, then buffers; parses at the end.
 
-    The content it releases, plus the ``content`` of :meth:`finish`, equals the
-    content :func:`parse_tool_calls` gives for the whole text.
+    With tools, content is the text outside the tags with surrounding
+    whitespace stripped: that makes the chat template (content, then each call
+    on its own line) re-render a well-formed answer token for token. So the
+    stream holds back trailing whitespace and a possible partial tag; what it
+    releases, plus the ``content`` of :meth:`finish`, equals that content.
     """
 
     def __init__(self) -> None:
         self._text = ""
-        self._sent = 0
+        self._released = ""
         self._in_call = False
 
     def push(self, delta: str) -> str:
@@ -72,21 +76,18 @@ class ToolCallStream:
         self._text += delta
         if self._in_call:
             return ""
-        tag = self._text.find(OPEN_TAG, max(0, self._sent - len(OPEN_TAG)))
-        if tag >= 0:
-            self._in_call = True
-            end = tag
-        else:
-            end = len(self._text) - _partial_tag_suffix(self._text)
-        out, self._sent = self._text[self._sent : end], max(self._sent, end)
+        tag = self._text.find(OPEN_TAG)
+        self._in_call = tag >= 0
+        end = tag if self._in_call else len(self._text) - _partial_tag_suffix(self._text)
+        candidate = self._text[:end].strip()
+        out = candidate[len(self._released) :]
+        self._released = candidate if out else self._released
         return out
 
     def finish(self) -> tuple[str, list[dict]]:
         """(content not yet streamed, parsed tool calls) once the generation has ended."""
         content, calls = parse_tool_calls(self._text)
-        if not calls:
-            return self._text[self._sent :], []
-        return content[self._sent :], calls
+        return content.strip()[len(self._released) :], calls
 
 
 def _partial_tag_suffix(text: str) -> int:

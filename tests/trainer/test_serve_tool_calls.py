@@ -71,6 +71,10 @@ def test_text_without_tags_is_all_content():
         "<tool_call>{broken</tool_call> tail",
         'x <tool_call>{"name": "f"}',
         "ends with a partial tag <tool_ca",
+        "  \n leading and trailing space \n " + CALL + "\n",
+        "  <tool_call>{broken</tool_call> \n",
+        CALL + "\n" + CALL + "\n",
+        " \n ",
     ],
 )
 def test_streamed_content_equals_the_whole_text_parse(text):
@@ -83,15 +87,16 @@ def test_streamed_content_equals_the_whole_text_parse(text):
             streamed += stream.push(text[i : i + step])
             i += step
         rest, calls = stream.finish()
-        assert streamed + rest == expected_content
+        assert streamed + rest == expected_content.strip()
         assert _functions(calls) == _functions(expected_calls)
 
 
-def test_stream_holds_back_a_possible_tag_and_stops_at_a_real_one():
+def test_stream_holds_back_whitespace_and_a_possible_tag_and_stops_at_a_real_one():
     stream = ToolCallStream()
-    assert stream.push("hi <tool") == "hi "
-    assert stream.push("box") == "<toolbox"
-    assert stream.push(" <tool_call>{") == " "
-    assert stream.push('"name": "f"}</tool_call> more') == ""
+    assert stream.push("\n hi") == "hi"
+    assert stream.push(" <tool") == ""
+    assert stream.push("box") == " <toolbox"
+    assert stream.push(" \n<tool_call>{") == ""
+    assert stream.push('"name": "f"}</tool_call> more ') == ""
     rest, calls = stream.finish()
-    assert rest == " more" and _functions(calls) == [("f", {})]
+    assert rest == " \n more" and _functions(calls) == [("f", {})]
