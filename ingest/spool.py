@@ -17,11 +17,13 @@ records' own ids (trajectory events keep their ``event_id``).
 
 The spool is single-threaded by design: one owner (the gateway's emitter
 thread) appends, reads and commits; other threads may only read the depth
-counters.
+counters. One process at a time: an exclusive ``flock`` on ``root/lock`` makes
+a second opener fail with ``SpoolLocked`` instead of corrupting the files.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import struct
@@ -40,6 +42,10 @@ class SpoolFull(RuntimeError):
     """The spool holds ``max_bytes`` already; the records were not written."""
 
 
+class SpoolLocked(RuntimeError):
+    """Another process (or another open ``Spool``) holds this spool folder."""
+
+
 @dataclass(frozen=True)
 class Position:
     """A place in the spool: segment number and byte offset inside it."""
@@ -54,6 +60,11 @@ class Record:
     value: bytes
     end: Position
     """Position just after this record: commit it to consume up to here."""
+
+
+def record_size(key: bytes, value: bytes) -> int:
+    """Bytes a record takes in the spool (what counts against ``max_bytes``)."""
+    return _HEADER.size + len(key) + len(value)
 
 
 def _frame(key: bytes, value: bytes) -> bytes:
@@ -77,6 +88,7 @@ class Spool:
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
         self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = _lock_folder(self.root)
         self._cursor = self._load_cursor()
         self._sizes = self._recover_segments()
         self.depth_records = sum(1 for _ in self._scan(self._cursor, limit=None))
@@ -146,6 +158,12 @@ class Spool:
             self._path(segment).unlink(missing_ok=True)
             del self._sizes[segment]
         self.depth_bytes = self._unconsumed_bytes()
+
+    def close(self) -> None:
+        """Release the folder lock; the spool object must not be used afterwards."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     # ------------------------------------------------------------ internals
 
@@ -219,6 +237,18 @@ class Spool:
         for segment, size in self._sizes.items():
             total += size - (self._cursor.offset if segment == self._cursor.segment else 0)
         return max(total, 0)
+
+
+def _lock_folder(root: Path):
+    handle = open(root / "lock", "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise SpoolLocked(
+            f"spool {root} is in use by another gateway process: give each gateway its own TRAJLAKE_SPOOL_DIR"
+        ) from None
+    return handle
 
 
 def _fsync_dir(path: Path) -> None:

@@ -29,7 +29,7 @@ from typing import Protocol
 from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
-from ingest.spool import Spool, SpoolFull
+from ingest.spool import Spool, SpoolFull, record_size
 from schemas.errors import InvalidEvent
 from schemas.events import Event
 from schemas.versions import MAX_EVENT_BYTES
@@ -163,6 +163,8 @@ class Emitter:
             self._queue.put(None)
             self._thread.join(timeout_s)
         self.sink.close()
+        if not self._thread.is_alive():
+            self.spool.close()
 
     # ---------------------------------------------------------- the thread
 
@@ -243,14 +245,28 @@ class Emitter:
         return time.monotonic() >= self._next_try
 
     def _to_spool(self, records: list[KeyValue]) -> bool:
+        """Spool the records; when they do not all fit, keep the oldest that do and drop the rest loudly."""
+        room = self.spool.max_bytes - self.spool.depth_bytes
+        fits = 0
+        for key, value in records:
+            room -= record_size(key, value)
+            if room < 0:
+                break
+            fits += 1
         try:
-            self.spool.append(records)
-            self.spooled += len(records)
-            return True
+            self.spool.append(records[:fits])
         except (SpoolFull, OSError) as exc:
-            self.dropped += len(records)
-            now = time.monotonic()
-            if now - self._last_drop_log >= 5.0:
-                self._last_drop_log = now
-                log.error("SPOOL FULL: events dropped dropped_total=%d detail=%s", self.dropped, exc)
-            return False
+            fits = 0
+            log.error("spool append failed error=%r", exc)
+        self.spooled += fits
+        if fits == len(records):
+            return True
+        self.dropped += len(records) - fits
+        now = time.monotonic()
+        if now - self._last_drop_log >= 5.0:
+            self._last_drop_log = now
+            log.error(
+                "SPOOL FULL: events dropped dropped_total=%d spool=%s bytes=%d max_bytes=%d",
+                self.dropped, self.spool.root, self.spool.depth_bytes, self.spool.max_bytes,
+            )
+        return False

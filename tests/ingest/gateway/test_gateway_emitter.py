@@ -76,6 +76,7 @@ def test_full_spool_drops_newest_loudly_and_counts(tmp_path, caplog):
     assert emitter.dropped > 0 and emitter.spool_full
     assert "SPOOL FULL" in caplog.text
     kept = [json.loads(r.value)["event_id"] for r in Spool(tmp_path / "spool", max_bytes=2000).read(max_records=99)]
+    assert kept
     assert kept == [f"e{i}" for i in range(len(kept))]  # the oldest are kept, the newest dropped
 
 

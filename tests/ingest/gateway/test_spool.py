@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ingest.spool import Spool, SpoolFull
+from ingest.spool import Spool, SpoolFull, SpoolLocked
 
 
 def records(n: int, start: int = 0) -> list[tuple[bytes, bytes]]:
@@ -26,6 +26,7 @@ def test_reopen_keeps_unconsumed_records_and_the_cursor(tmp_path):
     spool = Spool(tmp_path, max_bytes=1 << 20)
     spool.append(records(4))
     spool.commit(spool.read(max_records=1))
+    spool.close()
     reopened = Spool(tmp_path, max_bytes=1 << 20)
     assert [(r.key, r.value) for r in reopened.read(max_records=10)] == records(3, start=1)
     assert reopened.depth_records == 3
@@ -35,6 +36,7 @@ def test_reopen_keeps_unconsumed_records_and_the_cursor(tmp_path):
 def test_torn_tail_is_cut_and_earlier_records_survive(tmp_path):
     spool = Spool(tmp_path, max_bytes=1 << 20)
     spool.append(records(3))
+    spool.close()
     segment = next(tmp_path.glob("*.seg"))
     with open(segment, "ab") as f:
         f.write(b"\x00\x00\x01\x00garbage")  # a crash mid-append
@@ -47,6 +49,7 @@ def test_torn_tail_is_cut_and_earlier_records_survive(tmp_path):
 def test_corrupted_record_body_is_not_replayed(tmp_path):
     spool = Spool(tmp_path, max_bytes=1 << 20)
     spool.append(records(2))
+    spool.close()
     segment = next(tmp_path.glob("*.seg"))
     data = bytearray(segment.read_bytes())
     data[-1] ^= 0xFF  # flip a bit in the last record
@@ -76,6 +79,7 @@ def test_segments_roll_and_consumed_ones_are_deleted(tmp_path):
     assert len(list(tmp_path.glob("*.seg"))) <= 1
     assert spool.depth_records == 0 and spool.depth_bytes == 0
     spool.append(records(1, start=99))
+    spool.close()
     assert [r.value for r in Spool(tmp_path, max_bytes=1 << 20).read(max_records=5)] == [b"event-99"]
 
 
@@ -85,12 +89,15 @@ def test_empty_batches_and_binary_values_round_trip(tmp_path):
     spool.commit([])
     blob = bytes(range(256)) * 3
     spool.append([(b"", blob)])
+    spool.close()
     [record] = Spool(tmp_path, max_bytes=1 << 20).read(max_records=5)
     assert (record.key, record.value) == (b"", blob)
 
 
 def test_corrupt_cursor_file_is_reported_not_guessed(tmp_path):
-    Spool(tmp_path, max_bytes=1 << 20).append(records(1))
+    spool = Spool(tmp_path, max_bytes=1 << 20)
+    spool.append(records(1))
+    spool.close()
     (tmp_path / "cursor").write_text("not numbers")
     with pytest.raises(RuntimeError, match="cursor .* is corrupt"):
         Spool(tmp_path, max_bytes=1 << 20)
@@ -99,3 +106,11 @@ def test_corrupt_cursor_file_is_reported_not_guessed(tmp_path):
 def test_bad_limits_are_refused(tmp_path):
     with pytest.raises(ValueError):
         Spool(tmp_path, max_bytes=0)
+
+
+def test_a_second_opener_is_refused_until_the_first_closes(tmp_path):
+    spool = Spool(tmp_path, max_bytes=1 << 20)
+    with pytest.raises(SpoolLocked, match="in use by another gateway"):
+        Spool(tmp_path, max_bytes=1 << 20)
+    spool.close()
+    Spool(tmp_path, max_bytes=1 << 20).close()
