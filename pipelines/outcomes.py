@@ -68,8 +68,10 @@ class SuccessRule(BaseModel):
         return cls(kind="both" if has_status else "reward", threshold=threshold)
 
     def describe(self) -> str:
+        if self.kind == "status":
+            return "status"
         reward = f"reward>={self.threshold:g}"
-        return {"status": "status", "reward": reward, "both": f"status,{reward}"}[self.kind]
+        return reward if self.kind == "reward" else f"status,{reward}"
 
     def sql(self) -> tuple[str, list[Any]]:
         """A boolean SQL expression over ``status`` and ``reward``, and its parameters."""
