@@ -83,7 +83,8 @@ def follow(
 def _train_one(lake: Lake, config: TrainConfig, key: VersionKey, *, chain: bool, on_step) -> CheckpointRecord | None:
     """Train one version; a version that cannot be trained is logged and skipped (None)."""
     name, version = key
-    parent = list_checkpoints(lake, dataset=name)[-1] if chain and list_checkpoints(lake, dataset=name) else None
+    history = list_checkpoints(lake, dataset=name) if chain else []
+    parent = history[-1] if history else None
     run_config = config.model_copy(update={"model": parent.hf_path}) if parent else config
     log.info("event=follow_train dataset=%s version=%d base=%s", name, version, run_config.model)
     try:

@@ -25,7 +25,7 @@ from trainer.batching import Batch, collate, epoch_order, plan_batches, rank_sha
 from trainer.config import TrainConfig, deepspeed_dict, uses_bf16
 from trainer.dataset import DatasetRef, Samples, load_samples, resolve_version
 from trainer.distributed import Dist, all_ranks_agree, barrier, init_distributed
-from trainer.errors import DatasetError
+from trainer.errors import DatasetError, TrainerError
 from trainer.model import ModelInfo, check_tokenizer, inspect_model, load_causal_lm
 from trainer.objective import forward_loss
 from trainer.records import (
@@ -127,7 +127,7 @@ def train_dataset(
     done = find_checkpoint(lake, run.checkpoint_id)
     if all_ranks_agree("done" if done else "todo") == "done":
         log.info("event=already_trained checkpoint_id=%s", run.checkpoint_id)
-        return done or _wait_for_record(lake, run.checkpoint_id)
+        return done or _read_record(lake, run.checkpoint_id)
     resume_step = _start(lake, run)
     try:
         return _train(lake, run, resume_step, parent_checkpoint_id, on_step)
@@ -138,9 +138,11 @@ def train_dataset(
         raise
 
 
-def _wait_for_record(lake: Lake, checkpoint_id: str) -> CheckpointRecord:
+def _read_record(lake: Lake, checkpoint_id: str) -> CheckpointRecord:
+    """The row rank 0 found (this rank read the table a moment before it did)."""
     record = find_checkpoint(lake, checkpoint_id)
-    assert record is not None, "rank 0 saw the checkpoint row, so it exists"
+    if record is None:
+        raise TrainerError(f"checkpoint {checkpoint_id} vanished from the checkpoints table: was it rewritten?")
     return record
 
 
@@ -169,6 +171,10 @@ def _build_engine(run: Run):
         optimizer = torch.optim.AdamW(model.parameters(), lr=run.config.lr, weight_decay=run.config.weight_decay)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=run.ds_config,
                                       model_parameters=None if optimizer else model.parameters())  # fmt: skip
+    if run.dist.world_size == 1 and not engine.zero_optimization() and not engine.bfloat16_enabled():
+        # one rank, plain data parallel: the gradient all-reduce is an identity that copies every
+        # gradient into a flat buffer and back each step (~5% of a small model's step); skip it
+        engine.enable_backward_allreduce = False
     ref_model = None
     if run.config.mode == "pg" and run.config.kl_coef > 0:
         dtype = torch.bfloat16 if uses_bf16(run.ds_config) else torch.float32

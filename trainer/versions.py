@@ -11,6 +11,7 @@ the ``checkpoints`` table, not in Kafka.
 from __future__ import annotations
 
 import logging
+import socket
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -45,6 +46,22 @@ def _dataset_names(lake: Lake) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
 
 
+class BrokerUnreachable(ConnectionError):
+    """No bootstrap server accepts a connection."""
+
+
+def check_reachable(bootstrap_servers: str, *, timeout_s: float = 2.0) -> None:
+    """Fail fast (``BrokerUnreachable``) instead of waiting out kafka-python's retries."""
+    for server in bootstrap_servers.split(","):
+        host, _, port = server.strip().rpartition(":")
+        try:
+            with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
+                return
+        except (OSError, ValueError):
+            continue
+    raise BrokerUnreachable(f"no Kafka broker answers at {bootstrap_servers}")
+
+
 class ControlListener:
     """Reads ``dataset.version`` events from the start of the control topic."""
 
@@ -53,6 +70,7 @@ class ControlListener:
 
         from ingest.topics import ensure_topic
 
+        check_reachable(bootstrap_servers)
         ensure_topic(bootstrap_servers, topic, partitions=1)
         self._consumer = KafkaConsumer(
             bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
