@@ -24,7 +24,7 @@ from deltalake import ColumnProperties, WriterProperties, write_deltalake
 from kafka.errors import KafkaError
 
 from pipelines.advantages import group_advantages, token_weights
-from pipelines.calls import index_calls, trained_tokens_per_rollout
+from pipelines.calls import TokenTables, index_calls, trained_tokens_per_rollout
 from pipelines.config import BuildConfig
 from pipelines.publish import Producer, publish_version
 from pipelines.registry import check_name, dataset_table, record_version
@@ -83,7 +83,7 @@ def build_dataset(
     con = pinned_connection(lake, snapshot)
     try:
         plan, counts = _plan(con, config)
-        stream = SampleStream(con, plan, config, progress=progress)
+        stream = SampleStream(con, TokenTables(lake, snapshot), plan, config, progress=progress)
         _write(lake, name, stream)
         lineage = _lineage(con, plan, stream.samples_per_rollout)
     finally:
@@ -124,8 +124,8 @@ def _plan(con: duckdb.DuckDBPyConnection, config: BuildConfig) -> tuple[RolloutP
                            mode=config.advantage, epsilon=config.std_epsilon)
     keep = ~adv.degenerate if config.drop_degenerate else np.ones(len(rewards), dtype=bool)
     rollouts = rollouts.append_column("advantage", pa.array(adv.values, pa.float64())).filter(pa.array(keep))
-    con.register("usable_arrow", rollouts.select(["rollout_id"]))
-    con.execute("CREATE OR REPLACE TEMP TABLE usable AS SELECT rollout_id FROM usable_arrow")
+    con.register("usable_arrow", rollouts.select(["tenant", "rollout_id"]))
+    con.execute("CREATE OR REPLACE TEMP TABLE usable AS SELECT tenant, rollout_id FROM usable_arrow")
     con.unregister("usable_arrow")
     calls = index_calls(con, allow_non_engine=config.allow_non_engine)
     tokens = trained_tokens_per_rollout(con)
@@ -148,6 +148,7 @@ def _plan(con: duckdb.DuckDBPyConnection, config: BuildConfig) -> tuple[RolloutP
     counts = {
         "rollouts": {
             "selected": selected["selected"],
+            "ambiguous_id": selected["ambiguous_id"],
             "without_reward": selected["without_reward"],
             "degenerate_dropped": int((~keep).sum()),
             "without_trained_tokens": int(keep.sum()) - joined.num_rows,

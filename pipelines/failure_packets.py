@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict
 from store.trajectory import LlmCallStep, RewardStep, ToolStep, Trajectory, excerpt
 
 ERROR_SIGNATURE_CHARS = 160
+ERROR_CHARS = 1000
+"""A step's error keeps its last this-many characters (a traceback ends with what went wrong)."""
 INVALID_TOOL_CALL = re.compile(r"invalid|unknown tool|no such tool|not a tool|malformed|parse|json|argument", re.I)
 """A tool error that says the call itself was wrong (not the world): counted as an invalid tool call."""
 
@@ -244,10 +246,21 @@ def _signals(actions: list[LlmCallStep | ToolStep], *, truncated: bool) -> Signa
 def _packet_step(step: LlmCallStep | ToolStep, *, failing: bool) -> PacketStep:
     if isinstance(step, ToolStep):
         return PacketStep(seq=step.seq, ts=_ts(step.ts), kind="tool.call", call_id=step.call_id, name=step.name,
-                          input=step.arguments_excerpt, output=step.result_excerpt, error=step.error, failing=failing)
+                          input=step.arguments_excerpt, output=step.result_excerpt, error=tail(step.error), failing=failing)
     return PacketStep(seq=step.seq, ts=_ts(step.ts), kind="llm.call", call_id=step.call_id, name=step.model,
-                      input=step.prompt_excerpt, output=step.text_excerpt, error=step.error,
+                      input=step.prompt_excerpt, output=step.text_excerpt, error=tail(step.error),
                       finish_reason=step.finish_reason, upstream_retries=step.upstream_retries, failing=failing)
+
+
+def tail(text: str | None, chars: int = ERROR_CHARS) -> str | None:
+    """The last ``chars`` characters of ``text``, with a leading ellipsis when cut.
+
+    >>> tail("Traceback: a long story\\nValueError: bad", 16)
+    '…ValueError: bad'
+    """
+    if text is None or len(text) <= chars:
+        return text
+    return "…" + text[len(text) - chars + 1:]
 
 
 def _ts(value: Any) -> str | None:

@@ -19,7 +19,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from pipelines.calls import BatchTokens, iter_batches, read_batch
+from pipelines.calls import BatchTokens, TokenTables, iter_batches, read_batch
 from pipelines.config import BuildConfig
 from pipelines.merging import MISMATCH_CLASSES, Call, Sample, merge_calls
 from schemas.tables import SAMPLES
@@ -65,12 +65,13 @@ class SampleStream:
     def __init__(
         self,
         con: duckdb.DuckDBPyConnection,
+        tables: TokenTables,
         plan: RolloutPlan,
         config: BuildConfig,
         *,
         progress: Callable[[int, int], None] | None = None,
     ) -> None:
-        self._con, self._plan, self._config, self._progress = con, plan, config, progress
+        self._con, self._tables, self._plan, self._config, self._progress = con, tables, plan, config, progress
         self._index = {rollout_id: i for i, rollout_id in enumerate(plan.rollout_ids)}
         self._hash = hashlib.sha256(json.dumps(config.identity(), sort_keys=True).encode())
         self.samples_per_rollout: dict[str, int] = {}
@@ -106,7 +107,7 @@ class SampleStream:
     def _batches(self) -> Iterator[pa.RecordBatch]:
         plan, done = self._plan, 0
         for batch in iter_batches(plan.rollout_ids, plan.read_tokens.tolist(), self._config.batch_tokens):
-            tokens = read_batch(self._con, batch)
+            tokens = read_batch(self._con, self._tables, batch)
             rows: list[tuple[int, int, Sample]] = []
             for rollout_id, calls in calls_by_rollout(tokens):
                 i = self._index[rollout_id]
@@ -124,12 +125,10 @@ class SampleStream:
         ids, masks, logprobs, trained = [], [], [], []
         for i, k, sample in rows:
             input_ids, mask, lps = sample.arrays()
-            n_trained = int(mask.sum())
-            self._check_trained(plan.rollout_ids[i], sample, n_trained)
             ids.append(input_ids)
             masks.append(mask)
             logprobs.append(lps)
-            trained.append(n_trained)
+            trained.append(sample.n_trained)
             self.start_reasons[sample.start_reason] += 1
             self._hash_row(plan.rollout_ids[i], k, sample, input_ids, mask, lps, i)
         lengths = np.array([len(x) for x in ids], dtype=np.int64)
@@ -161,10 +160,6 @@ class SampleStream:
             ],
             schema=SAMPLES,
         )
-
-    def _check_trained(self, rollout_id: str, sample: Sample, n_trained: int) -> None:
-        if n_trained != sample.n_trained:
-            raise RuntimeError(f"rollout {rollout_id}: overlapping responses in a sample ({sample.call_ids})")
 
     def _check_counts(self, rollout_id: str, samples: list[Sample], planned: int) -> None:
         """The weights were planned from n_response_tokens: the token lists must agree."""

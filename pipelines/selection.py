@@ -21,22 +21,22 @@ from pipelines.config import RewardRule, Selection
 ROLLOUT_SUMMARY = """
 CREATE OR REPLACE TEMP VIEW rollout_summary AS
 WITH s AS (
-    SELECT rollout_id, arg_min(task_id, seq) AS task_id, arg_min(tenant, seq) AS tenant,
+    SELECT tenant, rollout_id, arg_min(task_id, seq) AS task_id,
            arg_min(group_id, seq) AS group_id, arg_min(attempt, seq) AS attempt,
            arg_min(policy_version, seq) AS policy_version, arg_min(harness_name, seq) AS harness_name,
            arg_min(harness_version, seq) AS harness_version,
            arg_min(harness_config_hash, seq) AS harness_config_hash, min(ts) AS started_at
-    FROM rollout_starts GROUP BY rollout_id),
+    FROM rollout_starts GROUP BY tenant, rollout_id),
 e AS (
-    SELECT rollout_id, arg_max(status, seq) AS status, arg_max(ts, seq) AS finished_at,
-           arg_max(steps, seq) AS steps, arg_min(task_id, seq) AS task_id, arg_min(tenant, seq) AS tenant,
+    SELECT tenant, rollout_id, arg_max(status, seq) AS status, arg_max(ts, seq) AS finished_at,
+           arg_max(steps, seq) AS steps, arg_min(task_id, seq) AS task_id,
            arg_min(attempt, seq) AS attempt, arg_min(harness_name, seq) AS harness_name,
            arg_min(harness_version, seq) AS harness_version,
            arg_min(harness_config_hash, seq) AS harness_config_hash
-    FROM rollout_ends GROUP BY rollout_id),
+    FROM rollout_ends GROUP BY tenant, rollout_id),
 p AS (
-    SELECT rollout_id, arg_min(policy_version, seq) AS policy_version
-    FROM llm_responses WHERE policy_version IS NOT NULL GROUP BY rollout_id)
+    SELECT tenant, rollout_id, arg_min(policy_version, seq) AS policy_version
+    FROM llm_responses WHERE policy_version IS NOT NULL GROUP BY tenant, rollout_id)
 SELECT coalesce(s.rollout_id, e.rollout_id) AS rollout_id,
        coalesce(s.task_id, e.task_id) AS task_id,
        coalesce(s.tenant, e.tenant) AS tenant,
@@ -48,8 +48,8 @@ SELECT coalesce(s.rollout_id, e.rollout_id) AS rollout_id,
        coalesce(s.harness_config_hash, e.harness_config_hash) AS harness_config_hash,
        coalesce(s.started_at, e.finished_at) AS started_at,
        e.finished_at, e.status, e.steps
-FROM s FULL OUTER JOIN e ON s.rollout_id = e.rollout_id
-LEFT JOIN p ON p.rollout_id = coalesce(s.rollout_id, e.rollout_id)
+FROM s FULL OUTER JOIN e ON s.rollout_id = e.rollout_id AND s.tenant = e.tenant
+LEFT JOIN p ON p.rollout_id = coalesce(s.rollout_id, e.rollout_id) AND p.tenant = coalesce(s.tenant, e.tenant)
 """
 
 
@@ -98,7 +98,7 @@ def reward_sql(rule: RewardRule) -> tuple[str, list[Any]]:
             SELECT rollout_id, name, value, event_id,
                    row_number() OVER (PARTITION BY rollout_id, name ORDER BY ts DESC, seq DESC, event_id DESC) AS k,
                    ts, seq
-            FROM rewards WHERE rollout_id IN (SELECT rollout_id FROM selected) {name_filter}),
+            FROM rewards SEMI JOIN selected USING (tenant, rollout_id) WHERE TRUE {name_filter}),
         per_name AS (SELECT * FROM latest WHERE k = 1)
     """
     params: list[Any] = []
@@ -128,7 +128,10 @@ def reward_sql(rule: RewardRule) -> tuple[str, list[Any]]:
 def select_rollouts(con: duckdb.DuckDBPyConnection, selection: Selection, rule: RewardRule) -> tuple[pa.Table, dict]:
     """Rollouts that pass the selection and have a reward, plus counts of what was left out.
 
-    Creates the temp table ``selected`` (all selected rollouts) on ``con``.
+    A rollout is (tenant, rollout_id): rows of another tenant never join in.
+    A rollout_id used by two tenants in one selection is left out of it
+    (``ambiguous_id``): datasets, lineage and the trainer key by rollout_id.
+    Creates the temp table ``selected`` (the selected rollouts) on ``con``.
     """
     con.execute(ROLLOUT_SUMMARY)
     where, params = selection_predicate(selection)
@@ -136,7 +139,11 @@ def select_rollouts(con: duckdb.DuckDBPyConnection, selection: Selection, rule: 
         con.execute(f"CREATE OR REPLACE TEMP TABLE selected AS SELECT * FROM rollout_summary WHERE {where}", params)
     except duckdb.Error as exc:
         raise BadFilter(f"the rollout filter failed: {exc}. Columns you can use: {ROLLOUT_COLUMNS}") from None
-    n_selected = con.execute("SELECT count(*) FROM selected").fetchone()[0]
+    n_ambiguous = con.execute(
+        """DELETE FROM selected WHERE rollout_id IN
+           (SELECT rollout_id FROM selected GROUP BY rollout_id HAVING count(*) > 1)"""
+    ).fetchone()[0]
+    n_selected = con.execute("SELECT count(*) FROM selected").fetchone()[0] + n_ambiguous
     query, rparams = reward_sql(rule)
     con.execute(f"CREATE OR REPLACE TEMP TABLE rewarded AS {query}", rparams)
     table = con.execute(
@@ -144,7 +151,8 @@ def select_rollouts(con: duckdb.DuckDBPyConnection, selection: Selection, rule: 
                   r.reward, r.reward_event_ids, r.n_rewards
            FROM selected s JOIN rewarded r USING (rollout_id) ORDER BY s.rollout_id"""
     ).to_arrow_table()
-    counts = {"selected": n_selected, "without_reward": n_selected - table.num_rows}
+    counts = {"selected": n_selected, "ambiguous_id": n_ambiguous,
+              "without_reward": n_selected - n_ambiguous - table.num_rows}
     return table, counts
 
 

@@ -274,3 +274,19 @@ def test_token_counts_that_disagree_with_the_token_lists_are_reported(lake, rows
     with pytest.raises(CorruptTable, match="trajlake rebuild"):
         build_dataset(lake, "ds")
     assert not lake.exists("datasets/ds")
+
+
+def test_a_rollout_id_reused_by_another_tenant_never_mixes_their_rows(lake, rows):
+    agent(rows, "r1", "t", 1.0, tenant="acme")
+    agent(rows, "r2", "t", 0.0, tenant="acme")
+    rows.flush()
+    rows.rollout("r1", "t", tenant="beta")  # same rollout_id, another tenant
+    rows.call("r1", "beta-call", [1, 2, 3], [4, 5])
+    rows.reward("r1", 9.0)
+    rows.flush()
+    build_dataset(lake, "acme", BuildConfig(selection=Selection(tenants=("acme",))))
+    samples = by_rollout(read_dataset(lake, "acme"))
+    assert samples["r1"][0]["call_ids"] == ["c1", "c2"] and samples["r1"][0]["reward"] == 1.0
+    everyone = build_dataset(lake, "everyone")
+    assert everyone.manifest["counts"]["rollouts"]["ambiguous_id"] == 2
+    assert read_dataset(lake, "everyone")["rollout_id"].to_pylist() == ["r2"]

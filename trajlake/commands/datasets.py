@@ -170,6 +170,7 @@ def render_manifest(console: Console, manifest: dict[str, Any]) -> None:
     rollouts = counts["rollouts"]
     rows = [
         ("rollouts selected", rollouts["selected"]),
+        ("  id used by two tenants (excluded)", rollouts.get("ambiguous_id", 0)),
         ("  without a reward (excluded)", rollouts["without_reward"]),
         ("  degenerate groups dropped", rollouts["degenerate_dropped"]),
         ("  no trained tokens (excluded)", rollouts["without_trained_tokens"]),
