@@ -42,7 +42,7 @@ def tool_calling_checkpoint(tiny_model_dir, tmp_path_factory):
     try:
         for _ in range(150):
             loss = model(input_ids=ids, labels=labels).loss
-            if loss.item() < 0.05:
+            if loss.item() < 0.02:  # well below what greedy decoding needs to reproduce ANSWER
                 break
             optimizer.zero_grad()
             loss.backward()
