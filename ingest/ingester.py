@@ -173,6 +173,8 @@ class _Loop:
             for records in polled.values():
                 self.batch.add(records)
                 self.last_activity = time.monotonic()
+            if polled:
+                log.debug("polled batch_in_hand=%d batch_bytes=%d", len(self.batch), self.batch.bytes)
             if self._batch_due():
                 self._commit_batch()
         self._commit_batch()

@@ -178,15 +178,15 @@ def test_sigterm_commits_the_batch_in_hand(broker, topic, group, lake, tmp_path)
     sent = list(stream(40, seed=6))
     produce(broker.bootstrap_servers, topic, sent)
     log = tmp_path / "ingest.log"
-    env = {**os.environ, "TRAJLAKE_LOG_LEVEL": "INFO"}
+    env = {**os.environ, "TRAJLAKE_LOG_LEVEL": "DEBUG"}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "trajlake.cli", "ingest", "--lake", lake.root, "--bootstrap-servers",
              broker.bootstrap_servers, "--topic", topic, "--partitions", "0,1,2,3", "--batch-max-ms", "600000"],
             stdout=out, stderr=subprocess.STDOUT, env=env,
         )
-        wait_for(lambda: b"assigned partitions" in log.read_bytes(), what="the ingester to seek")
-        time.sleep(3)  # let it poll everything into its (never due) batch
+        in_hand = f"batch_in_hand={len(sent)} ".encode()
+        wait_for(lambda: in_hand in log.read_bytes(), what="every event in the ingester's (never due) batch")
         assert stored_ids(lake) == []  # nothing committed before the signal
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
