@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import typer
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
@@ -25,7 +26,7 @@ from pipelines.selection import BadFilter
 from store.lake import Lake
 from store.sql import LakeMissing
 from tests.store.lake_builder import event, write_events
-from trajlake.cli import build_app
+from trajlake.commands import workbench
 
 HARNESS = {"name": "swe-agent", "version": "1.2", "config_hash": "cfg-a"}
 SYSTEM = "Only edit files under src/; never touch tests."
@@ -69,16 +70,41 @@ def finished_rollout(rollout_id: str, *, task_id: str, reward: float, truncated:
     ]
 
 
+@pytest.fixture(scope="module")
+def failing_lake(tmp_path_factory: pytest.TempPathFactory) -> Lake:
+    """Read-only for the tests (those that write build their own with ``fresh_lake``)."""
+    lake = Lake(str(tmp_path_factory.mktemp("failures") / "lake"))
+    write_events(lake, failing_events())
+    return lake
+
+
 @pytest.fixture
-def failing_lake(lake: Lake) -> Lake:
-    write_events(lake, [
+def fresh_lake(lake: Lake) -> Lake:
+    write_events(lake, failing_events())
+    return lake
+
+
+def failing_events() -> list:
+    """Two crashed rollouts (same failure, different paths), a truncated one, a success, a low-reward success."""
+    return [
         *crashed_rollout("r-crash-1", task_id="t1", path="/repo/src/a1.py", tries=3),
         *crashed_rollout("r-crash-2", task_id="t2", path="/repo/src/b22.py", tries=5),
         *finished_rollout("r-trunc", task_id="t3", reward=0.0, truncated=True),
         *finished_rollout("r-ok", task_id="t1", reward=1.0),
         *finished_rollout("r-low", task_id="t2", reward=0.2),
-    ])
-    return lake
+    ]
+
+
+def build_app() -> typer.Typer:
+    """Only the commands under test, registered the way trajlake.cli registers every module."""
+    app = typer.Typer(pretty_exceptions_enable=False)
+
+    @app.callback()
+    def _root() -> None:
+        """trajlake"""
+
+    workbench.register(app)
+    return app
 
 
 def by_rollout(extraction) -> dict:
@@ -150,17 +176,17 @@ def test_selection_filters_by_task_set(failing_lake: Lake) -> None:
     assert (x.selected, sorted(by_rollout(x))) == (2, ["r-crash-2"])
 
 
-def test_delta_table_holds_each_extraction_once(failing_lake: Lake) -> None:
-    x = extract_failures(failing_lake, FailureConfig(group="cluster"))
-    assert append_packets(failing_lake, x) is not None
-    assert append_packets(failing_lake, extract_failures(failing_lake, FailureConfig(group="cluster"))) is None
-    table = failing_lake.read(TABLE).sort_by("packet_id")
+def test_delta_table_holds_each_extraction_once(fresh_lake: Lake) -> None:
+    x = extract_failures(fresh_lake, FailureConfig(group="cluster"))
+    assert append_packets(fresh_lake, x) is not None
+    assert append_packets(fresh_lake, extract_failures(fresh_lake, FailureConfig(group="cluster"))) is None
+    table = fresh_lake.read(TABLE).sort_by("packet_id")
     assert table.num_rows == len(x.packets) == 2
     assert sorted(table.column("packet").to_pylist()) == sorted(packet_lines(x))
     assert set(table.column("extraction_id").to_pylist()) == {x.extraction_id}
     assert sorted(table.column("rollouts").to_pylist()) == [1, 2]
-    append_packets(failing_lake, extract_failures(failing_lake, FailureConfig()))
-    assert failing_lake.read(TABLE).num_rows == 2 + 3  # another extraction: appended beside the first
+    append_packets(fresh_lake, extract_failures(fresh_lake, FailureConfig()))
+    assert fresh_lake.read(TABLE).num_rows == 2 + 3  # another extraction: appended beside the first
 
 
 def test_oversized_and_malformed_inputs_are_cut_not_carried(lake: Lake) -> None:
@@ -226,10 +252,10 @@ def test_success_rule_round_trips() -> None:
         assert SuccessRule.parse(text).describe() == text
 
 
-def test_cli_writes_jsonl_and_the_table(failing_lake: Lake, tmp_path: Path) -> None:
+def test_cli_writes_jsonl_and_the_table(fresh_lake: Lake, tmp_path: Path) -> None:
     out = tmp_path / "packets.jsonl"
     runner = CliRunner()
-    args = ["failures", "--lake", failing_lake.root, "--cluster", "--output", str(out)]
+    args = ["failures", "--lake", fresh_lake.root, "--cluster", "--output", str(out)]
     result = runner.invoke(build_app(), args)
     assert result.exit_code == 0, result.output
     assert "3 of 5 selected rollouts did not succeed" in result.output and "version 0" in result.output
@@ -237,8 +263,8 @@ def test_cli_writes_jsonl_and_the_table(failing_lake: Lake, tmp_path: Path) -> N
     again = runner.invoke(build_app(), [*args, "--json"])
     summary = json.loads(again.output)
     assert summary["already_stored"] is True and summary["packets"] == 2
-    stdout = runner.invoke(build_app(), ["failures", "--lake", failing_lake.root, "--no-store", "-o", "-"])
-    assert stdout.output.splitlines() == packet_lines(extract_failures(failing_lake, FailureConfig()))
+    stdout = runner.invoke(build_app(), ["failures", "--lake", fresh_lake.root, "--no-store", "-o", "-"])
+    assert stdout.stdout.splitlines() == packet_lines(extract_failures(fresh_lake, FailureConfig()))
 
 
 @pytest.mark.parametrize(("args", "message"), [
