@@ -234,8 +234,8 @@ class TenantSandbox:
         """
         if limit < 0 or offset < 0:
             raise ValueError("limit and offset must be >= 0")
-        check_tenant_select(self._con, sql, relations=self.relations, max_chars=self.limits.max_sql_chars)
         with self._deadline():
+            check_tenant_select(self._con, sql, relations=self.relations, max_chars=self.limits.max_sql_chars)
             reader = self._con.execute(sql).to_arrow_reader(max(1, min(limit + 1, 10_000)))
             table, more = _page(reader, offset, limit)
         return QueryPage(table, offset, more)
@@ -283,7 +283,7 @@ class TenantSandbox:
                 hint="aggregate or filter instead of sorting or joining whole tables; select fewer columns",
             ) from None
         except duckdb.Error as e:
-            raise QueryError(str(e).strip(), hint=_hint(e)) from None
+            raise QueryError(str(e).strip(), hint=_hint(e, self.relations)) from None
         finally:
             timer.cancel()
 
@@ -305,11 +305,11 @@ def _page(reader: pa.RecordBatchReader, offset: int, limit: int) -> tuple[pa.Tab
     return table.slice(0, limit), table.num_rows > limit
 
 
-def _hint(e: duckdb.Error) -> str:
+def _hint(e: duckdb.Error, relations: frozenset[str]) -> str:
     if isinstance(e, duckdb.CatalogException):
-        return "GET /v1/sql/views lists the views and columns you can query"
+        return _views_hint(relations)
     if isinstance(e, duckdb.BinderException):
-        return "check column names: GET /v1/sql/views lists each view's columns"
+        return "check column names: DESCRIBE <view> lists a view's columns"
     if isinstance(e, duckdb.ParserException):
         return "check the SQL syntax near the marked position"
     return ""
@@ -360,7 +360,7 @@ def _check_statement_kind(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     kind = statements[0].type
     if kind != duckdb.StatementType.SELECT:
         raise WriteRefused(f"{kind.name} statements are not allowed: this API runs read-only SELECT queries",
-                           hint="send one SELECT over your views (GET /v1/sql/views lists them)")
+                           hint="send one SELECT over your views")
 
 
 class _Walker:
@@ -415,7 +415,7 @@ class _Walker:
                                    hint="read your views; allowed table functions: "
                                    + ", ".join(sorted(PURE_TABLE_FUNCTIONS)))
         elif kind == "SHOW_REF" and ref.get("query") is None:
-            raise QueryRefused("SHOW of the catalog is not available", hint="GET /v1/sql/views lists your views")
+            raise QueryRefused("SHOW of the catalog is not available", hint=_views_hint(self.relations))
 
     def _check_function(self, function: dict[str, Any]) -> None:
         name = str(function.get("function_name", "")).lower()

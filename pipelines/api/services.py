@@ -11,7 +11,9 @@ may not see fail exactly like lookups of things that do not exist.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -23,9 +25,11 @@ from pipelines.lineage import Lineage, LineageNotFound, lineage
 from pipelines.registry import DatasetNotFound, dataset_table
 from schemas.tables import TYPED_TABLES
 from store.lake import Lake
-from store.sql import LakeMissing, view_name
+from store.sql import LakeMissing, QueryError, view_name
 from store.tenant_sql import QueryPage, SandboxLimits, SnapshotCache, TenantSandbox, delta_dataset, open_tenant_sandbox
 from store.trajectory import RolloutNotFound, RolloutSummary, Trajectory, load_trajectory
+
+log = logging.getLogger(__name__)
 
 _OWNED_EVENTS = "WITH wanted AS (SELECT unnest(?::VARCHAR[]) AS rollout_id) " + " UNION ALL ".join(
     f"SELECT rollout_id, event_id FROM {name} WHERE rollout_id IN (SELECT rollout_id FROM wanted)"
@@ -99,8 +103,17 @@ class QueryService:
 
     def run_sql(self, tenant: str, sql: str, *, limit: int | None = None, offset: int = 0) -> QueryPage:
         """One page of a tenant's SELECT (``QueryRefused``, ``QueryTimeout``, ``QueryError``, ``Busy``)."""
-        with self.sandbox(tenant, datasets=True) as box:
-            return box.query(sql, limit=self.pages.clamp(limit), offset=offset)
+        started = time.perf_counter()
+        try:
+            with self.sandbox(tenant, datasets=True) as box:
+                page = box.query(sql, limit=self.pages.clamp(limit), offset=offset)
+        except QueryError as e:
+            log.info("sql_failed tenant=%s chars=%d error=%s reason=%r", tenant, len(sql), type(e).__name__,
+                     e.message[:200])
+            raise
+        log.info("sql tenant=%s chars=%d rows=%d more=%s elapsed_ms=%.0f", tenant, len(sql), page.table.num_rows,
+                 page.more, (time.perf_counter() - started) * 1000)
+        return page
 
     def views(self, tenant: str) -> dict[str, list[tuple[str, str]]]:
         """View name -> [(column, type)] the tenant can query."""

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from pydantic import Field
 from rich.console import Console
 
 from trajlake.settings import CommonSettings
@@ -18,23 +19,23 @@ class QueryApiSettings(CommonSettings):
     """API keys: `key1=tenantA,key2=tenantB` (env TRAJLAKE_QUERY_API_KEYS)."""
     query_api_keys_file: Optional[Path] = None
     """File of `key=tenant` lines, `#` comments (env TRAJLAKE_QUERY_API_KEYS_FILE, flag --keys-file)."""
-    query_timeout_s: float = 10.0
+    query_timeout_s: float = Field(10.0, gt=0)
     """Wall-clock limit of one query; longer ones are interrupted."""
-    max_sql_chars: int = 20_000
+    max_sql_chars: int = Field(20_000, ge=1)
     """Longest accepted SQL text."""
-    default_page_rows: int = 100
+    default_page_rows: int = Field(100, ge=1)
     """Rows per page when a request names no limit."""
-    max_page_rows: int = 1_000
+    max_page_rows: int = Field(1_000, ge=1)
     """Row cap of one page, whatever the request asks for."""
-    max_body_bytes: int = 64 << 10
+    max_body_bytes: int = Field(64 << 10, ge=1024)
     """Largest accepted request body (64 KiB)."""
-    snapshot_ttl_s: float = 2.0
+    snapshot_ttl_s: float = Field(2.0, ge=0)
     """Queries within this many seconds share one read of the Delta logs (may miss newer commits by that long)."""
     query_memory_limit: str = "1GB"
     """DuckDB memory limit of one query (nothing spills to disk)."""
-    query_threads: int = 2
+    query_threads: int = Field(2, ge=1)
     """DuckDB threads of one query."""
-    max_concurrent_queries: int = 4
+    max_concurrent_queries: int = Field(4, ge=1)
     """Queries running at once; more are answered 429 with Retry-After."""
 
 
