@@ -1,10 +1,12 @@
 """Gateway overhead benchmark: latency added over a direct call, and max proxied req/s, in one run.
 
 Starts a real embedded broker, the fast fake engine and ``trajlake gateway``
-(each its own process), then for each rate sends the same chat request to the
-engine directly and through the gateway (open loop, latency from the scheduled
-start), and finally saturates both with a closed loop. Prints a table and
-writes ``bench/gateway/results.json``.
+(each its own process; events really go to Kafka), then for each rate sends
+the same chat request to the engine directly and through the gateway (open
+loop, latency from the scheduled start), and finally saturates both with a
+closed loop (``--concurrency`` keep-alive connections). Direct and gateway
+runs alternate in ``--rounds`` slices so both see the same background load.
+Prints the results and writes ``bench/gateway/results.json``.
 
     .venv/bin/python bench/gateway/run.py [--rates 50,200,500] [--seconds 6]
 
@@ -62,25 +64,41 @@ def summary(result: RunResult) -> dict:
             "p99_ms": round(percentile(ms, 99), 3), "req_s": round(len(ms) / result.elapsed_s, 1)}
 
 
-async def measure(direct: Target, gateway: Target, *, rates: list[int], seconds: float, concurrency: int) -> dict:
+def pooled(results: list[RunResult]) -> RunResult:
+    return RunResult([x for r in results for x in r.latencies_s], sum(r.errors for r in results),
+                     sum(r.elapsed_s for r in results))
+
+
+async def measure(direct: Target, gateway: Target, *, rates: list[int], seconds: float, rounds: int,
+                  concurrency: int) -> dict:
+    """Direct and gateway runs alternate in short slices, so both see the same background load."""
     for target in (direct, gateway):  # warm up connections, imports, caches
         await at_rate(target, rate=100, seconds=1)
+    slice_s = seconds / rounds
     out: dict = {"rates": {}}
     for rate in rates:
-        d = summary(await at_rate(direct, rate=rate, seconds=seconds))
-        g = summary(await at_rate(gateway, rate=rate, seconds=seconds))
+        runs: dict[str, list[RunResult]] = {"direct": [], "gateway": []}
+        for _ in range(rounds):
+            runs["direct"].append(await at_rate(direct, rate=rate, seconds=slice_s))
+            runs["gateway"].append(await at_rate(gateway, rate=rate, seconds=slice_s))
+        d, g = summary(pooled(runs["direct"])), summary(pooled(runs["gateway"]))
         out["rates"][rate] = {"direct": d, "gateway": g,
                               "overhead_p50_ms": round(g["p50_ms"] - d["p50_ms"], 3),
                               "overhead_p99_ms": round(g["p99_ms"] - d["p99_ms"], 3)}
-    out["max_direct"] = summary(await saturate(direct, concurrency=concurrency, seconds=seconds))
-    out["max_gateway"] = summary(await saturate(gateway, concurrency=concurrency, seconds=seconds))
+    runs = {"direct": [], "gateway": []}
+    for _ in range(rounds):
+        runs["direct"].append(await saturate(direct, concurrency=concurrency, seconds=slice_s))
+        runs["gateway"].append(await saturate(gateway, concurrency=concurrency, seconds=slice_s))
+    out["max_direct"], out["max_gateway"] = summary(pooled(runs["direct"])), summary(pooled(runs["gateway"]))
+    out["max_ratio"] = round(out["max_gateway"]["req_s"] / out["max_direct"]["req_s"], 3)
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", default="50,200,500")
-    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--seconds", type=float, default=6.0, help="per rate and target, split into rounds")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=32)
     args = parser.parse_args()
     rates = [int(r) for r in args.rates.split(",")]
@@ -102,8 +120,9 @@ def main() -> None:
             direct = Target("127.0.0.1", engine_port, "/v1/chat/completions", {}, BODY)
             through = Target("127.0.0.1", gateway_port, "/v1/chat/completions",
                              {"authorization": f"Bearer {KEY}", "x-trajlake-rollout-id": "bench-rollout"}, BODY)
-            results = asyncio.run(measure(direct, through, rates=rates, seconds=args.seconds,
+            results = asyncio.run(measure(direct, through, rates=rates, seconds=args.seconds, rounds=args.rounds,
                                           concurrency=args.concurrency))
+            results["load_average"] = os.getloadavg()
             metrics = httpx.get(f"http://127.0.0.1:{gateway_port}/metrics").text
             results["events_produced"] = next(
                 float(line.split()[-1]) for line in metrics.splitlines()

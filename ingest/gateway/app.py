@@ -34,24 +34,26 @@ def build_emitter(settings: GatewayConfig) -> Emitter:
 def create_gateway_app(settings: GatewayConfig, *, emitter: Emitter | None = None) -> FastAPI:
     """The gateway app. ``emitter`` replaces the Kafka+spool emitter (tests); the app starts and closes it.
 
-    Raises ``KeyConfigError`` when no API keys are configured (and anonymous use is off).
+    Raises ``KeyConfigError`` when no API keys are configured (and anonymous use is off),
+    ``ValueError`` for an upstream URL that is not http(s), ``SpoolLocked`` when another
+    process uses the spool folder.
     """
     keys = KeyRing.load(
         env_value=settings.gateway_keys, file=settings.gateway_keys_file, allow_anonymous=settings.allow_anonymous
     )
-    emitter = emitter or build_emitter(settings)
-    metrics = GatewayMetrics(emitter)
+    pool = make_pool(
+        settings.upstream_url, api_key=settings.upstream_api_key,
+        timeout_s=settings.upstream_timeout_s, connect_timeout_s=settings.upstream_connect_timeout_s,
+    )
     recorder = Recorder(
         policy_version=settings.policy_version,
         retokenizer=Retokenizer(settings.tokenizer) if settings.tokenizer else None,
     )
+    emitter = emitter or build_emitter(settings)  # last: it opens (and locks) the spool
+    metrics = GatewayMetrics(emitter)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = make_pool(
-            settings.upstream_url, api_key=settings.upstream_api_key,
-            timeout_s=settings.upstream_timeout_s, connect_timeout_s=settings.upstream_connect_timeout_s,
-        )
         proxy = ProxyService(
             upstream=Upstream(pool, retries=settings.upstream_retries), emitter=emitter, recorder=recorder,
             metrics=metrics,

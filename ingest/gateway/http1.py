@@ -150,7 +150,10 @@ class Http1Pool:
     ) -> None:
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(f"upstream URL must be http(s)://host[:port]/path, got {base_url!r}")
+            raise ValueError(
+                f"upstream URL must be http(s)://host[:port]/path (TRAJLAKE_UPSTREAM_URL or --upstream), "
+                f"got {base_url!r}"
+            )
         self.base_url = base_url
         self.host = url.hostname
         self.port = url.port or (443 if url.scheme == "https" else 80)

@@ -61,6 +61,7 @@ def gateway(
 
     from ingest.gateway import create_gateway_app
     from ingest.gateway.auth import KeyConfigError
+    from ingest.spool import SpoolLocked
 
     overrides = {
         "upstream_url": upstream, "tokenizer": tokenizer, "spool_dir": spool_dir,
@@ -70,7 +71,7 @@ def gateway(
     console = Console(stderr=True)
     try:
         app = create_gateway_app(settings)
-    except KeyConfigError as exc:
+    except (KeyConfigError, SpoolLocked, ValueError) as exc:
         console.print(f"[red]gateway not started:[/] {exc}")
         raise typer.Exit(2) from None
     console.print(
