@@ -58,6 +58,7 @@ def create_gateway_app(settings: GatewayConfig, *, emitter: Emitter | None = Non
             upstream=Upstream(pool, retries=settings.upstream_retries), emitter=emitter, recorder=recorder,
             metrics=metrics,
             idempotency=IdempotencyCache(max_entries=settings.idempotency_entries, ttl_s=settings.idempotency_ttl_s),
+            request_token_ids=settings.request_token_ids,
         )
         app.state.services = Services(
             proxy=proxy, emitter=emitter, metrics=metrics, keys=keys, max_body_bytes=settings.max_body_bytes

@@ -75,7 +75,11 @@ class ProxyService:
         recorder: Recorder,
         metrics: GatewayMetrics,
         idempotency: IdempotencyCache,
+        request_token_ids: bool = True,
     ) -> None:
+        self.request_token_ids = request_token_ids
+        """False: forward bodies unchanged (engines that refuse ``return_token_ids``); ids then come from
+        the configured tokenizer, or are not recorded."""
         self.upstream = upstream
         self.emitter = emitter
         self.recorder = recorder
@@ -93,7 +97,8 @@ class ProxyService:
                 self.metrics.idempotent_replays.inc()
                 return Answer(stored.status, stored.body, stored.content_type, {"idempotent-replayed": "true"})
         current = _Call(kind, body, tenant, rollout, call, asked_by(kind, body))
-        payload = json.dumps(upstream_body(kind, body, current.asked), separators=(",", ":")).encode()
+        forwarded = upstream_body(kind, body, current.asked) if self.request_token_ids else body
+        payload = json.dumps(forwarded, separators=(",", ":")).encode()
         try:
             if body.get("stream") is True:
                 return await self._stream(current, payload)

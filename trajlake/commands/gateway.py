@@ -40,6 +40,7 @@ class GatewaySettings(CommonSettings):
     policy_version: Optional[str] = None
     """Recorded on every llm.response; default: the model name the engine served."""
     request_token_ids: bool = True
+    """Ask the engine for token ids and logprobs; turn off for engines that refuse unknown fields."""
     idempotency_entries: int = 10_000
     """Keyed calls remembered for replay (in-process LRU)."""
     idempotency_ttl_s: float = 600.0

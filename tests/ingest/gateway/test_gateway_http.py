@@ -276,3 +276,13 @@ def test_client_leaving_mid_stream_is_recorded_as_such(gateway):
         next(r.iter_lines())
     _, response = events(sink, 2)
     assert response["payload"]["error"] == "client disconnected before the stream ended"
+
+
+def test_engine_that_must_not_be_asked_for_ids_gets_the_body_unchanged(settings, tmp_path):
+    settings.request_token_ids = False
+    emitter, sink = memory_emitter(tmp_path)
+    with serve(create_gateway_app(settings, emitter=emitter)) as url:
+        assert httpx.post(f"{url}/v1/chat/completions", json=CHAT, headers=AUTH).status_code == 200
+    _, response = events(sink, 2)
+    assert response["payload"]["token_source"] == "none" and response["payload"]["response_token_ids"] is None
+    assert response["payload"]["logprobs"] is None
