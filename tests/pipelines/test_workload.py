@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+import pytest
+
 from ingest.workload import WorkloadConfig, generate_rollouts
 from pipelines import build_dataset, read_dataset
 from schemas.events import EVENT_ADAPTER
@@ -25,12 +28,15 @@ def test_merge_breaks_match_what_the_generator_did(lake):
     for r in rollouts:
         facts.update({k: getattr(r.facts, k) for k in ("llm_calls", "subagents", "summarisations", "drifts",
                                                       "retried_requests", "untokenized_calls")})
-    reasons = Counter(read_dataset(lake, "workload")["start_reason"].to_pylist())
+    samples = read_dataset(lake, "workload")
+    reasons = Counter(samples["start_reason"].to_pylist())
     assert reasons["first"] == len(rollouts) + facts["subagents"]  # each agent context starts one sample
     assert reasons["retokenization"] == facts["drifts"]
     # a summarised prompt that carries no token ids is not trained, so its break is not seen
     assert facts["summarisations"] - facts["untokenized_calls"] <= reasons["truncation"] <= facts["summarisations"]
     assert reasons["other"] == reasons["chat_template"] == 0
+    weights = np.array(samples["token_weight"].to_pylist(), np.float64) * np.array(samples["n_trained_tokens"])
+    assert weights.sum() == pytest.approx(1.0, abs=1e-5)
     calls = result.manifest["counts"]["calls"]
     assert calls["duplicate"] == facts["retried_requests"]
     assert calls["ok"] + calls["non_engine"] == facts["llm_calls"]
