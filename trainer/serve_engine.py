@@ -11,6 +11,7 @@ import random
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -159,13 +160,8 @@ class ServeEngine:
         A request without a seed takes the next one from the server's seeded
         stream, so a restarted server replays the same sequence of requests.
         """
-        import torch
-
         text = IncrementalText(self.tokenizer, stop)
-        with self._lock:
-            # Per calling thread (OpenMP): the event loop's thread keeps its setting. One thread
-            # decodes a small model ~30x faster than two on a busy 2-core box (spin-waiting).
-            torch.set_num_threads(self.threads)
+        with self._lock, _torch_threads(self.threads):
             if params.seed is None:
                 params = replace(params, seed=self._seeds.getrandbits(63))
             ends = self.eos_token_ids | stop_token_ids
@@ -184,6 +180,23 @@ class ServeEngine:
                     yield Step(token, delta + text.finish(), offset, "length")
                     return
                 yield Step(token, delta, offset)
+
+
+@contextmanager
+def _torch_threads(threads: int) -> Iterator[None]:
+    """Torch intra-op threads for one generation, restored after (OpenMP keeps it per thread).
+
+    One thread decodes a small model ~30x faster than two on a busy 2-core box
+    (two spin-wait on each other for every tiny matmul).
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _tokenizer_identity(tokenizer) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from trainer.serve_engine import ServeEngine
 from trainer.serve_protocol import ServeError
@@ -69,3 +70,13 @@ def test_the_model_name_must_be_the_served_one_or_absent(engine):
     with pytest.raises(ServeError) as caught:
         engine.check_model("gpt-4o")
     assert (caught.value.status, caught.value.code) == (404, "model_not_found")
+
+
+def test_generation_leaves_the_callers_torch_threads_alone(engine, prompt):
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        list(engine.generate(prompt, SamplingParams(max_tokens=2, temperature=0)))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
