@@ -80,3 +80,15 @@ def test_generation_leaves_the_callers_torch_threads_alone(engine, prompt):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_unseeded_requests_replay_after_a_restart_with_the_same_server_seed(tiny_model_dir, prompt):
+    def session(server_seed: int) -> list[list[int]]:
+        engine = ServeEngine(tiny_model_dir, seed=server_seed)
+        unseeded = SamplingParams(max_tokens=6)
+        return [[s.token.token_id for s in engine.generate(prompt, unseeded)] for _ in range(2)]
+
+    first = session(5)
+    assert first[0] != first[1]  # each request draws its own seed
+    assert session(5) == first
+    assert session(6) != first
