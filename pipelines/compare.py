@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -165,7 +166,7 @@ def compare(lake: Lake, a: Arm, b: Arm, config: CompareConfig) -> Comparison:
     )
 
 
-def _outcomes(con, arm: Arm, config: CompareConfig) -> pa.Table:
+def _outcomes(con: duckdb.DuckDBPyConnection, arm: Arm, config: CompareConfig) -> pa.Table:
     table = select_outcomes(con, arm.selection(config.selection), success=config.success,
                             reward_rule=config.reward_rule)
     if table.num_rows == 0:

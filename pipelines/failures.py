@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
+import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field
@@ -138,7 +139,7 @@ def extract_failures(lake: Lake, config: FailureConfig, *, progress: Progress | 
                       failed=failed.num_rows, packets=grouped)
 
 
-def _constraints(con, rollout_ids: list[str], chars: int) -> dict[str, list[dict[str, str]]]:
+def _constraints(con: duckdb.DuckDBPyConnection, rollout_ids: list[str], chars: int) -> dict[str, list[dict[str, str]]]:
     """rollout_id -> the first system/user messages of its first LLM request."""
     if not rollout_ids:
         return {}

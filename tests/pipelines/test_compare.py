@@ -240,7 +240,7 @@ def run(app: typer.Typer, *args: str):
 def test_cli_prints_the_table_and_verdict(app: typer.Typer, ab_lake: Lake) -> None:
     planted = run(app, "compare", "swe@1.0", "swe@2.0", "--lake", ab_lake.root, "--resamples", "1000")
     assert planted.exit_code == 0, planted.output
-    assert "paired on 200 shared tasks" in planted.output and "+30.0 pp" in planted.output
+    assert "paired by task on 200 shared tasks" in planted.output and "+30.0 pp" in planted.output
     assert "verdict: B better than A" in planted.output
     null = run(app, "compare", "swe@1.0", "swe@3.0", "--lake", ab_lake.root, "--resamples", "1000")
     assert "verdict: inside noise" in null.output

@@ -220,33 +220,44 @@ def compare_command(
 
 
 def render_comparison(console: Console, r: Comparison) -> None:
-    """Arms, the metric table and the verdict sentence."""
+    """Arms, one column per metric (rows: the statistics) and the verdict sentence."""
     c = r.config
     for side, arm in (("A", r.a), ("B", r.b)):
         console.print(Text.assemble((f"{side}  ", "bold"), (arm.label, "bold"),
                                     f"   {arm.rollouts} rollouts on {arm.tasks} tasks"))
-    console.print(f"paired on {r.shared_tasks} shared tasks · success = {c.success.describe()} · "
+    console.print(f"paired by task on {r.shared_tasks} shared tasks · success = {c.success.describe()} · "
                   f"reward = {c.reward_rule.describe()} · seed {c.seed}")
-    level = f"{c.confidence:.0%}"
+    metrics = [m for m in (r.success, r.reward) if m is not None]
     table = Table(box=box.SIMPLE_HEAVY, show_edge=False)
-    for name in ("metric", "tasks", "A", "B", "B - A", f"{level} CI (bootstrap)", f"{level} CI (normal)",
-                 "p (sign-flip)", f"tasks for {c.power:.0%} power", "verdict"):
-        table.add_column(name, justify="left" if name in ("metric", "verdict") else "right")
-    for m in (r.success, r.reward):
-        if m is not None:
-            table.add_row(*_metric_row(m))
+    table.add_column("")
+    for m in metrics:
+        table.add_column("success rate" if m.name == "success" else "mean reward", justify="right")
+    level = f"{c.confidence:.0%}"
+    rows = [("tasks paired", lambda m: str(m.tasks)), (f"A  {r.a.label}", lambda m: _value(m, m.a)),
+            (f"B  {r.b.label}", lambda m: _value(m, m.b)), ("B - A", lambda m: _diff(m, m.diff)),
+            (f"{level} CI, paired bootstrap", lambda m: _interval(m, m.ci)),
+            (f"{level} CI, normal approx.", lambda m: _interval(m, m.normal_ci)),
+            ("p, sign-flip test", lambda m: _p(m.p_value)),
+            (f"tasks for {c.power:.0%} power", lambda m: "-" if m.tasks_needed is None else f"{m.tasks_needed:,}"),
+            ("verdict", lambda m: Text(m.verdict, style=VERDICT_STYLE[m.verdict]))]
+    for name, show in rows:
+        table.add_row(name, *(show(m) for m in metrics))
     console.print(table)
     console.print(_verdict_line(r))
 
 
-def _metric_row(m: MetricResult) -> list[Any]:
-    rate = m.name == "success"
-    value = (lambda x: f"{x:.1%}") if rate else (lambda x: f"{x:.3f}")
-    diff = (lambda x: f"{x * 100:+.1f} pp") if rate else (lambda x: f"{x:+.3f}")
-    interval = (lambda ci: f"[{diff(ci[0])}, {diff(ci[1])}]")
-    return ["success rate" if rate else "mean reward", str(m.tasks), value(m.a), value(m.b), diff(m.diff),
-            interval(m.ci), interval(m.normal_ci), _p(m.p_value),
-            "-" if m.tasks_needed is None else f"{m.tasks_needed:,}", Text(m.verdict, style=VERDICT_STYLE[m.verdict])]
+def _value(m: MetricResult, x: float) -> str:
+    return f"{x:.1%}" if m.name == "success" else f"{x:.3f}"
+
+
+def _diff(m: MetricResult, x: float) -> str:
+    return f"{x * 100:+.1f} pp" if m.name == "success" else f"{x:+.3f}"
+
+
+def _interval(m: MetricResult, ci: tuple[float, float]) -> str:
+    if m.name == "success":
+        return f"[{ci[0] * 100:+.1f}, {ci[1] * 100:+.1f}] pp"
+    return f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
 
 
 def _p(p: float) -> str:
@@ -256,7 +267,7 @@ def _p(p: float) -> str:
 def _verdict_line(r: Comparison) -> Text:
     m = r.success if r.config.primary == "success" or r.reward is None else r.reward
     what = "success rate" if m.name == "success" else "mean reward"
-    effect = f"{m.diff * 100:+.1f} pp" if m.name == "success" else f"{m.diff:+.3f}"
+    effect = _diff(m, m.diff)
     text = Text.assemble(("verdict: ", "bold"), (m.verdict, VERDICT_STYLE[m.verdict]),
                          f" ({r.b.label} vs {r.a.label}: {what} {effect}, p = {_p(m.p_value)}")
     if m.tasks_needed is None:
