@@ -182,7 +182,8 @@ class QueryService:
         events = found.events
         if events is not None:
             events = events.filter(pc.is_in(events["event_id"], owned["event_id"]))
-        if found.kind in ("rollout", "event") and not datasets and (events is None or events.num_rows == 0):
+        no_events = events is None or events.num_rows == 0
+        if (found.kind == "event" and no_events) or (found.kind == "rollout" and no_events and not datasets):
             raise NotFound(f"nothing of yours has the id {ref!r}", hint=hint)
         owned_rollouts = set(owned["rollout_id"].to_pylist())
         return dataclasses.replace(

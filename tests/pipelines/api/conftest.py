@@ -1,7 +1,8 @@
 """A real two-tenant lake on disk (events through the ingester's row mapping, real dataset builds) and the app over it.
 
 Tenants ``acme`` and ``beta`` both have a rollout ``r1`` (ids collide across
-tenants on purpose); acme also has ``r2`` (task t2, running) and beta ``r9``.
+tenants on purpose; beta's lands after the dataset builds, which key rollouts
+by rollout_id alone); acme also has ``r2`` (task t2, running) and beta ``r9``.
 Datasets: ``acme-only`` (built for acme alone, two versions), ``beta-only``,
 and ``everyone`` (built over all tenants: visible to nobody). Checkpoints
 ``ck-acme`` (on acme-only@1) and ``ck-all`` (on everyone@0).
@@ -39,7 +40,6 @@ def build_two_tenant_lake(lake: Lake) -> None:
     write_events(lake, [
         *sample_rollout("r1", tenant="acme"),
         *sample_rollout("r2", task_id="t2", tenant="acme")[:4],
-        *sample_rollout("r1", tenant="beta"),
         *sample_rollout("r9", task_id="t9", tenant="beta"),
     ])
     raw = {"advantage": "raw"}
@@ -47,6 +47,8 @@ def build_two_tenant_lake(lake: Lake) -> None:
     build_dataset(lake, "acme-only", BuildConfig(advantage="mean", selection={"tenants": ["acme"]}))
     build_dataset(lake, "beta-only", BuildConfig(**raw, selection={"tenants": ["beta"]}))
     build_dataset(lake, "everyone", BuildConfig(**raw))
+    # after the builds: they key rollouts by rollout_id alone and would mix the two r1s
+    write_events(lake, sample_rollout("r1", tenant="beta"))
     lake.append("checkpoints", pa.Table.from_pylist([
         {"checkpoint_id": "ck-acme", "dataset": "acme-only", "dataset_version": 1},
         {"checkpoint_id": "ck-all", "dataset": "everyone", "dataset_version": 0},
