@@ -265,3 +265,14 @@ def test_cli_json_is_reproducible(app: typer.Typer, ab_lake: Lake) -> None:
 def test_cli_bad_input_exits_with_a_message(app: typer.Typer, ab_lake: Lake, args: list[str], message: str) -> None:
     result = run(app, "compare", *args, "--lake", ab_lake.root)
     assert result.exit_code == 1 and message in " ".join(result.output.split())
+
+
+def test_cli_filters_by_the_other_kind(app: typer.Typer, ab_lake: Lake) -> None:
+    """Harness arms under one policy; a policy filter that matches neither arm is an error."""
+    ok = run(app, "compare", "swe@1.0", "swe@2.0", "--policy-version", "pA", "--policy-version", "pB",
+             "--lake", ab_lake.root, "--resamples", "200", "--json")
+    assert ok.exit_code == 0 and json.loads(ok.output)["shared_tasks"] == TASKS
+    none = run(app, "compare", "swe@1.0", "swe@2.0", "--policy-version", "pC", "--lake", ab_lake.root)
+    assert none.exit_code == 1 and "no finished rollouts" in none.output
+    clash = run(app, "compare", "pA", "pB", "--by", "policy", "--policy-version", "pA", "--lake", ab_lake.root)
+    assert clash.exit_code == 1 and "the arms already name the policy" in " ".join(clash.output.split())

@@ -179,6 +179,8 @@ def compare_command(
     a: str = typer.Argument(..., help="Arm A (the baseline): harness NAME@VERSION, or a policy version with --by policy."),
     b: str = typer.Argument(..., help="Arm B (the change)."),
     by: str = typer.Option("harness", help="What the arms name: harness (NAME@VERSION or NAME) or policy (version)."),
+    harness: list[str] = typer.Option([], help="With --by policy: only rollouts of this harness NAME[@VERSION] (repeatable)."),
+    policy_version: list[str] = typer.Option([], help="With --by harness: only rollouts of this policy version (repeatable)."),
     since: str | None = SINCE,
     until: str | None = UNTIL,
     task: list[str] = TASK,
@@ -200,9 +202,13 @@ def compare_command(
     try:
         if by not in ("harness", "policy"):
             raise ValueError(f"--by {by!r}: use harness or policy")
+        if (by == "harness" and harness) or (by == "policy" and policy_version):
+            raise ValueError(f"the arms already name the {by}: filter by --{'policy-version' if harness else 'harness'} "
+                             f"instead of --{'harness' if harness else 'policy-version'}")
         arm_a, arm_b = Arm.parse(a, by), Arm.parse(b, by)  # type: ignore[arg-type]
         config = CompareConfig(
-            selection=_selection(since=since, until=until, task=task, tenant=tenant, where=where),
+            selection=_selection(since=since, until=until, task=task, tenant=tenant, where=where,
+                                 harnesses=tuple(harness), policy_versions=tuple(policy_version)),
             success=SuccessRule.parse(success), reward_rule=RewardRule.parse(reward_rule), primary=primary,
             confidence=confidence, alpha=alpha, power=power, resamples=settings.compare_resamples,
             permutations=settings.compare_permutations, seed=settings.compare_seed,
