@@ -30,7 +30,8 @@ def test_build_show_list_diff_export_lineage(cli, tmp_path):
     assert built.exit_code == 0, built.output
     assert "ds@0" in built.output and "samples per rollout" in built.output and "merge breaks: other" in built.output
     assert "built without publishing" in built.output
-    assert cli("build-dataset", "ds", "--advantage", "mean", "--task", "t1").exit_code == 0
+    assert cli("build-dataset", "ds", "--advantage", "mean", "--task", "t1", "--since", "2026-11-01T00:00:00Z",
+               "--until", "2026-11-02T00:00:00+02:00").exit_code == 0
     shown = cli("datasets", "show", "ds@0", "--json")
     assert json.loads(shown.output)["advantage"] == "grpo"
     listed = cli("datasets", "list")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +69,8 @@ def _settings(**flags: Any) -> DatasetSettings:
 
 def build_dataset_command(
     name: str = typer.Argument(..., help="Dataset name: the table datasets/NAME gets a new version."),
-    since: datetime | None = typer.Option(None, help="Rollouts started at or after (UTC, e.g. 2026-11-01T00:00:00Z)."),
-    until: datetime | None = typer.Option(None, help="Rollouts started before (UTC)."),
+    since: str | None = typer.Option(None, help="Rollouts started at or after (RFC 3339, e.g. 2026-11-01T00:00:00Z)."),
+    until: str | None = typer.Option(None, help="Rollouts started before (RFC 3339)."),
     task: list[str] = typer.Option([], help="Task id (repeatable)."),
     tenant: list[str] = typer.Option([], help="Tenant (repeatable)."),
     harness: list[str] = typer.Option([], help="Harness name or name@version (repeatable)."),
