@@ -10,7 +10,6 @@ its token arrays; the arrays live in the ``token_ids`` / ``logprobs`` columns
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -18,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic_core import from_json, to_json
 
 from schemas.events import Event
 from schemas.tables import EVENTS, KAFKA_FIELDS, KEY_FIELDS, LOGPROBS, QUARANTINE, TOKENS, TYPED_TABLES
@@ -111,13 +111,15 @@ def typed_tables(events: pa.Table) -> dict[str, pa.Table]:
     types = events.column("type")
     for event_type in pc.unique(types).to_pylist():
         table_name, schema = TYPED_TABLES[event_type]
-        rows = events.filter(pc.equal(types, event_type))
+        needed = [c for c in events.column_names if c in _SHARED or c == "payload" or
+                  (c in ("token_ids", "logprobs") and event_type in TOKEN_FIELDS)]  # copy no token lists in vain
+        rows = events.select(needed).filter(pc.equal(types, event_type))
         out[table_name] = _typed_rows(rows, schema)
     return out
 
 
 def _typed_rows(rows: pa.Table, schema: pa.Schema) -> pa.Table:
-    payloads = [json.loads(p) for p in rows.column("payload").to_pylist()]
+    payloads = [from_json(p) for p in rows.column("payload").to_pylist()]
     columns: list[pa.ChunkedArray | pa.Array] = []
     for f in schema:
         if f.name in _SHARED:
@@ -139,7 +141,7 @@ def _payload_value(payload: dict[str, Any], name: str) -> Any:
     value = payload.get(name)
     if value is None or name not in JSON_COLUMNS:
         return value
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return to_json(value).decode()  # compact, UTF-8 kept as is
 
 
 def quarantine_table(rejected: Sequence[Rejected], *, quarantined_at: datetime | None = None) -> pa.Table:
