@@ -36,7 +36,7 @@ from store.storage import open_lake
 from trajlake.commands.sql import LAKE_OPTION, fail
 from trajlake.settings import CommonSettings
 
-PACKET_ID_SHOWN = 15
+PACKET_ID_SHOWN = 11
 """Characters of a packet id the table shows (like a short git hash; --json and the JSONL carry all of it)."""
 VERDICT_STYLE = {"B better than A": "bold green", "B worse than A": "bold red", "inside noise": "bold yellow"}
 
@@ -156,16 +156,18 @@ def _render_extraction(console: Console, x: Extraction, *, stored: bool, version
                   f"(success = {x.config.success.describe()}): {len(x.packets)} {x.config.group} packet(s)")
     if x.packets:
         table = Table(box=box.SIMPLE_HEAVY, show_edge=False)
-        for name, justify in (("rollouts", "right"), ("harness", "left"), ("status", "left"),
-                              ("failing step", "left"), ("error / finish", "left"), ("packet", "left")):
-            table.add_column(name, justify=justify, overflow="fold")
+        table.add_column("n", justify="right", no_wrap=True)
+        for name in ("harness", "status"):
+            table.add_column(name, no_wrap=True)
+        table.add_column("failing step: error or finish reason", ratio=1)
+        table.add_column("packet", no_wrap=True)
         for p in x.packets:
             sig = p.signature
             step = p.failing_step if isinstance(p, RolloutPacket) else p.example.failing_step
-            where = "-" if step is None else f"{sig.failing_tool or step.kind} (seq {step.seq})"
+            where = "-" if step is None else f"{sig.failing_tool or step.kind} #{step.seq}"
             table.add_row(str(1 if isinstance(p, RolloutPacket) else p.rollouts),
-                          f"{sig.harness.name}@{sig.harness.version}", sig.status, where,
-                          sig.error or f"finish {sig.finish_reason}", p.packet_id[:PACKET_ID_SHOWN])
+                          f"{sig.harness.name}@{sig.harness.version}", sig.status,
+                          f"{where}: {sig.error or f'finish {sig.finish_reason}'}", p.packet_id[:PACKET_ID_SHOWN])
         console.print(table)
     console.print(f"extraction {x.extraction_id}")
     if stored:
