@@ -56,7 +56,9 @@ from store.sql import JOINED_VIEWS, QueryError, WriteRefused, _joined_view_state
 log = logging.getLogger(__name__)
 
 TENANT_COLUMN = "tenant"
-TENANT_TABLES: tuple[str, ...] = tuple(name for name, schema in INGESTED_TABLES.items() if TENANT_COLUMN in schema.names)
+TENANT_TABLES: tuple[str, ...] = tuple(
+    name for name, schema in INGESTED_TABLES.items() if TENANT_COLUMN in schema.names
+)
 """Ingested tables a tenant can query (those carrying a tenant column)."""
 
 PURE_TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest"})
@@ -65,7 +67,9 @@ PURE_TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest"})
 REFUSED_FUNCTIONS = frozenset({"current_setting", "getenv", "getvariable", "json_execute_serialized_sql"})
 """Scalar functions that reveal the server's configuration or run SQL text."""
 
-TABLE_REF_KINDS = frozenset({"BASE_TABLE", "JOIN", "SUBQUERY", "TABLE_FUNCTION", "EXPRESSION_LIST", "EMPTY", "SHOW_REF"})
+TABLE_REF_KINDS = frozenset(
+    {"BASE_TABLE", "JOIN", "SUBQUERY", "TABLE_FUNCTION", "EXPRESSION_LIST", "EMPTY", "SHOW_REF"}
+)
 """Kinds of FROM items a tenant query may contain (anything else is refused)."""
 
 

@@ -157,7 +157,8 @@ class QueryService:
         """Dataset name -> versions built for the tenant alone."""
         return visible_versions(self.lake, tenant)
 
-    def dataset(self, tenant: str, name: str, version: int | None = None) -> tuple[VisibleVersion, list[VisibleVersion]]:
+    def dataset(self, tenant: str, name: str,
+                version: int | None = None) -> tuple[VisibleVersion, list[VisibleVersion]]:
         """(the asked version, or the newest; every visible version) of one dataset."""
         versions = visible_versions(self.lake, tenant).get(name, [])
         chosen = [v for v in versions if version is None or v.version == version]

@@ -68,8 +68,8 @@ def query_api(
     except ValueError as exc:  # settings out of range
         console.print(f"[red]query API not started:[/] {exc}")
         raise typer.Exit(2) from None
-    console.print(f"[green]query API[/] on http://{host}:{port} (docs /docs); lake {settings.lake}; "
-                  f"queries stop after {settings.query_timeout_s:g} s, pages hold at most {settings.max_page_rows} rows")
+    console.print(f"[green]query API[/] on http://{host}:{port} (docs /docs); lake {settings.lake}; queries stop "
+                  f"after {settings.query_timeout_s:g} s, pages hold at most {settings.max_page_rows} rows")
     uvicorn.run(app, host=host, port=port, access_log=False, log_level="warning")
 
 

@@ -16,15 +16,16 @@ router = APIRouter(prefix="/v1/lineage", tags=["lineage"])
 def get_lineage(
     tenant: Tenant,
     service: Service,
-    ref: Annotated[str, Path(min_length=1, max_length=512, description="NAME@VERSION, checkpoint, rollout or event id")],
+    ref: Annotated[str, Path(min_length=1, max_length=512,
+                             description="NAME@VERSION, checkpoint, rollout or event id")],
     limit: Annotated[int | None, Query(ge=0, description="Events per page")] = None,
     offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
 ) -> LineageOut:
     """Lineage in both directions, limited to your rows and the datasets built for you alone."""
     found = service.lineage(tenant, ref)
     limit = service.pages.clamp(limit)
-    events = found.events.to_pylist() if found.events is not None else []
-    page = events[offset: offset + limit]
+    n_events = 0 if found.events is None else found.events.num_rows
+    page = [] if found.events is None else found.events.slice(offset, limit).to_pylist()
     return LineageOut(
         kind=found.kind,
         subject=found.subject,
@@ -34,9 +35,9 @@ def get_lineage(
         rollouts=found.rollouts,
         sources=found.sources,
         offset_ranges=[OffsetRange(**r) for r in found.offset_ranges()],
-        n_events=len(events),
+        n_events=n_events,
         events=[EventRef(**e) for e in page],
         limit=limit,
         offset=offset,
-        next_offset=offset + len(page) if offset + len(page) < len(events) else None,
+        next_offset=offset + len(page) if offset + len(page) < n_events else None,
     )
