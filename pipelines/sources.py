@@ -45,7 +45,7 @@ class Snapshot:
 
 def pinned_connection(lake: Lake, snapshot: Snapshot, *, memory_limit: str = "1GB") -> duckdb.DuckDBPyConnection:
     """DuckDB with one view per source table, each at its pinned version."""
-    con = duckdb.connect(":memory:", config={"allow_unsigned_extensions": "true"})
+    con = duckdb.connect(":memory:", config={"allow_unsigned_extensions": "true", "python_enable_replacements": "false"})
     con.load_extension(delta_extension_path())
     con.execute(f"SET memory_limit = '{memory_limit}'")
     con.execute("SET preserve_insertion_order = false")
@@ -53,4 +53,14 @@ def pinned_connection(lake: Lake, snapshot: Snapshot, *, memory_limit: str = "1G
     for name, version in snapshot.versions.items():
         uri = lake.uri(name).replace("'", "''")
         con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM delta_scan(\'{uri}\', version={int(version)})')
+    _confine(con, lake)
     return con
+
+
+def _confine(con: duckdb.DuckDBPyConnection, lake: Lake) -> None:
+    """A --where predicate may read nothing outside the lake and change no setting."""
+    con.execute("SET allowed_directories = [?]", [lake.root.removeprefix("file://").rstrip("/") + "/"])
+    con.execute("SET enable_external_access = false")
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    con.execute("SET lock_configuration = true")

@@ -290,3 +290,11 @@ def test_a_rollout_id_reused_by_another_tenant_never_mixes_their_rows(lake, rows
     everyone = build_dataset(lake, "everyone")
     assert everyone.manifest["counts"]["rollouts"]["ambiguous_id"] == 2
     assert read_dataset(lake, "everyone")["rollout_id"].to_pylist() == ["r2"]
+
+
+def test_a_where_predicate_cannot_read_outside_the_lake(lake, four, tmp_path):
+    secret = tmp_path / "secret.csv"
+    secret.write_text("x\n1\n")
+    with pytest.raises(BadFilter, match="(?i)permission|access|disabled"):
+        build_dataset(lake, "ds", BuildConfig(selection=Selection(
+            where=f"EXISTS (SELECT * FROM read_csv('{secret}'))")))
