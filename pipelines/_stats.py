@@ -74,11 +74,11 @@ def tasks_for_power(diffs: np.ndarray, *, alpha: float, power: float) -> int | N
 
     n = ((z_{1-alpha/2} + z_{power}) * sd / mean)^2, rounded up, with the
     observed mean and sd of the per-task differences as the effect. None
-    when there is no effect to detect (mean 0); 1 when every task moved the
-    same way by the same amount (sd 0).
+    when there is no effect to detect (mean 0) or one task cannot give an sd;
+    1 when every task moved the same way by the same amount (sd 0).
     """
     mean = float(diffs.mean())
-    if mean == 0:
+    if mean == 0 or len(diffs) < 2:
         return None
     unit = NormalDist()
     z = unit.inv_cdf(1 - alpha / 2) + unit.inv_cdf(power)

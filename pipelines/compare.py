@@ -114,7 +114,7 @@ class MetricResult(_Model):
     p_value: float
     """Paired sign-flip permutation test, two-sided."""
     tasks_needed: int | None
-    """Tasks for ``power`` at ``alpha`` for the observed effect; None when the effect is 0."""
+    """Tasks for ``power`` at ``alpha`` for the observed effect; None when the effect is 0 or one task paired."""
     verdict: Verdict
 
 

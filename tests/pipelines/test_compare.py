@@ -93,6 +93,7 @@ def test_bootstrap_is_reproducible_by_seed() -> None:
 def test_tasks_for_power_edge_cases() -> None:
     assert tasks_for_power(np.array([1.0, -1.0]), alpha=0.05, power=0.8) is None
     assert tasks_for_power(np.array([0.2, 0.2, 0.2]), alpha=0.05, power=0.8) == 1
+    assert tasks_for_power(np.array([0.5]), alpha=0.05, power=0.8) is None  # one task: no sd
     diffs = np.array([0.1, 0.3, -0.1, 0.1])  # mean 0.1, sd sqrt(0.08/3)
     assert tasks_for_power(diffs, alpha=0.05, power=0.8) == math.ceil((Z_SUM * math.sqrt(0.08 / 3) / 0.1) ** 2)
 

@@ -279,7 +279,7 @@ def _verdict_line(r: Comparison) -> Text:
     text = Text.assemble(("verdict: ", "bold"), (m.verdict, VERDICT_STYLE[m.verdict]),
                          f" ({r.b.label} vs {r.a.label}: {what} {effect}, p = {_p(m.p_value)}")
     if m.tasks_needed is None:
-        text.append("; no difference at all)")
+        text.append("; no difference at all)" if m.diff == 0 else "; one task cannot tell noise from effect)")
     elif m.verdict == "inside noise":
         text.append(f"; detecting {effect} at {r.config.power:.0%} power needs ~{m.tasks_needed:,} tasks, "
                     f"{m.tasks} were paired)")
