@@ -245,7 +245,7 @@ def render_comparison(console: Console, r: Comparison) -> None:
             (f"B  {r.b.label}", lambda m: _value(m, m.b)), ("B - A", lambda m: _diff(m, m.diff)),
             (f"{level} CI, paired bootstrap", lambda m: _interval(m, m.ci)),
             (f"{level} CI, normal approx.", lambda m: _interval(m, m.normal_ci)),
-            ("p, sign-flip test", lambda m: _p(m.p_value)),
+            ("p, sign-flip test", lambda m: _p(m.p_value).removeprefix("= ")),
             (f"tasks for {c.power:.0%} power", lambda m: "-" if m.tasks_needed is None else f"{m.tasks_needed:,}"),
             ("verdict", lambda m: Text(m.verdict, style=VERDICT_STYLE[m.verdict]))]
     for name, show in rows:
@@ -269,7 +269,7 @@ def _interval(m: MetricResult, ci: tuple[float, float]) -> str:
 
 
 def _p(p: float) -> str:
-    return "< 0.0001" if p < 0.0001 else f"{p:.4f}"
+    return "< 0.0001" if p < 0.0001 else f"= {p:.4f}"
 
 
 def _verdict_line(r: Comparison) -> Text:
@@ -277,7 +277,7 @@ def _verdict_line(r: Comparison) -> Text:
     what = "success rate" if m.name == "success" else "mean reward"
     effect = _diff(m, m.diff)
     text = Text.assemble(("verdict: ", "bold"), (m.verdict, VERDICT_STYLE[m.verdict]),
-                         f" ({r.b.label} vs {r.a.label}: {what} {effect}, p = {_p(m.p_value)}")
+                         f" ({r.b.label} vs {r.a.label}: {what} {effect}, p {_p(m.p_value)}")
     if m.tasks_needed is None:
         text.append("; no difference at all)" if m.diff == 0 else "; one task cannot tell noise from effect)")
     elif m.verdict == "inside noise":
