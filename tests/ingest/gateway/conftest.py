@@ -1,44 +1,15 @@
-"""Fixtures of the gateway tests: real HTTP servers (uvicorn in a thread), a fake engine, settings."""
+"""Fixtures of the gateway tests: the fake engine over HTTP, gateway settings, the tiny model."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import uvicorn
 from gateway_fake_engine import create_fake_engine
+from gateway_helpers import KEY, OTHER_KEY, TENANT, serve
 
-from ingest.broker import free_port
-from ingest.gateway.emitter import Emitter, SinkUnavailable
-from ingest.spool import Spool
 from trajlake.commands.gateway import GatewaySettings
-
-KEY = "sk-test-acme"
-TENANT = "acme"
-OTHER_KEY = "sk-test-globex"
-
-
-@contextmanager
-def serve(app) -> Iterator[str]:
-    """Run an ASGI app under uvicorn on a free loopback port; yields its base URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(20)
 
 
 @pytest.fixture(scope="module")
@@ -63,64 +34,9 @@ def settings(tmp_path: Path, engine) -> GatewaySettings:
     )
 
 
-class MemorySink:
-    """A sink that keeps (key, value) pairs, or refuses everything while ``down``."""
-
-    def __init__(self) -> None:
-        self.records: list[tuple[bytes, bytes]] = []
-        self.down = False
-        self.lock = threading.Lock()
-
-    def send(self, records) -> None:
-        if self.down:
-            raise SinkUnavailable("memory sink is down")
-        with self.lock:
-            self.records.extend(records)
-
-    def close(self) -> None:
-        pass
-
-
-def memory_emitter(tmp_path: Path, *, max_bytes: int = 1 << 20) -> tuple[Emitter, MemorySink]:
-    sink = MemorySink()
-    return Emitter(sink, Spool(tmp_path / "spool", max_bytes=max_bytes), retry_interval_s=0.05), sink
-
-
-def wait_for(predicate, *, timeout_s: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """The tiny default model (built once into $TRAJLAKE_HOME, then reused; read-only)."""
     from trajlake.tiny_model import build_tiny_model, default_model_dir
 
     return build_tiny_model(default_model_dir())
-
-
-def read_topic(bootstrap_servers: str, topic: str, *, count: int, timeout_s: float = 30.0) -> list[dict]:
-    """Every event on ``topic`` (all partitions, from the start) once ``count`` have arrived."""
-    import json
-
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False)
-    try:
-        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
-        consumer.assign(partitions)
-        consumer.seek_to_beginning(*partitions)
-        out: list[dict] = []
-        deadline = time.monotonic() + timeout_s
-        while len(out) < count and time.monotonic() < deadline:
-            for records in consumer.poll(timeout_ms=200).values():
-                out.extend(json.loads(r.value) for r in records)
-        # one more short poll: anything beyond ``count`` would be a duplicate
-        for records in consumer.poll(timeout_ms=300).values():
-            out.extend(json.loads(r.value) for r in records)
-        return out
-    finally:
-        consumer.close()

@@ -6,7 +6,7 @@ import json
 import threading
 from datetime import datetime, timezone
 
-from conftest import memory_emitter, wait_for
+from gateway_helpers import memory_emitter, wait_for
 
 from ingest.spool import Spool
 from schemas.events import RewardEvent

@@ -6,7 +6,7 @@ import json
 
 import httpx
 import pytest
-from conftest import KEY, OTHER_KEY, TENANT, memory_emitter, serve, wait_for
+from gateway_helpers import KEY, OTHER_KEY, TENANT, memory_emitter, serve, wait_for
 
 from ingest.broker import free_port
 from ingest.gateway import create_gateway_app

@@ -11,7 +11,7 @@ import json
 
 import httpx
 import pytest
-from conftest import KEY, TENANT, memory_emitter, read_topic, serve, wait_for
+from gateway_helpers import KEY, TENANT, memory_emitter, read_topic, serve, wait_for
 from openai import OpenAI
 from transformers import AutoTokenizer
 

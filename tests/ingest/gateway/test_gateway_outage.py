@@ -16,7 +16,7 @@ from collections import Counter
 
 import httpx
 import pytest
-from conftest import KEY, read_topic, serve, wait_for
+from gateway_helpers import KEY, emitter_state, read_topic, serve, wait_for
 
 from ingest.broker import EmbeddedBroker, free_port
 from ingest.gateway import create_gateway_app
@@ -54,22 +54,23 @@ def test_broker_down_mid_run_calls_succeed_spool_fills_and_replays_exactly_once(
     try:
         with serve(create_gateway_app(settings, emitter=emitter)) as url:
             call(url, 3, prefix="before")
-            wait_for(lambda: emitter.produced == 6, what="6 events produced")
+            state = lambda: emitter_state(emitter)  # noqa: E731
+            wait_for(lambda: emitter.produced == 6, what="6 events produced", detail=state)
             assert_each_call_once(read_topic(first.bootstrap_servers, TOPIC, count=6),
                                   keys={f"before-{i}" for i in range(3)})
             first.kill()
             call(url, 8, prefix="during")  # every call still answered
-            wait_for(lambda: emitter.spooled == 16, what="16 events spooled")
+            wait_for(lambda: emitter.spooled == 16, what="16 events spooled", detail=state, timeout_s=60)
             ready = httpx.get(f"{url}/readyz").json()
             assert ready["broker"] == "unreachable" and ready["spool"]["events"] == 16
             assert 'trajlake_gateway_spool_depth_events 16.0' in httpx.get(f"{url}/metrics").text
 
             second.start()
             second.create_topic(TOPIC, partitions=4)
-            wait_for(lambda: emitter.spool.depth_records == 0, what="spool replayed")
+            wait_for(lambda: emitter.spool.depth_records == 0, what="spool replayed", detail=state, timeout_s=60)
             assert httpx.get(f"{url}/readyz").json()["broker"] == "up"
             call(url, 2, prefix="after")
-            wait_for(lambda: emitter.produced == 6 + 16 + 4, what="all events produced")
+            wait_for(lambda: emitter.produced == 6 + 16 + 4, what="all events produced", detail=state)
             replayed = read_topic(second.bootstrap_servers, TOPIC, count=20)
             assert_each_call_once(replayed, keys={f"during-{i}" for i in range(8)} | {"after-0", "after-1"})
             during = [e for e in replayed if e["rollout_id"] == "during"]

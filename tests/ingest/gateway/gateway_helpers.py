@@ -1,0 +1,98 @@
+"""Helpers of the gateway tests: real HTTP servers (uvicorn in a thread), a memory sink, waiting."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import uvicorn
+from kafka import KafkaConsumer, TopicPartition
+
+from ingest.broker import free_port
+from ingest.gateway.emitter import Emitter, SinkUnavailable
+from ingest.spool import Spool
+
+KEY = "sk-test-acme"
+TENANT = "acme"
+OTHER_KEY = "sk-test-globex"
+
+
+@contextmanager
+def serve(app) -> Iterator[str]:
+    """Run an ASGI app under uvicorn on a free loopback port; yields its base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(20)
+
+
+class MemorySink:
+    """A sink that keeps (key, value) pairs, or refuses everything while ``down``."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[bytes, bytes]] = []
+        self.down = False
+        self.lock = threading.Lock()
+
+    def send(self, records) -> None:
+        if self.down:
+            raise SinkUnavailable("memory sink is down")
+        with self.lock:
+            self.records.extend(records)
+
+    def close(self) -> None:
+        pass
+
+
+def memory_emitter(tmp_path: Path, *, max_bytes: int = 1 << 20) -> tuple[Emitter, MemorySink]:
+    sink = MemorySink()
+    return Emitter(sink, Spool(tmp_path / "spool", max_bytes=max_bytes), retry_interval_s=0.05), sink
+
+
+def wait_for(predicate, *, timeout_s: float = 20.0, what: str = "condition", detail=None) -> None:
+    """Poll ``predicate`` until true; on timeout, fail naming ``what`` and ``detail()`` (state to debug with)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}" + (f": {detail()}" if detail else ""))
+        time.sleep(0.02)
+
+
+def emitter_state(emitter: Emitter) -> dict:
+    return {"produced": emitter.produced, "spooled": emitter.spooled, "replayed": emitter.replayed,
+            "dropped": emitter.dropped, "invalid": emitter.invalid, "pending": emitter.pending,
+            "broker_up": emitter.broker_up, "spool_events": emitter.spool.depth_records}
+
+
+def read_topic(bootstrap_servers: str, topic: str, *, count: int, timeout_s: float = 30.0) -> list[dict]:
+    """Every event on ``topic`` (all partitions, from the start) once ``count`` have arrived."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False)
+    try:
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        out: list[dict] = []
+        deadline = time.monotonic() + timeout_s
+        while len(out) < count and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=200).values():
+                out.extend(json.loads(r.value) for r in records)
+        # one more short poll: anything beyond ``count`` would be a duplicate
+        for records in consumer.poll(timeout_ms=300).values():
+            out.extend(json.loads(r.value) for r in records)
+        return out
+    finally:
+        consumer.close()
