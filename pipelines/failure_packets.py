@@ -83,6 +83,9 @@ class Signals(_Model):
     """Tool errors whose text says the call was malformed (see ``INVALID_TOOL_CALL``)."""
     unanswered_tool_calls: int
     upstream_retries: int
+    """Retries the gateway made to the inference engine."""
+    harness_retries: int
+    """Requests the harness sent again (same idempotency key, new call id)."""
     step_limit_hit: bool
     """An LLM call stopped for ``length`` or the rollout ended ``truncated``."""
 
@@ -179,7 +182,8 @@ _SHAPES = [
 
 
 def build_packet(
-    trajectory: Trajectory, *, reward: float | None, constraints: list[dict[str, str]], context: int
+    trajectory: Trajectory, *, reward: float | None, constraints: list[dict[str, str]], harness_retries: int,
+    context: int,
 ) -> RolloutPacket:
     """The packet of one failed rollout; ``context`` steps either side of the failing step."""
     s = trajectory.summary
@@ -204,7 +208,7 @@ def build_packet(
     return with_id(
         RolloutPacket, signature=signature, tenant=s.tenant, task_id=s.task_id, rollout_id=s.rollout_id,
         attempt=s.attempt, policy_version=s.policy_version, constraints=constraints, outcome=outcome,
-        signals=_signals(actions, truncated=s.status == "truncated"),
+        signals=_signals(actions, truncated=s.status == "truncated", harness_retries=harness_retries),
         failing_step=None if failing is None else _packet_step(actions[failing], failing=True), steps=window,
     )
 
@@ -230,7 +234,7 @@ def _last(actions: list[Any], predicate: Any) -> int | None:
     return next((i for i in range(len(actions) - 1, -1, -1) if predicate(actions[i])), None)
 
 
-def _signals(actions: list[LlmCallStep | ToolStep], *, truncated: bool) -> Signals:
+def _signals(actions: list[LlmCallStep | ToolStep], *, truncated: bool, harness_retries: int) -> Signals:
     tools = [a for a in actions if isinstance(a, ToolStep)]
     calls = [a for a in actions if isinstance(a, LlmCallStep)]
     return Signals(
@@ -238,7 +242,7 @@ def _signals(actions: list[LlmCallStep | ToolStep], *, truncated: bool) -> Signa
         tool_errors=sum(t.error is not None for t in tools), llm_errors=sum(c.error is not None for c in calls),
         invalid_tool_calls=sum(t.error is not None and bool(INVALID_TOOL_CALL.search(t.error)) for t in tools),
         unanswered_tool_calls=sum(not t.has_result for t in tools),
-        upstream_retries=sum(c.upstream_retries or 0 for c in calls),
+        upstream_retries=sum(c.upstream_retries or 0 for c in calls), harness_retries=harness_retries,
         step_limit_hit=truncated or any(c.finish_reason == "length" for c in calls),
     )
 

@@ -118,7 +118,7 @@ def extract_failures(lake: Lake, config: FailureConfig, *, progress: Progress | 
     try:
         outcomes = select_outcomes(con, config.selection, success=config.success, reward_rule=config.reward_rule)
         failed = outcomes.filter(pc.invert(outcomes.column("success")))
-        constraints = _constraints(con, failed.column("rollout_id").to_pylist(), config.constraint_chars)
+        requests = _request_facts(con, failed.column("rollout_id").to_pylist(), config.constraint_chars)
     finally:
         con.close()
     if outcomes.num_rows == 0:
@@ -129,8 +129,9 @@ def extract_failures(lake: Lake, config: FailureConfig, *, progress: Progress | 
     for i, row in enumerate(failed.select(["rollout_id", "tenant", "reward"]).to_pylist()):
         trajectory = load_trajectory(lake, row["rollout_id"], tenant=row["tenant"],
                                      excerpt_chars=config.excerpt_chars)
-        packets.append(build_packet(trajectory, reward=row["reward"], constraints=constraints.get(
-            row["rollout_id"], []), context=config.context))
+        constraints, retries = requests.get(row["rollout_id"], ([], 0))
+        packets.append(build_packet(trajectory, reward=row["reward"], constraints=constraints,
+                                    harness_retries=retries, context=config.context))
         if progress is not None:
             progress(i + 1, failed.num_rows)
     grouped = packets if config.group == "rollout" else cluster(packets)
@@ -139,17 +140,26 @@ def extract_failures(lake: Lake, config: FailureConfig, *, progress: Progress | 
                       failed=failed.num_rows, packets=grouped)
 
 
-def _constraints(con: duckdb.DuckDBPyConnection, rollout_ids: list[str], chars: int) -> dict[str, list[dict[str, str]]]:
-    """rollout_id -> the first system/user messages of its first LLM request."""
+def _request_facts(
+    con: duckdb.DuckDBPyConnection, rollout_ids: list[str], chars: int
+) -> dict[str, tuple[list[dict[str, str]], int]]:
+    """rollout_id -> (first system/user messages of its first LLM request, harness retries).
+
+    A harness retry is a request with a new call id and an idempotency key
+    seen before in the rollout (resent events with the same call id are not).
+    """
     if not rollout_ids:
         return {}
     rows = con.execute(
         """SELECT rollout_id, arg_min(messages, (seq, ts, event_id)) AS messages,
-                  arg_min(prompt, (seq, ts, event_id)) AS prompt
+                  arg_min(prompt, (seq, ts, event_id)) AS prompt,
+                  count(DISTINCT call_id) FILTER (WHERE idempotency_key IS NOT NULL)
+                      - count(DISTINCT idempotency_key) AS harness_retries
            FROM llm_requests WHERE rollout_id IN (SELECT unnest(?)) GROUP BY rollout_id""",
         [rollout_ids],
     ).fetchall()
-    return {rid: first_messages(messages, prompt, chars=chars) for rid, messages, prompt in rows}
+    return {rid: (first_messages(messages, prompt, chars=chars), retries)
+            for rid, messages, prompt, retries in rows}
 
 
 def cluster(packets: list[RolloutPacket]) -> list[ClusterPacket]:

@@ -55,18 +55,25 @@ def crashed_rollout(rollout_id: str, *, task_id: str, path: str, tries: int, err
 
 
 def finished_rollout(rollout_id: str, *, task_id: str, reward: float, truncated: bool = False) -> list:
-    """Two LLM calls; truncated ones stop for ``length`` at the step limit."""
+    """Two LLM calls; a truncated rollout re-requests its last call (harness retry) and stops for ``length``."""
     k = {"rollout_id": rollout_id, "task_id": task_id, "harness": HARNESS}
     finish = "length" if truncated else "stop"
+    retry = [
+        event("llm.request", {"call_id": "c2r", "model": "qwen", "prompt": "continue", "idempotency_key": "k2"},
+              seq=5, **k),
+        event("llm.response", {"call_id": "c2r", "text": "step two", "finish_reason": finish}, seq=6, **k),
+    ] if truncated else []
     return [
         event("rollout.started", {"policy_version": "p7"}, seq=0, **k),
         event("llm.request", {"call_id": "c1", "model": "qwen", "prompt": "Complete: " + TASK}, seq=1, **k),
         event("llm.response", {"call_id": "c1", "text": "step one", "finish_reason": "tool_calls"}, seq=2, **k),
-        event("llm.request", {"call_id": "c2", "model": "qwen", "prompt": "continue"}, seq=3, **k),
+        event("llm.request", {"call_id": "c2", "model": "qwen", "prompt": "continue", "idempotency_key": "k2"},
+              seq=3, **k),
         event("llm.response", {"call_id": "c2", "text": "step two", "finish_reason": finish}, seq=4, **k),
+        *retry,
         event("rollout.finished", {"status": "truncated" if truncated else "succeeded",
-                                   "reason": "reached max_steps=2" if truncated else None, "steps": 2}, seq=5, **k),
-        event("reward", {"name": "pass", "value": reward, "source": "grader"}, seq=6, **k),
+                                   "reason": "reached max_steps=2" if truncated else None, "steps": 2}, seq=7, **k),
+        event("reward", {"name": "pass", "value": reward, "source": "grader"}, seq=8, **k),
     ]
 
 
@@ -125,14 +132,16 @@ def test_packet_contains_the_failing_step_constraints_and_outcome(failing_lake: 
     assert packet.signature.harness.model_dump() == HARNESS
     assert packet.signature.error == "FileNotFoundError: <str> missing after <n> tries"
     assert packet.signals.tool_errors == 1 and packet.signals.upstream_retries == 2
+    assert packet.signals.harness_retries == 0
     assert packet.signals.step_limit_hit is False
 
 
 def test_truncated_rollout_fails_at_the_step_limit(failing_lake: Lake) -> None:
     packet = by_rollout(extract_failures(failing_lake, FailureConfig(context=0)))["r-trunc"]
-    assert packet.failing_step.seq == 3 and packet.failing_step.finish_reason == "length"
-    assert [s.seq for s in packet.steps] == [3]
+    assert packet.failing_step.seq == 5 and packet.failing_step.finish_reason == "length"
+    assert [s.seq for s in packet.steps] == [5]
     assert packet.signals.step_limit_hit and packet.signature.reason == "reached max_steps=<n>"
+    assert (packet.signals.harness_retries, packet.signals.upstream_retries) == (1, 0)
     assert packet.constraints == [{"role": "prompt", "content": "Complete: " + TASK}]
 
 
