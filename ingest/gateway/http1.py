@@ -194,6 +194,9 @@ class Http1Pool:
                 return await self._exchange(conn, raw, method)
             except ResponseBroken:
                 conn.close()  # a keep-alive connection the server had closed: try the next one
+            except BaseException:
+                conn.close()
+                raise
         conn = await self._connect()
         try:
             return await self._exchange(conn, raw, method)

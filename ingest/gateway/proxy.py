@@ -108,6 +108,9 @@ class ProxyService:
             self._record(current.captured(error=exc.message))
             self._forget(current)
             raise
+        except BaseException:
+            self._forget(current)  # never leave a key "in flight" (every retry would get 409)
+            raise
 
     async def models(self) -> Answer:
         """``GET /v1/models`` of the engine, passed through."""
@@ -146,6 +149,7 @@ class ProxyService:
     async def _relay(self, current: _Call, response: Reply) -> AsyncIterator[bytes]:
         acc = StreamAccumulator(current.kind)
         sent: list[bytes] = []
+        keep = current.call.idempotency_key is not None  # the stream is stored for replays of keyed calls
         error: str | None = "client disconnected before the stream ended"
         buffer = b""
         try:
@@ -154,7 +158,8 @@ class ProxyService:
                 while (end := buffer.find(b"\n\n")) >= 0:
                     event, buffer = buffer[: end + 2], buffer[end + 2:]
                     out = self._relay_event(event, acc, current.asked)
-                    sent.append(out)
+                    if keep:
+                        sent.append(out)
                     yield out
             if buffer.strip():
                 sent.append(buffer)

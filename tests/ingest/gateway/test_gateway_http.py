@@ -286,3 +286,15 @@ def test_engine_that_must_not_be_asked_for_ids_gets_the_body_unchanged(settings,
     _, response = events(sink, 2)
     assert response["payload"]["token_source"] == "none" and response["payload"]["response_token_ids"] is None
     assert response["payload"]["logprobs"] is None
+
+
+def test_idempotent_retry_of_a_stream_replays_the_same_stream(gateway):
+    url, sink, emitter = gateway
+    headers = {**AUTH, "idempotency-key": "stream-once"}
+    body = {**CHAT, "stream": True}
+    first = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers)
+    second = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers)
+    assert second.headers["idempotent-replayed"] == "true"
+    assert second.headers["content-type"].startswith("text/event-stream") and second.text == first.text
+    emitter.close()
+    assert len(sink.records) == 2
