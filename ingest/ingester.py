@@ -117,15 +117,19 @@ class _Tables:
 
 def run_ingester(config: IngesterConfig, stop: threading.Event, *, on_progress: OnProgress | None = None) -> IngestStats:
     """Ingest until ``stop`` is set (or idle for ``stop_after_idle_s``); commits the batch in hand on stop."""
-    lake = Lake(config.lake)
-    tables = _Tables(lake, group=config.group, topic=config.topic)
     flag = AssignmentFlag()
     consumer = open_consumer(
         config.bootstrap_servers, config.topic, group=config.group, partitions=config.partitions, flag=flag,
         session_timeout_ms=config.session_timeout_ms, heartbeat_interval_ms=config.heartbeat_interval_ms,
         bootstrap_timeout_ms=config.bootstrap_timeout_ms,
     )
-    dead_letters = _open_dead_letters(config)
+    try:
+        lake = Lake(config.lake)
+        tables = _Tables(lake, group=config.group, topic=config.topic)
+        dead_letters = _open_dead_letters(config)
+    except BaseException:
+        consumer.close(autocommit=False)
+        raise
     loop = _Loop(config, lake, tables, consumer, dead_letters, flag, on_progress)
     try:
         loop.run(stop)

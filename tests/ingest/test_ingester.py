@@ -198,3 +198,9 @@ def test_unreachable_broker_is_a_clear_error(lake):
     with pytest.raises(BrokerUnreachable, match="TRAJLAKE_BOOTSTRAP_SERVERS"):
         run_ingester(IngesterConfig(lake=lake.root, bootstrap_servers="127.0.0.1:1", bootstrap_timeout_ms=1000),
                      threading.Event())
+
+
+def test_unreachable_broker_leaves_the_lake_untouched(lake):
+    with pytest.raises(BrokerUnreachable):
+        ingest_until_idle(IngesterConfig(lake=lake.root, bootstrap_servers="127.0.0.1:1", bootstrap_timeout_ms=500))
+    assert not lake.exists("events")
