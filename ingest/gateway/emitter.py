@@ -118,7 +118,7 @@ class Emitter:
         spool: Spool,
         *,
         batch_max: int = 500,
-        linger_s: float = 0.005,
+        linger_s: float = 0.02,
         retry_interval_s: float = 1.0,
     ) -> None:
         self.sink = sink
