@@ -140,7 +140,7 @@ def compare(lake: Lake, a: Arm, b: Arm, config: CompareConfig) -> Comparison:
     check_lake(lake)
     if a == b:
         raise CompareError(f"both arms are {a.value!r}: compare two different {a.kind} versions")
-    con = connect(lake)
+    con = connect(lake, sandbox=True)  # the --where predicate is user SQL: no file access
     try:
         tables = [_outcomes(con, arm, config) for arm in (a, b)]
     finally:

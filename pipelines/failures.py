@@ -114,7 +114,7 @@ class NothingSelected(LookupError):
 def extract_failures(lake: Lake, config: FailureConfig, *, progress: Progress | None = None) -> Extraction:
     """Packets for the selection's failed rollouts (``NothingSelected`` when it matches nothing)."""
     check_lake(lake)
-    con = connect(lake)
+    con = connect(lake, sandbox=True)  # the --where predicate is user SQL: no file access
     try:
         outcomes = select_outcomes(con, config.selection, success=config.success, reward_rule=config.reward_rule)
         failed = outcomes.filter(pc.invert(outcomes.column("success")))

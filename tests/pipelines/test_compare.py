@@ -16,6 +16,7 @@ from pipelines._stats import bootstrap_ci, normal_ci, sign_flip_p_value, tasks_f
 from pipelines.compare import Arm, CompareConfig, CompareError, compare, verdict
 from pipelines.config import Selection
 from pipelines.outcomes import SuccessRule
+from pipelines.selection import BadFilter
 from store.lake import Lake
 from store.sql import LakeMissing
 from tests.pipelines.conftest import LakeRows
@@ -194,6 +195,10 @@ def test_comparison_errors_say_what_to_change(ab_lake: Lake, tmp_path) -> None:
         compare(ab_lake, Arm.parse("swe"), arm("1.0"), config)
     with pytest.raises(LakeMissing):
         compare(Lake(str(tmp_path / "absent")), arm("1.0"), arm("2.0"), config)
+    (tmp_path / "secret.txt").write_text("x")
+    reads_a_file = Selection(where=f"(SELECT count(*) FROM read_text('{tmp_path / 'secret.txt'}')) > 0")
+    with pytest.raises(BadFilter, match="disabled by configuration"):
+        compare(ab_lake, arm("1.0"), arm("2.0"), config.model_copy(update={"selection": reads_a_file}))
     (tmp_path / "empty").mkdir()
     with pytest.raises(CompareError, match="is the lake empty"):
         compare(Lake(str(tmp_path / "empty")), arm("1.0"), arm("2.0"), config)

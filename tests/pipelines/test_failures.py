@@ -238,6 +238,11 @@ def test_empty_or_missing_lake_and_unknown_harness(tmp_path: Path, failing_lake:
         extract_failures(failing_lake, FailureConfig(selection=Selection(harnesses=("swe-agent@9",))))
     with pytest.raises(BadFilter, match="Columns you can use"):
         extract_failures(failing_lake, FailureConfig(selection=Selection(where="no_such_column > 1")))
+    outside = str(tmp_path / "secret.txt")
+    Path(outside).write_text("x")
+    with pytest.raises(BadFilter, match="disabled by configuration"):  # the predicate is user SQL: sandboxed
+        extract_failures(failing_lake, FailureConfig(selection=Selection(
+            where=f"(SELECT count(*) FROM read_text('{outside}')) > 0")))
 
 
 @pytest.mark.parametrize("fields", [
