@@ -286,7 +286,14 @@ def test_cli_writes_jsonl_and_the_table(fresh_lake: Lake, tmp_path: Path) -> Non
     (["--success", "reward>"], "success rule"),
     (["--since", "yesterday"], "not an ISO 8601 time"),
     (["--where", "1; DROP TABLE x"], "one SQL predicate"),
+    (["--json", "--output", "-"], "both write to stdout"),
 ])
 def test_cli_bad_input_exits_with_a_message(failing_lake: Lake, args: list[str], message: str) -> None:
     result = CliRunner().invoke(build_app(), ["failures", "--lake", failing_lake.root, *args])
     assert result.exit_code == 1 and message in " ".join(result.output.split())
+
+
+def test_cli_unwritable_output_exits_with_a_message(failing_lake: Lake, tmp_path: Path) -> None:
+    target = tmp_path / "no-such-folder" / "packets.jsonl"
+    result = CliRunner().invoke(build_app(), ["failures", "--lake", failing_lake.root, "--no-store", "-o", str(target)])
+    assert result.exit_code == 1 and "pick a writable --output path" in " ".join(result.output.split())

@@ -111,6 +111,9 @@ def failures(
 ) -> None:
     """Compile failure packets for failed or low-reward rollouts: constraints, steps around the failure, outcome."""
     settings = _settings(lake=lake)
+    to_stdout = output is not None and str(output) == "-"
+    if to_stdout and as_json:
+        raise fail("--json and --output - both write to stdout: pick one (or --output FILE with --json)")
     try:
         config = FailureConfig(
             selection=_selection(since=since, until=until, task=task, tenant=tenant, where=where,
@@ -130,14 +133,18 @@ def failures(
     except (LakeMissing, NothingSelected, BadFilter) as exc:
         raise fail(str(exc)) from None
     version = append_packets(lake_, extraction) if store else None
-    if output is not None and str(output) == "-":
+    if to_stdout:
         sys.stdout.write("".join(line + "\n" for line in packet_lines(extraction)))
     elif output is not None:
-        write_jsonl(extraction, output)
+        try:
+            write_jsonl(extraction, output)
+        except OSError as exc:
+            raise fail(f"cannot write {output}: {exc.strerror or exc}; pick a writable --output path") from None
     if as_json:
         print(json.dumps(_extraction_summary(extraction, stored=store, version=version, output=output), indent=2))
-    elif output is None or str(output) != "-":
-        _render_extraction(Console(), extraction, stored=store, version=version, output=output)
+    else:  # with --output - the packets own stdout, so the summary goes to stderr
+        _render_extraction(Console(stderr=to_stdout), extraction, stored=store, version=version,
+                           output=None if to_stdout else output)
 
 
 def _extraction_summary(x: Extraction, *, stored: bool, version: int | None, output: Path | None) -> dict:
