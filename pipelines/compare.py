@@ -189,7 +189,10 @@ def _per_task(table: pa.Table) -> dict[str, tuple[float, float | None]]:
                                           grouped.column("reward_mean").to_pylist())}
 
 
-def _metric(name: Literal["success", "reward"], pairs: list[tuple[float, float]], config: CompareConfig) -> MetricResult:
+MetricName = Literal["success", "reward"]
+
+
+def _metric(name: MetricName, pairs: list[tuple[float, float]], config: CompareConfig) -> MetricResult:
     values = np.array(pairs, dtype=np.float64)
     diffs = values[:, 1] - values[:, 0]
     ci = bootstrap_ci(diffs, confidence=config.confidence, resamples=config.resamples, seed=config.seed)

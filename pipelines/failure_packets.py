@@ -250,7 +250,8 @@ def _signals(actions: list[LlmCallStep | ToolStep], *, truncated: bool, harness_
 def _packet_step(step: LlmCallStep | ToolStep, *, failing: bool) -> PacketStep:
     if isinstance(step, ToolStep):
         return PacketStep(seq=step.seq, ts=_ts(step.ts), kind="tool.call", call_id=step.call_id, name=step.name,
-                          input=step.arguments_excerpt, output=step.result_excerpt, error=tail(step.error), failing=failing)
+                          input=step.arguments_excerpt, output=step.result_excerpt, error=tail(step.error),
+                          failing=failing)
     return PacketStep(seq=step.seq, ts=_ts(step.ts), kind="llm.call", call_id=step.call_id, name=step.model,
                       input=step.prompt_excerpt, output=step.text_excerpt, error=tail(step.error),
                       finish_reason=step.finish_reason, upstream_retries=step.upstream_retries, failing=failing)
