@@ -40,6 +40,7 @@ from store.sql import check_lake, connect
 
 Verdict = Literal["B better than A", "B worse than A", "inside noise"]
 ArmKind = Literal["harness", "policy"]
+MetricName = Literal["success", "reward"]
 
 
 class _Model(BaseModel):
@@ -76,7 +77,7 @@ class CompareConfig(_Model):
     """Filters both arms share (tasks, tenants, time window, ``where``); the arms add their own."""
     success: SuccessRule = Field(default_factory=SuccessRule)
     reward_rule: RewardRule = Field(default_factory=RewardRule)
-    primary: Literal["success", "reward"] = "success"
+    primary: MetricName = "success"
     """The metric whose verdict is the headline."""
     confidence: float = Field(default=0.95, gt=0, lt=1)
     alpha: float = Field(default=0.05, gt=0, lt=1)
@@ -102,7 +103,7 @@ class ArmSummary(_Model):
 class MetricResult(_Model):
     """One metric, paired by task: arm means, the difference B - A and its uncertainty."""
 
-    name: Literal["success", "reward"]
+    name: MetricName
     tasks: int
     """Tasks paired for this metric (for reward: shared tasks where both arms have a rewarded rollout)."""
     a: float
@@ -187,9 +188,6 @@ def _per_task(table: pa.Table) -> dict[str, tuple[float, float | None]]:
     return {t: (s, r) for t, s, r in zip(grouped.column("task_id").to_pylist(),
                                           grouped.column("success_mean").to_pylist(),
                                           grouped.column("reward_mean").to_pylist())}
-
-
-MetricName = Literal["success", "reward"]
 
 
 def _metric(name: MetricName, pairs: list[tuple[float, float]], config: CompareConfig) -> MetricResult:
