@@ -188,7 +188,7 @@ def compare_command(
     a: str = typer.Argument(..., help="Arm A (the baseline): harness NAME@VERSION, or a policy version with --by policy."),
     b: str = typer.Argument(..., help="Arm B (the change)."),
     by: str = typer.Option("harness", help="What the arms name: harness (NAME@VERSION or NAME) or policy (version)."),
-    harness: list[str] = typer.Option([], help="With --by policy: only rollouts of this harness NAME[@VERSION] (repeatable)."),
+    harness: list[str] = typer.Option([], help="With --by policy: only rollouts of this harness, NAME or NAME@VERSION (repeatable)."),
     policy_version: list[str] = typer.Option([], help="With --by harness: only rollouts of this policy version (repeatable)."),
     since: str | None = SINCE,
     until: str | None = UNTIL,
