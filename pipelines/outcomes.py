@@ -90,8 +90,10 @@ def select_outcomes(
     """Every rollout of ``selection`` with its reward and success, ordered by rollout_id.
 
     ``con`` is a ``store.sql.connect`` connection; this creates the temp
-    objects ``rollout_summary``, ``selected`` and ``outcomes`` on it. Raises
-    ``BadFilter`` when the ``where`` predicate does not run.
+    objects ``rollout_summary``, ``selected`` and ``outcomes`` on it. As in a
+    dataset build, a rollout_id that two tenants both used is left out (its
+    rewards could not be told apart). Raises ``BadFilter`` when the ``where``
+    predicate does not run.
     """
     con.execute(ROLLOUT_SUMMARY)
     where, params = selection_predicate(selection)
@@ -99,6 +101,8 @@ def select_outcomes(
         con.execute(f"CREATE OR REPLACE TEMP TABLE selected AS SELECT * FROM rollout_summary WHERE {where}", params)
     except duckdb.Error as exc:
         raise BadFilter(f"the rollout filter failed: {exc}. Columns you can use: {ROLLOUT_COLUMNS}") from None
+    con.execute("DELETE FROM selected WHERE rollout_id IN "
+                "(SELECT rollout_id FROM selected GROUP BY rollout_id HAVING count(*) > 1)")
     rewards, reward_params = reward_sql(reward_rule)
     succeeded, success_params = success.sql()
     con.execute(

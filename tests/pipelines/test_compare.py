@@ -183,6 +183,18 @@ def test_tasks_weigh_the_same_and_missing_rewards_are_counted(lake: Lake) -> Non
     assert r.reward is not None and r.reward.tasks == 1  # t2 has no reward in arm B
 
 
+def test_rollout_id_reused_across_tenants_is_left_out(lake: Lake) -> None:
+    """As in a dataset build: the two tenants' rewards of one id could not be told apart."""
+    rows = LakeRows(lake)
+    rows.rollout("a1", "t1", harness=("h", "1"))
+    rows.rollout("b1", "t1", harness=("h", "2"))
+    for tenant in ("acme", "beta"):
+        rows.rollout("dup", "t1", tenant=tenant, harness=("h", "1"), status="failed")
+    rows.flush()
+    r = compare(lake, Arm.parse("h@1"), Arm.parse("h@2"), CompareConfig(resamples=100, permutations=100))
+    assert (r.a.rollouts, r.success.a) == (1, 1.0)
+
+
 def test_comparison_errors_say_what_to_change(ab_lake: Lake, tmp_path) -> None:
     config = CompareConfig(resamples=100, permutations=100)
     with pytest.raises(CompareError, match="known harness versions: swe@1.0, swe@2.0"):
