@@ -6,7 +6,7 @@ merging, versioned datasets with manifests, lineage and export.
 """
 
 from pipelines.build import BuildResult, EmptyDataset, build_dataset
-from pipelines.config import BuildConfig, RewardRule, Selection
+from pipelines.config import BuildConfig, RewardRule, Selection, ToolCredit
 from pipelines.diff import DatasetDiff, diff_versions
 from pipelines.export import ExportResult, export_parquet
 from pipelines.lineage import Lineage, LineageNotFound, lineage
@@ -30,6 +30,7 @@ __all__ = [
     "RewardRule",
     "Selection",
     "SourceMissing",
+    "ToolCredit",
     "build_dataset",
     "diff_versions",
     "export_parquet",

@@ -6,6 +6,9 @@ stream batches of rollouts (bounded by ``batch_tokens``) through the merger
 straight into one Delta overwrite commit, hashing rows as they pass.
 Finally the lineage rows and the registry manifest are appended and a
 ``dataset.version`` event is published when a producer is given.
+Options: a state-change-conditioned tool credit added to the rewards
+(``pipelines.tool_credit``, reads ``tool_results`` too) and observation
+datasets (``pipelines.observations``, one extra counting pass).
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ from kafka.errors import KafkaError
 from pipelines.advantages import group_advantages, token_weights
 from pipelines.calls import TokenTables, index_calls, trained_tokens_per_rollout
 from pipelines.config import BuildConfig
+from pipelines.observations import with_observed_tokens
 from pipelines.publish import Producer, publish_version
 from pipelines.registry import check_name, dataset_table, record_version
 from pipelines.samples import RolloutPlan, SampleStream
 from pipelines.selection import select_rollouts
-from pipelines.sources import Snapshot, pinned_connection
+from pipelines.sources import SOURCE_TABLES, Snapshot, pinned_connection
+from pipelines.tool_credit import add_tool_credit
 from pipelines.version import code_version
 from schemas.tables import SAMPLES
 from store.lake import Lake
@@ -79,11 +84,12 @@ def build_dataset(
     """
     config = config or BuildConfig()
     check_name(name)
-    snapshot = Snapshot.pin(lake)
+    snapshot = Snapshot.pin(lake, SOURCE_TABLES + (("tool_results",) if config.tool_credit else ()))
     con = pinned_connection(lake, snapshot)
     try:
-        plan, counts = _plan(con, config)
-        stream = SampleStream(con, TokenTables(lake, snapshot), plan, config, progress=progress)
+        tables = TokenTables(lake, snapshot)
+        plan, counts = _plan(con, tables, config)
+        stream = SampleStream(con, tables, plan, config, progress=progress)
         _write(lake, name, stream)
         lineage = _lineage(con, plan, stream.samples_per_rollout)
     finally:
@@ -116,34 +122,34 @@ def _write(lake: Lake, name: str, stream: SampleStream) -> None:
         raise
 
 
-def _plan(con: duckdb.DuckDBPyConnection, config: BuildConfig) -> tuple[RolloutPlan, dict[str, Any]]:
+def _plan(
+    con: duckdb.DuckDBPyConnection, tables: TokenTables, config: BuildConfig
+) -> tuple[RolloutPlan, dict[str, Any]]:
     """Rollouts to merge with their reward, advantage and weight; counts of what was left out."""
     rollouts, selected = select_rollouts(con, config.selection, config.reward_rule)
+    tool_counts = None
+    if config.tool_credit is not None:
+        rollouts, tool_counts = add_tool_credit(con, rollouts, config.tool_credit)
     rewards = rollouts["reward"].to_numpy()
     adv = group_advantages(rewards, rollouts[config.group_by].to_numpy(zero_copy_only=False),
                            mode=config.advantage, epsilon=config.std_epsilon)
     keep = ~adv.degenerate if config.drop_degenerate else np.ones(len(rewards), dtype=bool)
-    rollouts = rollouts.append_column("advantage", pa.array(adv.values, pa.float64())).filter(pa.array(keep))
-    con.register("usable_arrow", rollouts.select(["tenant", "rollout_id"]))
-    con.execute("CREATE OR REPLACE TEMP TABLE usable AS SELECT tenant, rollout_id FROM usable_arrow")
-    con.unregister("usable_arrow")
-    calls = index_calls(con, allow_non_engine=config.allow_non_engine)
-    tokens = trained_tokens_per_rollout(con)
-    con.register("tokens_arrow", tokens)
-    con.register("rollouts_arrow", rollouts)
-    joined = con.execute(
-        """SELECT r.*, t.trained_tokens, t.read_tokens FROM rollouts_arrow r
-           JOIN tokens_arrow t USING (rollout_id) WHERE t.trained_tokens > 0 ORDER BY r.rollout_id"""
-    ).to_arrow_table()
-    con.unregister("tokens_arrow")
-    con.unregister("rollouts_arrow")
+    values = np.zeros(len(rewards)) if config.mask == "observations" else adv.values
+    rollouts = rollouts.append_column("advantage", pa.array(values, pa.float64())).filter(pa.array(keep))
+    joined, calls = _with_trained_tokens(con, rollouts, allow_non_engine=config.allow_non_engine)
+    loss_tokens = "trained_tokens"
+    if config.mask == "observations":
+        joined = with_observed_tokens(con, tables, joined, batch_tokens=config.batch_tokens)
+        loss_tokens = "observed_tokens"
     if joined.num_rows == 0:
         raise EmptyDataset(
             f"no rollout is left to train on: {selected['selected']} selected, {selected['without_reward']} "
             f"without a reward, trained calls {calls['ok']} of {sum(calls.values())} "
-            f"(non-engine {calls['non_engine']}: see --allow-non-engine). Widen the filters or wait for rewards."
+            f"(non-engine {calls['non_engine']}: see --allow-non-engine)"
+            + (", none with an observation (a call extending an earlier one)" if config.mask == "observations" else "")
+            + ". Widen the filters or wait for rewards."
         )
-    weights = token_weights(joined["trained_tokens"].to_numpy())
+    weights = token_weights(joined[loss_tokens].to_numpy())
     plan = RolloutPlan.from_table(joined.append_column("token_weight", pa.array(weights, pa.float64())))
     counts = {
         "rollouts": {
@@ -162,7 +168,28 @@ def _plan(con: duckdb.DuckDBPyConnection, config: BuildConfig) -> tuple[RolloutP
             "degenerate_rollouts": int(adv.degenerate.sum()),
         },
     }
+    if tool_counts is not None:
+        counts["tool_credit"] = tool_counts
     return plan, counts
+
+
+def _with_trained_tokens(
+    con: duckdb.DuckDBPyConnection, rollouts: pa.Table, *, allow_non_engine: bool
+) -> tuple[pa.Table, dict[str, int]]:
+    """Index the calls of ``rollouts``; the rollouts with trained tokens, joined with their token counts."""
+    con.register("usable_arrow", rollouts.select(["tenant", "rollout_id"]))
+    con.execute("CREATE OR REPLACE TEMP TABLE usable AS SELECT tenant, rollout_id FROM usable_arrow")
+    con.unregister("usable_arrow")
+    calls = index_calls(con, allow_non_engine=allow_non_engine)
+    con.register("tokens_arrow", trained_tokens_per_rollout(con))
+    con.register("rollouts_arrow", rollouts)
+    joined = con.execute(
+        """SELECT r.*, t.trained_tokens, t.read_tokens FROM rollouts_arrow r
+           JOIN tokens_arrow t USING (rollout_id) WHERE t.trained_tokens > 0 ORDER BY r.rollout_id"""
+    ).to_arrow_table()
+    con.unregister("tokens_arrow")
+    con.unregister("rollouts_arrow")
+    return joined, calls
 
 
 def _lineage(con: duckdb.DuckDBPyConnection, plan: RolloutPlan, samples_per_rollout: dict[str, int]) -> pa.Table:
@@ -196,10 +223,13 @@ def _manifest(
         "sources": dict(snapshot.versions),
         "filters": json.loads(config.selection.model_dump_json()),
         "reward_rule": config.reward_rule.describe(),
+        "tool_credit": config.tool_credit.describe() if config.tool_credit else None,
         "advantage": config.advantage,
+        "mask": config.mask,
         "config": json.loads(config.model_dump_json()),
         "counts": {**counts, "samples": stream.n_samples, "tokens": stream.n_tokens,
-                   "trained_tokens": stream.n_trained_tokens},
+                   "trained_tokens": stream.n_trained_tokens,
+                   "samples_without_observations": stream.n_without_observations},
         "merge": stream.merge_statistics(),
         "schema": SAMPLES.names,
     }

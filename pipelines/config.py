@@ -2,7 +2,9 @@
 
 The config is part of the dataset's identity: its canonical JSON goes into
 the manifest and into the content hash (minus ``batch_tokens``, which only
-changes how the work is chunked, never the rows).
+changes how the work is chunked, never the rows, and minus ``tool_credit``
+and ``mask`` while they are off, so versions built before they existed keep
+their hash).
 """
 
 from __future__ import annotations
@@ -10,12 +12,16 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime
+import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 AdvantageMode = Literal["grpo", "mean", "raw"]
 """grpo: (r - mean) / std over the group; mean: r - mean (Dr. GRPO); raw: r."""
+
+MaskMode = Literal["actions", "observations"]
+"""actions: loss on the sampled response tokens; observations: on the tool results the harness appended."""
 
 RolloutStatus = Literal["succeeded", "failed", "truncated", "cancelled"]
 
@@ -106,6 +112,52 @@ class RewardRule(BaseModel):
         return f"latest:{self.name}" if self.name else self.kind
 
 
+class ToolCredit(BaseModel):
+    """Credit for runs of one tool that follow a change of the world (rule in ``pipelines.tool_credit``).
+
+    The credit is added to the rollout's reward from the reward rule.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tool: str = Field(min_length=1, max_length=200)
+    """``tool.result`` name of the credited tool, e.g. ``run_tests``."""
+    value: float
+    """Reward added per credited run."""
+    max_runs: int | None = Field(default=None, ge=1)
+    """At most this many credited runs per rollout; None = no cap."""
+
+    @field_validator("value")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("the credit per run must be a finite number")
+        return v
+
+    @classmethod
+    def parse(cls, text: str) -> ToolCredit:
+        """``TOOL=VALUE`` or ``TOOL=VALUE,max=N``.
+
+        >>> ToolCredit.parse("run_tests=0.1,max=3")
+        ToolCredit(tool='run_tests', value=0.1, max_runs=3)
+        """
+        head, _, cap = text.strip().partition(",")
+        tool, eq, value = head.partition("=")
+        cap_key, cap_eq, cap_value = cap.partition("=")
+        try:
+            if not eq or (cap and (cap_key.strip() != "max" or not cap_eq)):
+                raise ValueError
+            return cls(tool=tool.strip(), value=float(value),
+                       max_runs=int(cap_value) if cap else None)
+        except ValueError as exc:
+            detail = f" ({exc.errors()[0]['msg']})" if hasattr(exc, "errors") else ""
+            raise ValueError(f"tool credit {text!r}{detail}: write TOOL=VALUE or TOOL=VALUE,max=N, "
+                             "e.g. run_tests=0.1,max=3") from None
+
+    def describe(self) -> str:
+        return f"{self.tool}={self.value:g}" + (f",max={self.max_runs}" if self.max_runs is not None else "")
+
+
 class BuildConfig(BaseModel):
     """Everything that decides the rows of a dataset version."""
 
@@ -124,7 +176,18 @@ class BuildConfig(BaseModel):
     """A group whose reward std is <= this is degenerate under grpo."""
     batch_tokens: int = Field(default=4_000_000, ge=1)
     """Tokens (prompt + response) read per batch of rollouts: bounds memory."""
+    tool_credit: ToolCredit | None = None
+    """State-change-conditioned credit for runs of one tool, added to the reward."""
+    mask: MaskMode = "actions"
+    """Which tokens the loss covers: sampled actions, or observations (see pipelines.observations)."""
+
+    @model_validator(mode="after")
+    def _observations_have_no_advantage(self) -> BuildConfig:
+        if self.mask == "observations" and self.drop_degenerate:
+            raise ValueError("observation datasets carry no advantage: drop --drop-degenerate or use --mask actions")
+        return self
 
     def identity(self) -> dict:
-        """The config as it enters the content hash (chunking excluded)."""
-        return json.loads(self.model_dump_json(exclude={"batch_tokens"}))
+        """The config as it enters the content hash (chunking and options left off excluded)."""
+        off = {name for name in ("tool_credit", "mask") if getattr(self, name) == BuildConfig.model_fields[name].default}
+        return json.loads(self.model_dump_json(exclude={"batch_tokens", *off}))

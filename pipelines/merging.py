@@ -4,6 +4,8 @@ Calls are taken in order (seq). A call extends an open sample of its rollout
 when that sample's tokens so far (prompts + responses) are an exact token
 prefix of the call's prompt: the prompt's extra tokens are observations
 (loss mask 0), the response tokens are sampled (mask 1, engine logprobs).
+Both spans are recorded, so the same sample can also be written with the
+mask on its observations (``pipelines.observations``).
 Every sample stays open for the rest of the rollout, so a sub-agent's calls
 interleaved with the parent's do not break the parent's sample. When several
 open samples are prefixes, the longest wins.
@@ -64,9 +66,13 @@ class Sample:
     """Position (in the rollout's calls) of the call that last extended this sample."""
     trained: list[tuple[int, np.ndarray | None, int]] = field(default_factory=list)
     """(start, logprobs, length) of each sampled response inside ``tokens``."""
+    observed: list[tuple[int, int]] = field(default_factory=list)
+    """(start, length) of each run of tokens the harness appended after a response (empty for the first prompt)."""
 
     def add_response(self, call: Call) -> None:
         start = len(call.prompt)
+        if self.call_ids and start > len(self.tokens):
+            self.observed.append((len(self.tokens), start - len(self.tokens)))
         self.tokens = np.concatenate((call.prompt, call.response))
         self.trained.append((start, call.logprobs, len(call.response)))
         self.call_ids.append(call.call_id)
@@ -82,9 +88,20 @@ class Sample:
                 logprobs[start : start + length] = values
         return self.tokens.astype(np.int32, copy=False), mask, logprobs
 
+    def observation_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """input_ids, loss_mask on the observations instead (rule in pipelines.observations), zero logprobs."""
+        mask = np.zeros(len(self.tokens), dtype=np.int8)
+        for start, length in self.observed:
+            mask[start : start + length] = 1
+        return self.tokens.astype(np.int32, copy=False), mask, np.zeros(len(self.tokens), dtype=np.float32)
+
     @property
     def n_trained(self) -> int:
         return sum(length for _, _, length in self.trained)
+
+    @property
+    def n_observed(self) -> int:
+        return sum(length for _, length in self.observed)
 
 
 def is_prefix(prefix: np.ndarray, tokens: np.ndarray) -> bool:

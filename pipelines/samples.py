@@ -4,7 +4,9 @@ Rollouts are processed in rollout_id order in batches bounded by
 ``batch_tokens``, so memory follows one batch, not the dataset. The rows pass
 through a running SHA-256 (the content hash: config identity + every row in
 (rollout_id, sample_index) order) and the merge statistics on their way to
-the Delta writer.
+the Delta writer. With ``mask="observations"`` the loss mask sits on the
+observation tokens instead and samples without one are not written (rules
+in ``pipelines.observations``).
 """
 
 from __future__ import annotations
@@ -73,10 +75,13 @@ class SampleStream:
     ) -> None:
         self._con, self._tables, self._plan, self._config, self._progress = con, tables, plan, config, progress
         self._index = {rollout_id: i for i, rollout_id in enumerate(plan.rollout_ids)}
+        self._observations = config.mask == "observations"
         self._hash = hashlib.sha256(json.dumps(config.identity(), sort_keys=True).encode())
         self.samples_per_rollout: dict[str, int] = {}
         self.start_reasons: Counter[str] = Counter()
         self.n_samples = self.n_tokens = self.n_trained_tokens = 0
+        self.n_without_observations = 0
+        """Samples not written in observation mode: they never grew past their first prompt."""
         self.error: Exception | None = None
 
     def reader(self) -> pa.RecordBatchReader:
@@ -113,8 +118,10 @@ class SampleStream:
                 i = self._index[rollout_id]
                 samples = merge_calls(calls)
                 self._check_counts(rollout_id, samples, int(plan.trained_tokens[i]))
-                self.samples_per_rollout[rollout_id] = len(samples)
-                rows.extend((i, k, sample) for k, sample in enumerate(samples))
+                written = [(i, k, s) for k, s in enumerate(samples) if not self._observations or s.n_observed]
+                self.n_without_observations += len(samples) - len(written)
+                self.samples_per_rollout[rollout_id] = len(written)
+                rows.extend(written)
             yield self._record_batch(rows)
             done += len(batch)
             if self._progress is not None:
@@ -124,11 +131,11 @@ class SampleStream:
         plan = self._plan
         ids, masks, logprobs, trained = [], [], [], []
         for i, k, sample in rows:
-            input_ids, mask, lps = sample.arrays()
+            input_ids, mask, lps = sample.observation_arrays() if self._observations else sample.arrays()
             ids.append(input_ids)
             masks.append(mask)
             logprobs.append(lps)
-            trained.append(sample.n_trained)
+            trained.append(sample.n_observed if self._observations else sample.n_trained)
             self.start_reasons[sample.start_reason] += 1
             self._hash_row(plan.rollout_ids[i], k, sample, input_ids, mask, lps, i)
         lengths = np.array([len(x) for x in ids], dtype=np.int64)

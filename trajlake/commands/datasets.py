@@ -27,6 +27,7 @@ from pipelines import (
     EmptyDataset,
     RewardRule,
     Selection,
+    ToolCredit,
     SourceMissing,
     build_dataset,
     diff_versions,
@@ -79,6 +80,10 @@ def build_dataset_command(
     include_unfinished: bool = typer.Option(False, help="Also use rollouts without a rollout.finished event."),
     where: str | None = typer.Option(None, help="Extra SQL predicate over rollout columns, e.g. \"steps > 2\"."),
     reward_rule: str = typer.Option("latest", help="latest, latest:NAME, sum, mean or weighted:NAME=W,NAME=W."),
+    tool_credit: str | None = typer.Option(
+        None, help="TOOL=VALUE[,max=N]: add VALUE per run of TOOL that follows a state change (e.g. run_tests=0.1)."),
+    mask: str = typer.Option("actions", help="actions (loss on sampled responses) or observations (loss on the "
+                             "tool results the harness appended; train with --mode sft)."),
     advantage: str = typer.Option("grpo", help="grpo (mean/std), mean (Dr. GRPO) or raw."),
     group_by: str = typer.Option("group_id", help="Advantage groups: group_id (default: the task) or task_id."),
     drop_degenerate: bool = typer.Option(False, help="Drop rollouts of size-1 / zero-std groups (default: advantage 0)."),
@@ -99,6 +104,7 @@ def build_dataset_command(
             reward_rule=RewardRule.parse(reward_rule), advantage=advantage, group_by=group_by,
             drop_degenerate=drop_degenerate, allow_non_engine=allow_non_engine,
             batch_tokens=settings.build_batch_tokens,
+            tool_credit=ToolCredit.parse(tool_credit) if tool_credit is not None else None, mask=mask,
         )
     except (ValidationError, ValueError) as exc:
         raise fail(_first_error(exc)) from None
@@ -163,6 +169,13 @@ def render_manifest(console: Console, manifest: dict[str, Any]) -> None:
                   f"built {manifest['built_at'][:19]}  ({manifest['code_version']})")
     console.print(f"reward rule {manifest['reward_rule']}, advantage {manifest['advantage']}, "
                   f"sources " + ", ".join(f"{t}@{v}" for t, v in sorted(manifest["sources"].items())))
+    if manifest.get("tool_credit"):
+        tool = counts["tool_credit"]
+        console.print(f"tool credit {manifest['tool_credit']} after state changes: {tool['credited_runs']:,} of "
+                      f"{tool['runs']:,} runs credited, in {tool['rollouts_credited']:,} rollouts")
+    if manifest.get("mask") == "observations":
+        console.print(f"loss on observations (tool results), not actions: train with --mode sft; "
+                      f"{counts['samples_without_observations']:,} samples without an observation left out")
     table = Table(box=box.SIMPLE, show_header=True)
     for column in ("what", "count"):
         table.add_column(column, justify="right" if column == "count" else "left")
