@@ -54,6 +54,12 @@ def start(cmd: list[str], *, env: dict[str, str], port: int) -> subprocess.Popen
             time.sleep(0.1)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=1000)[int(q * 10) - 1] if len(values) > 1 else values[0]
 
@@ -70,7 +76,7 @@ def pooled(results: list[RunResult]) -> RunResult:
 
 
 async def measure(direct: Target, gateway: Target, *, rates: list[int], seconds: float, rounds: int,
-                  concurrency: int) -> dict:
+                  concurrency: int, pids: dict[str, int]) -> dict:
     """Direct and gateway runs alternate in short slices, so both see the same background load."""
     for target in (direct, gateway):  # warm up connections, imports, caches
         await at_rate(target, rate=100, seconds=1)
@@ -86,11 +92,21 @@ async def measure(direct: Target, gateway: Target, *, rates: list[int], seconds:
                               "overhead_p50_ms": round(g["p50_ms"] - d["p50_ms"], 3),
                               "overhead_p99_ms": round(g["p99_ms"] - d["p99_ms"], 3)}
     runs = {"direct": [], "gateway": []}
+    cpu = {"engine_direct": 0.0, "gateway": 0.0}
     for _ in range(rounds):
+        before = cpu_seconds(pids["engine"])
         runs["direct"].append(await saturate(direct, concurrency=concurrency, seconds=slice_s))
+        cpu["engine_direct"] += cpu_seconds(pids["engine"]) - before
+        before = cpu_seconds(pids["gateway"])
         runs["gateway"].append(await saturate(gateway, concurrency=concurrency, seconds=slice_s))
+        cpu["gateway"] += cpu_seconds(pids["gateway"]) - before
     out["max_direct"], out["max_gateway"] = summary(pooled(runs["direct"])), summary(pooled(runs["gateway"]))
     out["max_ratio"] = round(out["max_gateway"]["req_s"] / out["max_direct"]["req_s"], 3)
+    # CPU per request does not depend on how much of the box other processes take.
+    engine_ms = 1000 * cpu["engine_direct"] / max(out["max_direct"]["n"], 1)
+    gateway_ms = 1000 * cpu["gateway"] / max(out["max_gateway"]["n"], 1)
+    out["cpu_ms_per_request"] = {"engine": round(engine_ms, 3), "gateway_process": round(gateway_ms, 3),
+                                 "gateway_req_s_per_free_core": round(1000 / gateway_ms) if gateway_ms else None}
     return out
 
 
@@ -121,7 +137,8 @@ def main() -> None:
             through = Target("127.0.0.1", gateway_port, "/v1/chat/completions",
                              {"authorization": f"Bearer {KEY}", "x-trajlake-rollout-id": "bench-rollout"}, BODY)
             results = asyncio.run(measure(direct, through, rates=rates, seconds=args.seconds, rounds=args.rounds,
-                                          concurrency=args.concurrency))
+                                          concurrency=args.concurrency,
+                                          pids={"engine": engine.pid, "gateway": gateway.pid}))
             results["load_average"] = os.getloadavg()
             metrics = httpx.get(f"http://127.0.0.1:{gateway_port}/metrics").text
             results["events_produced"] = next(
