@@ -64,8 +64,12 @@ TENANT_TABLES: tuple[str, ...] = tuple(
 PURE_TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest"})
 """Table functions that read nothing: the only ones a tenant query may call."""
 
-REFUSED_FUNCTIONS = frozenset({"current_setting", "getenv", "getvariable", "json_execute_serialized_sql"})
-"""Scalar functions that reveal the server's configuration or run SQL text."""
+REFUSED_FUNCTIONS = frozenset({
+    "current_setting", "getenv", "getvariable", "json_execute_serialized_sql",  # server configuration, SQL text
+    "range", "generate_series", "list_resize", "array_resize", "repeat", "lpad", "rpad", "printf", "format",
+    "bitstring", "to_base", "bar",  # one value of any size: DuckDB's memory limit does not count it (measured)
+})
+"""Scalar functions a tenant query may not call (the table functions ``range``/``generate_series`` stay allowed)."""
 
 TABLE_REF_KINDS = frozenset(
     {"BASE_TABLE", "JOIN", "SUBQUERY", "TABLE_FUNCTION", "EXPRESSION_LIST", "EMPTY", "SHOW_REF"}
@@ -263,33 +267,37 @@ class TenantSandbox:
 
     @contextmanager
     def _deadline(self) -> Iterator[None]:
-        fired = threading.Event()
+        """Interrupt the connection once ``timeout_s`` has passed, and keep interrupting until the block ends
+        (an interrupt that lands between two statements is otherwise lost)."""
+        done, fired = threading.Event(), threading.Event()
 
-        def stop() -> None:
+        def watch() -> None:
+            if done.wait(self.limits.timeout_s):
+                return
             fired.set()
-            self._con.interrupt()
+            while not done.is_set():
+                self._con.interrupt()
+                done.wait(0.05)
 
-        timer = threading.Timer(self.limits.timeout_s, stop)
-        timer.daemon = True
-        timer.start()
+        watchdog = threading.Thread(target=watch, name="tenant-sql-deadline", daemon=True)
+        watchdog.start()
         try:
             yield
-        except duckdb.InterruptException:
-            if fired.is_set():
-                raise QueryTimeout(
-                    f"query stopped after {self.limits.timeout_s:g} s (the limit)",
-                    hint="filter earlier (WHERE on task_id, rollout_id or ts), aggregate, or select fewer columns",
-                ) from None
-            raise
         except duckdb.OutOfMemoryException:
             raise QueryError(
                 f"query needs more than the {self.limits.memory_limit} memory limit",
                 hint="aggregate or filter instead of sorting or joining whole tables; select fewer columns",
             ) from None
         except duckdb.Error as e:
+            if fired.is_set():
+                raise QueryTimeout(
+                    f"query stopped after {self.limits.timeout_s:g} s (the limit)",
+                    hint="filter earlier (WHERE on task_id, rollout_id or ts), aggregate, or select fewer columns",
+                ) from None
             raise QueryError(str(e).strip(), hint=_hint(e, self.relations)) from None
         finally:
-            timer.cancel()
+            done.set()
+            watchdog.join()
 
 
 def _page(reader: pa.RecordBatchReader, offset: int, limit: int) -> tuple[pa.Table, bool]:
@@ -388,8 +396,11 @@ class _Walker:
         if node.get("class") == "FUNCTION":
             self._check_function(node)
         for key, value in node.items():
-            if key != "cte_map":
-                self.visit(value, ctes)
+            if key == "cte_map":
+                continue
+            if key == "function" and node.get("type") == "TABLE_FUNCTION" and isinstance(value, dict):
+                value = {k: v for k, v in value.items() if k != "class"}  # checked as a table function, not a scalar
+            self.visit(value, ctes)
 
     def _visit_ctes(self, entries: list[dict[str, Any]], ctes: frozenset[str]) -> frozenset[str]:
         """Each CTE body sees the CTEs before it and itself (recursive CTEs); the query sees all."""
