@@ -1,5 +1,21 @@
 """The query API: read-only SQL over a tenant's rows, rollouts, datasets and lineage (FastAPI).
 
+Routes (all but ``/healthz`` need ``Authorization: Bearer KEY`` or ``X-Api-Key: KEY``; the key's tenant
+decides what is visible):
+
+* ``POST /v1/sql`` ``{sql, limit, offset}`` -> ``{columns, rows, row_count, truncated, limit, offset,
+  next_offset}``: one SELECT over the tenant's views (``store.tenant_sql``); pages by limit/offset
+  (stable when the query has ORDER BY), ``limit`` capped by ``max_page_rows``.
+* ``GET /v1/sql/views``: the views and columns the tenant can query.
+* ``GET /v1/rollouts?task_id=&harness=&status=&limit=&offset=``, ``GET /v1/rollouts/{id}``.
+* ``GET /v1/datasets``, ``GET /v1/datasets/{name}?version=``: versions built for the tenant alone
+  (``visibility``).
+* ``GET /v1/lineage/{id}?limit=&offset=``: ``pipelines.lineage`` cut down to the tenant.
+
+Errors are ``{"error": {"code", "message", "hint"}}``: 400 query_refused / query_error / query_timeout,
+401 unauthorized, 404 not_found (also for anything of another tenant), 413 body_too_large,
+422 invalid_request, 429 busy.
+
 >>> from pipelines.api import create_query_app  # doctest: +SKIP
 >>> app = create_query_app(settings, keys=key_ring)  # doctest: +SKIP
 """
