@@ -241,3 +241,16 @@ def test_queries_beyond_the_concurrency_limit_get_429(api_lake):
             response = sql(client, "SELECT 1")
         assert response.status_code == 429 and response.headers["Retry-After"] == "2"
         assert ok(sql(client, "SELECT 1 AS one"))["rows"] == [[1]]
+
+
+def test_concurrent_requests_of_two_tenants_never_see_each_others_rows(api_lake):
+    from concurrent.futures import ThreadPoolExecutor
+
+    for client in make_client(api_lake, max_concurrent_queries=16):
+        def tenant_seen(i: int) -> tuple[str, list]:
+            headers, tenant = (ACME, "acme") if i % 2 else (BETA, "beta")
+            return tenant, ok(sql(client, "SELECT DISTINCT tenant FROM events", headers))["rows"]
+
+        with ThreadPoolExecutor(8) as pool:
+            for tenant, rows in pool.map(tenant_seen, range(16)):
+                assert rows == [[tenant]]
