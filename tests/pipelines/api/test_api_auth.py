@@ -51,3 +51,4 @@ def test_the_openapi_document_lists_every_route(client):
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/v1/sql", "/v1/sql/views", "/v1/rollouts", "/v1/rollouts/{rollout_id}", "/v1/datasets",
             "/v1/datasets/{name}", "/v1/lineage/{ref}", "/healthz"} <= set(paths)
+
