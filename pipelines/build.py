@@ -88,8 +88,9 @@ def build_dataset(
     con = pinned_connection(lake, snapshot)
     try:
         tables = TokenTables(lake, snapshot)
-        plan, counts = _plan(con, tables, config)
-        stream = SampleStream(con, tables, plan, config, progress=progress)
+        passes = 2 if config.mask == "observations" else 1
+        plan, counts = _plan(con, tables, config, progress=_pass_progress(progress, 0, passes))
+        stream = SampleStream(con, tables, plan, config, progress=_pass_progress(progress, passes - 1, passes))
         _write(lake, name, stream)
         lineage = _lineage(con, plan, stream.samples_per_rollout)
     finally:
@@ -122,8 +123,15 @@ def _write(lake: Lake, name: str, stream: SampleStream) -> None:
         raise
 
 
+def _pass_progress(progress: Progress | None, index: int, passes: int) -> Progress | None:
+    """Pass ``index`` of ``passes`` over the same rollouts, reported as one bar."""
+    if progress is None:
+        return None
+    return lambda done, total: progress(index * total + done, passes * total)
+
+
 def _plan(
-    con: duckdb.DuckDBPyConnection, tables: TokenTables, config: BuildConfig
+    con: duckdb.DuckDBPyConnection, tables: TokenTables, config: BuildConfig, *, progress: Progress | None = None
 ) -> tuple[RolloutPlan, dict[str, Any]]:
     """Rollouts to merge with their reward, advantage and weight; counts of what was left out."""
     rollouts, selected = select_rollouts(con, config.selection, config.reward_rule)
@@ -139,7 +147,7 @@ def _plan(
     joined, calls = _with_trained_tokens(con, rollouts, allow_non_engine=config.allow_non_engine)
     loss_tokens = "trained_tokens"
     if config.mask == "observations":
-        joined = with_observed_tokens(con, tables, joined, batch_tokens=config.batch_tokens)
+        joined = with_observed_tokens(con, tables, joined, batch_tokens=config.batch_tokens, progress=progress)
         loss_tokens = "observed_tokens"
     if joined.num_rows == 0:
         raise EmptyDataset(

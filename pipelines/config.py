@@ -189,5 +189,6 @@ class BuildConfig(BaseModel):
 
     def identity(self) -> dict:
         """The config as it enters the content hash (chunking and options left off excluded)."""
-        off = {name for name in ("tool_credit", "mask") if getattr(self, name) == BuildConfig.model_fields[name].default}
+        defaults = BuildConfig.model_fields
+        off = {name for name in ("tool_credit", "mask") if getattr(self, name) == defaults[name].default}
         return json.loads(self.model_dump_json(exclude={"batch_tokens", *off}))

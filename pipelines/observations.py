@@ -35,6 +35,8 @@ part of the config, so it enters the manifest and the content hash.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import duckdb
 import numpy as np
 import pyarrow as pa
@@ -51,21 +53,32 @@ def observed_tokens_per_rollout(
     read_tokens: list[int],
     *,
     batch_tokens: int,
+    progress: Callable[[int, int], None] | None = None,
 ) -> np.ndarray:
     """Observation tokens of each rollout (in ``rollout_ids`` order, sorted ids): the counting pass."""
     index = {rollout_id: i for i, rollout_id in enumerate(rollout_ids)}
     counts = np.zeros(len(rollout_ids), dtype=np.int64)
+    done = 0
     for batch in iter_batches(rollout_ids, read_tokens, batch_tokens):
         for rollout_id, calls in calls_by_rollout(read_batch(con, tables, batch)):
             counts[index[rollout_id]] = sum(s.n_observed for s in merge_calls(calls))
+        done += len(batch)
+        if progress is not None:
+            progress(done, len(rollout_ids))
     return counts
 
 
 def with_observed_tokens(
-    con: duckdb.DuckDBPyConnection, tables: TokenTables, rollouts: pa.Table, *, batch_tokens: int
+    con: duckdb.DuckDBPyConnection,
+    tables: TokenTables,
+    rollouts: pa.Table,
+    *,
+    batch_tokens: int,
+    progress: Callable[[int, int], None] | None = None,
 ) -> pa.Table:
     """``rollouts`` (sorted by rollout_id, with read_tokens) plus ``observed_tokens``, those without any left out."""
     counts = observed_tokens_per_rollout(con, tables, rollouts["rollout_id"].to_pylist(),
-                                         rollouts["read_tokens"].to_pylist(), batch_tokens=batch_tokens)
+                                         rollouts["read_tokens"].to_pylist(), batch_tokens=batch_tokens,
+                                         progress=progress)
     rollouts = rollouts.append_column("observed_tokens", pa.array(counts, pa.int64()))
     return rollouts.filter(pa.array(counts > 0))

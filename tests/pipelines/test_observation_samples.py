@@ -69,7 +69,8 @@ def test_observation_samples_mask_exactly_the_tool_result_tokens(lake, rows, cha
     assert row["loss_mask"] == expected.tolist()
     # the span is the tool message with its chat-template wrapper and the next generation prompt, nothing else
     for (start, stop), result in zip(spans, RESULTS):
-        assert tok.decode(row["input_ids"][start:stop]) == f"\n<|im_start|>tool\n{result}<|im_end|>\n<|im_start|>assistant\n"
+        wrapped = f"\n<|im_start|>tool\n{result}<|im_end|>\n<|im_start|>assistant\n"
+        assert tok.decode(row["input_ids"][start:stop]) == wrapped
     # no sampled token, no first-prompt token
     for prompt, response in calls:
         assert set(row["loss_mask"][len(prompt) : len(prompt) + len(response)]) == {0}
@@ -111,7 +112,7 @@ def test_action_and_observation_masks_split_everything_after_the_first_prompt(la
         lineage_rows(lake, "act", 0)["call_event_ids"].to_pylist()
 
 
-def test_weights_are_the_rollout_token_mean_over_observations_and_empty_samples_are_left_out(lake, rows, chat_tokenizer):
+def test_weights_are_the_observation_token_mean_and_empty_samples_are_left_out(lake, rows, chat_tokenizer):
     tok = chat_tokenizer
     long_calls = episode(tok, rows, "r1", reward=0.0)
     short_calls = episode(tok, rows, "r2", results=RESULTS[:1], reward=-1.0)
@@ -120,7 +121,9 @@ def test_weights_are_the_rollout_token_mean_over_observations_and_empty_samples_
               sampled(tok, "passed"), span_id="sub")
     episode(tok, rows, "r3", results=[])  # one call: no observation at all
     rows.flush()
-    result = build_dataset(lake, "obs", BuildConfig(mask="observations"))
+    seen: list[tuple[int, int]] = []
+    result = build_dataset(lake, "obs", BuildConfig(mask="observations"), progress=lambda d, t: seen.append((d, t)))
+    assert seen == [(3, 6), (4, 4)]  # one bar over both passes: counting (3 rollouts), writing (2 left)
     table = read_dataset(lake, "obs")
     by_id = {r["sample_id"]: r for r in table.to_pylist()}
     assert sorted(by_id) == ["r1/0", "r2/0"]

@@ -41,11 +41,12 @@ SCENARIOS = {
     # running the tests writes caches: the tool's own change never earns, not even the next run
     "self_change": lambda r, i: [tool(r, i, "run_tests", True) for _ in range(5)],
     "unknown_or_no_change": lambda r, i: [tool(r, i, "edit_file", None), run_tests(r, i),
-                                           tool(r, i, "edit_file", False), run_tests(r, i)],
+                                          tool(r, i, "edit_file", False), run_tests(r, i)],
     "reads_between": lambda r, i: [edit(r, i), tool(r, i, "read_file", False), run_tests(r, i),
                                    tool(r, i, "read_file", False), run_tests(r, i)],
     # the edit's report retried under the same call id counts once
-    "retried_report": lambda r, i: [edit(r, i, call_id="e1"), run_tests(r, i), edit(r, i, call_id="e1"), run_tests(r, i)],
+    "retried_report": lambda r, i: [edit(r, i, call_id="e1"), run_tests(r, i),
+                                    edit(r, i, call_id="e1"), run_tests(r, i)],
     "edit_after_last_run": lambda r, i: [run_tests(r, i), edit(r, i)],
     "three_cycles": lambda r, i: [x for _ in range(3) for x in (edit(r, i), run_tests(r, i))],
 }
@@ -172,6 +173,7 @@ def test_the_cli_takes_tool_credit_and_explains_bad_specs(lake, scenarios, monke
     runner = CliRunner()
     built = runner.invoke(build_app(), ["build-dataset", "ds", "--tool-credit", "run_tests=0.1,max=2"])
     assert built.exit_code == 0, built.output
-    assert "tool credit run_tests=0.1,max=2 after state changes: 7 of 50 runs credited, in 5 rollouts" in built.output, built.output
+    line = "tool credit run_tests=0.1,max=2 after state changes: 7 of 50 runs credited, in 5 rollouts"
+    assert line in built.output, built.output
     bad = runner.invoke(build_app(), ["build-dataset", "ds", "--tool-credit", "run_tests:0.1"])
     assert bad.exit_code == 1 and "TOOL=VALUE" in bad.output
