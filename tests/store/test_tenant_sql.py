@@ -116,6 +116,8 @@ def test_unfiltered_rows_are_unreachable_even_without_the_check(acme):
     ("SELECT * FROM range(3) WHERE lpad('x', 400000000, 'y') <> ''", QueryRefused, "lpad"),
     ("SELECT * FROM unnest(generate_series(1, 300000000))", QueryRefused, "generate_series"),
     ("SELECT printf('%0300000000d', 1)", QueryRefused, "printf"),
+    ("SELECT equi_width_bins(0, 1, 300000000, false)", QueryRefused, "equi_width_bins"),
+    ("SELECT sleep_ms(100000000)", QueryRefused, "sleep_ms"),
     ("SELECT * FROM events AT (VERSION => 1)", QueryRefused, "time travel"),
     ("SELECT * FROM (PIVOT events ON type IN ('reward') USING count(*))", QueryRefused, "pivot"),
     ("SHOW ALL TABLES", QueryRefused, "SHOW"),
