@@ -5,7 +5,8 @@
 -- tool call and its result, a rollout's start and end) that arrive at
 -- different times; these views join them at query time, so a late half shows
 -- up as soon as it is ingested. A key seen twice (a harness that retried with
--- a fresh event id) keeps its first row by seq; a rollout's end keeps its last.
+-- a fresh event id) keeps its first row by seq (for a response: the first without
+-- an error); a rollout's end keeps its last.
 -- Token ids stay list<int32> and logprobs list<float32>: token-exact. Counts
 -- come from the n_*_tokens columns, never from the arrays, so scalar queries
 -- do not read token ids at all.
@@ -16,8 +17,10 @@ WITH request AS (
     SELECT * FROM llm_requests
     QUALIFY row_number() OVER (PARTITION BY tenant, rollout_id, call_id ORDER BY seq, ts, event_id) = 1
 ), response AS (
+    -- a keyed retry can answer one call twice (an error, then a success): prefer the success
     SELECT * FROM llm_responses
-    QUALIFY row_number() OVER (PARTITION BY tenant, rollout_id, call_id ORDER BY seq, ts, event_id) = 1
+    QUALIFY row_number() OVER (
+        PARTITION BY tenant, rollout_id, call_id ORDER BY (error IS NOT NULL), seq, ts, event_id) = 1
 )
 SELECT
     q.tenant, q.task_id, q.rollout_id, q.attempt, q.seq, q.call_id,

@@ -112,6 +112,13 @@ def test_a_duplicated_call_id_keeps_the_first_request_and_response_by_seq(lake):
     assert row == {"seq": 1, "prompt_token_ids": [1, 2], "response_token_ids": [3], "response_seq": 2}
 
 
+def test_a_keyed_retry_answered_twice_prefers_the_successful_response(lake):
+    failed = event("llm.response", {"call_id": "c1", "error": "upstream 503", "token_source": "none"}, seq=2)
+    write_events(lake, [request("c1", 1, [1, 2]), failed, response("c1", 3, [7], [-0.1])])
+    [row] = rows(lake, "SELECT error, response_token_ids, response_seq FROM llm_calls")
+    assert row == {"error": None, "response_token_ids": [7], "response_seq": 3}
+
+
 def test_calls_never_join_across_tenants_or_rollouts(lake):
     write_events(lake, [
         request("c1", 1, [1], tenant="a"), response("c1", 2, [2], [-1.0], tenant="a"),
