@@ -64,12 +64,17 @@ TENANT_TABLES: tuple[str, ...] = tuple(
 PURE_TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest"})
 """Table functions that read nothing: the only ones a tenant query may call."""
 
-REFUSED_FUNCTIONS = frozenset({
-    "current_setting", "getenv", "getvariable", "json_execute_serialized_sql",  # server configuration, SQL text
+UNBOUNDED_VALUE_FUNCTIONS = frozenset({
     "range", "generate_series", "list_resize", "array_resize", "repeat", "lpad", "rpad", "printf", "format",
-    "bitstring", "to_base", "bar", "equi_width_bins",  # one value of any size: DuckDB's memory limit does not
-    "sleep_ms",  # count it (range(3e8) took 18 GB); a sleep ignores interrupts
+    "bitstring", "to_base", "bar", "equi_width_bins",
 })
+"""Scalars that build one value of any size: DuckDB's memory limit does not count it (``range(3e8)`` took 18 GB)."""
+
+REFUSED_FUNCTIONS = UNBOUNDED_VALUE_FUNCTIONS | {
+    "current_setting", "getenv", "getvariable",  # the server's configuration
+    "json_execute_serialized_sql",  # runs SQL text
+    "sleep_ms",  # ignores interrupts
+}
 """Scalar functions a tenant query may not call (the table functions ``range``/``generate_series`` stay allowed)."""
 
 TABLE_REF_KINDS = frozenset(
