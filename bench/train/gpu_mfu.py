@@ -5,8 +5,8 @@ No download: the model is built from a LlamaConfig with random weights and the
 batches are random token ids, which is all throughput needs. Runs in well
 under 3 minutes on an H200.
 
-    python bench/train/gpu_mfu.py                  # plain torch bf16 + fused AdamW
-    python bench/train/gpu_mfu.py --deepspeed      # the same through a DeepSpeed engine (bf16, ZeRO 0)
+    python bench/train/gpu_mfu.py                  # plain torch: bf16 weights, fused AdamW
+    python bench/train/gpu_mfu.py --deepspeed      # DeepSpeed engine: bf16 with fp32 master weights, ZeRO 0
 
 MFU = achieved model FLOP/s / peak. Model FLOPs per token follow the PaLM
 appendix: 6 x N (N = parameters without the input embedding; the LM head is
