@@ -83,6 +83,16 @@ TABLE_REF_KINDS = frozenset(
 """Kinds of FROM items a tenant query may contain (anything else is refused)."""
 
 
+SANDBOX_CONFIG = {
+    "enable_external_access": "false",  # no file, network, ATTACH or extension access from SQL
+    "autoinstall_known_extensions": "false",
+    "autoload_known_extensions": "false",
+    "python_enable_replacements": "false",  # SQL must not see Python variables by name
+    "temp_directory": "",  # nothing spills to disk: a query past the memory limit fails instead
+}
+"""DuckDB settings of every tenant connection (locked with ``lock_configuration`` once the views exist)."""
+
+
 class QueryRefused(QueryError):
     """A statement the tenant sandbox does not run (not a single SELECT over the tenant's views)."""
 
@@ -186,10 +196,8 @@ def open_tenant_sandbox(
     if not tenant:
         raise ValueError("tenant must be a non-empty string")
     tables = {**snapshot.tables, **(extra or {})}
-    con = duckdb.connect(":memory:", config={"python_enable_replacements": "false", "enable_external_access": "false",
-                                             "autoinstall_known_extensions": "false",
-                                             "autoload_known_extensions": "false", "temp_directory": "",
-                                             "memory_limit": limits.memory_limit, "threads": str(limits.threads)})
+    config = {**SANDBOX_CONFIG, "memory_limit": limits.memory_limit, "threads": str(limits.threads)}
+    con = duckdb.connect(":memory:", config=config)
     try:
         con.execute("SET enable_progress_bar = false")
         for name, table in tables.items():
