@@ -113,6 +113,8 @@ class SandboxLimits:
     """DuckDB memory limit of the query's connection (nothing spills to disk)."""
     threads: int = 2
     """DuckDB worker threads of the query's connection."""
+    max_result_bytes: int = 16 << 20
+    """Largest page (Arrow bytes); a page past it is cut short (``more`` set), keeping at least one row."""
 
 
 @dataclass(frozen=True)
@@ -260,7 +262,8 @@ class TenantSandbox:
             check_tenant_select(self._con, sql, relations=self.relations, max_chars=self.limits.max_sql_chars)
             reader = self._con.execute(sql).to_arrow_reader(max(1, min(limit + 1, 10_000)))
             table, more = _page(reader, offset, limit)
-        return QueryPage(table, offset, more)
+        table, cut = _fit(table, self.limits.max_result_bytes)
+        return QueryPage(table, offset, more or cut)
 
     def execute(self, sql: str, params: list[Any] | None = None) -> pa.Table:
         """Run the server's own parameterised SQL on the tenant's relations, under the time limit."""
@@ -329,6 +332,17 @@ def _page(reader: pa.RecordBatchReader, offset: int, limit: int) -> tuple[pa.Tab
             break
     table = pa.Table.from_batches(kept, schema=reader.schema)
     return table.slice(0, limit), table.num_rows > limit
+
+
+def _fit(table: pa.Table, max_bytes: int) -> tuple[pa.Table, bool]:
+    """The longest head of ``table`` (at least one row) within ``max_bytes``; True when rows were cut."""
+    if table.nbytes <= max_bytes or table.num_rows <= 1:
+        return table, False
+    low, high = 1, table.num_rows - 1  # the answer lies in [low, high]
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if table.slice(0, mid).nbytes <= max_bytes else (low, mid - 1)
+    return table.slice(0, low), True
 
 
 def _hint(e: duckdb.Error, relations: frozenset[str]) -> str:

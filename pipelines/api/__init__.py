@@ -5,7 +5,8 @@ decides what is visible):
 
 * ``POST /v1/sql`` ``{sql, limit, offset}`` -> ``{columns, rows, row_count, truncated, limit, offset,
   next_offset}``: one SELECT over the tenant's views (``store.tenant_sql``); pages by limit/offset
-  (stable when the query has ORDER BY), ``limit`` capped by ``max_page_rows``.
+  (stable when the query has ORDER BY), ``limit`` capped by ``max_page_rows`` and a page cut short past
+  ``max_result_bytes`` (``truncated`` and ``next_offset`` say where to go on).
 * ``GET /v1/sql/views``: the views and columns the tenant can query.
 * ``GET /v1/rollouts?task_id=&harness=&status=&limit=&offset=``, ``GET /v1/rollouts/{id}``.
 * ``GET /v1/datasets``, ``GET /v1/datasets/{name}?version=``: versions built for the tenant alone

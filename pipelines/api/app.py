@@ -31,7 +31,8 @@ ROUTERS = (health.router, sql.router, rollouts.router, datasets.router, lineage.
 def build_service(settings: QueryApiConfig) -> QueryService:
     """The service the routes call, from the settings."""
     limits = SandboxLimits(timeout_s=settings.query_timeout_s, max_sql_chars=settings.max_sql_chars,
-                           memory_limit=settings.query_memory_limit, threads=settings.query_threads)
+                           memory_limit=settings.query_memory_limit, threads=settings.query_threads,
+                           max_result_bytes=settings.max_result_bytes)
     return QueryService(
         open_lake(settings.lake), limits=limits,
         pages=PageLimits(default=settings.default_page_rows, cap=settings.max_page_rows),

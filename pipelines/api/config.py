@@ -22,6 +22,8 @@ class QueryApiConfig(Protocol):
     """Row cap of one page, whatever the request asks for."""
     max_body_bytes: int
     """Largest accepted request body."""
+    max_result_bytes: int
+    """Largest page of a SQL result (Arrow bytes); longer pages are cut short."""
     snapshot_ttl_s: float
     """How long one snapshot of the lake's Delta logs serves queries."""
     query_memory_limit: str

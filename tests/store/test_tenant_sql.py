@@ -233,3 +233,14 @@ def test_the_snapshot_cache_reuses_a_fresh_snapshot_and_retakes_a_stale_one(two_
     assert after is not before and after.versions["events"] == before.versions["events"] + 1
     with open_tenant_sandbox(after, "acme") as box:
         assert box.query("SELECT count(*) AS n FROM rollouts", limit=1).table.to_pylist() == [{"n": 3}]
+
+
+def test_a_page_past_the_byte_limit_is_cut_short_but_keeps_a_row(two_tenants):
+    wide = "SELECT range AS n, '" + "x" * 1000 + "' AS s FROM range(100) ORDER BY n"
+    with open_tenant_sandbox(take_snapshot(two_tenants), "acme",
+                             limits=SandboxLimits(max_result_bytes=10_000)) as box:
+        page = box.query(wide, limit=50)
+        assert 0 < page.table.num_rows < 10 and page.more and page.table.nbytes <= 10_000
+        assert box.query(wide, limit=50, offset=page.table.num_rows).table["n"][0].as_py() == page.table.num_rows
+        one = box.query("SELECT '" + "y" * 15_000 + "' AS s", limit=5)
+        assert one.table.num_rows == 1 and not one.more

@@ -29,6 +29,8 @@ class QueryApiSettings(CommonSettings):
     """Row cap of one page, whatever the request asks for."""
     max_body_bytes: int = Field(64 << 10, ge=1024)
     """Largest accepted request body (64 KiB)."""
+    max_result_bytes: int = Field(16 << 20, ge=1024)
+    """Largest page of a SQL result in Arrow bytes (16 MiB); longer pages are cut short, next_offset set."""
     snapshot_ttl_s: float = Field(2.0, ge=0)
     """Queries within this many seconds share one read of the Delta logs (may miss newer commits by that long)."""
     query_memory_limit: str = "1GB"

@@ -159,6 +159,12 @@ def test_the_row_cap_holds_whatever_the_request_asks(api_lake):
         assert (body["row_count"], body["limit"], body["truncated"], body["next_offset"]) == (5, 5, True, 5)
 
 
+def test_a_page_past_the_byte_limit_is_cut_short_with_a_next_offset(api_lake):
+    for client in make_client(api_lake, max_result_bytes=20_000):
+        body = ok(sql(client, "SELECT range AS n, '" + "x" * 1000 + "' AS s FROM range(100) ORDER BY n", limit=100))
+        assert 0 < body["row_count"] < 100 and body["truncated"] and body["next_offset"] == body["row_count"]
+
+
 def test_values_become_strict_json(client):
     query = """SELECT TIMESTAMPTZ '2026-01-01 00:00:01.5+00' AS ts, 'nan'::DOUBLE AS nan, 'inf'::DOUBLE AS inf,
                '\\x01\\x02'::BLOB AS blob, 1.25::DECIMAL(5, 2) AS dec, INTERVAL 90 SECOND AS iv,
