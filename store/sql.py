@@ -154,7 +154,7 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, sandbox: bool = 
     for name, schema in INGESTED_TABLES.items():
         if name not in found:
             con.register(name, schema.empty_table())
-    for statement in _joined_view_statements():
+    for statement in joined_view_statements():
         try:
             con.execute(statement)
         except duckdb.Error as e:  # e.g. a table written with an older schema: keep the other views
@@ -164,7 +164,7 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, sandbox: bool = 
     return con
 
 
-def _joined_view_statements() -> list[str]:
+def joined_view_statements() -> list[str]:
     text = VIEWS_SQL.read_text(encoding="utf-8")
     return [part.strip() for part in text.split("-- view\n")[1:] if part.strip()]
 

@@ -51,7 +51,7 @@ import pyarrow.dataset as ds
 
 from schemas.tables import INGESTED_TABLES
 from store.lake import Lake
-from store.sql import JOINED_VIEWS, QueryError, WriteRefused, _joined_view_statements
+from store.sql import JOINED_VIEWS, QueryError, WriteRefused, joined_view_statements
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +220,7 @@ def _only_tenant(name: str, table: ds.Dataset | pa.Table, tenant: str) -> ds.Dat
 
 def _create_joined_views(con: duckdb.DuckDBPyConnection) -> set[str]:
     created: set[str] = set()
-    for name, statement in zip(JOINED_VIEWS, _joined_view_statements()):
+    for name, statement in zip(JOINED_VIEWS, joined_view_statements()):
         try:
             con.execute(statement)
             created.add(name)
