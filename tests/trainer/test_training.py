@@ -139,7 +139,7 @@ def test_follow_trains_a_version_published_while_it_runs_and_skips_a_trained_one
     lake, first = trained  # syn@0 is trained already
     topic = f"control-{uuid.uuid4().hex[:8]}"
     ensure_topic(broker.bootstrap_servers, topic, partitions=1)
-    cfg = config_for(tiny_model_dir, Path(list_checkpoints(lake)[0].ds_path).parents[1], epochs=1)
+    cfg = config_for(tiny_model_dir, Path(list_checkpoints(lake)[0].ds_path).parents[1], epochs=1, kl_coef=0.1)
     log = open(tmp_path / "follow.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-c", DRIVER, json.dumps({"lake": lake.root, "follow": True, "config": cfg,
@@ -158,17 +158,18 @@ def test_follow_trains_a_version_published_while_it_runs_and_skips_a_trained_one
     rows = list_checkpoints(lake)
     assert [(r.dataset_version, r.parent_checkpoint_id) for r in rows] == [(0, None), (1, first["id"])]
     assert Path(ready.hf_path).is_dir() and rows[1].base_model == first["hf"]
+    assert rows[1].metrics["eval_loss"] == ready.metrics["eval_loss"] and rows[1].config["train"]["kl_coef"] == 0.1
     assert [s.attempt for s in run_states(lake).values()] == [1, 1]  # v0 was not trained again
 
 
-def test_the_cli_under_torchrun_with_two_ranks_sft_bf16_zero2(tiny_model_dir, synthetic, tmp_path):
+def test_the_cli_under_torchrun_with_two_ranks_sft_bf16_zero2_accumulation(tiny_model_dir, synthetic, tmp_path):
     lake = Lake(str(tmp_path / "lake"))
     lake.append("datasets/syn", synthetic, schema=SAMPLES)
     cli = Path(sys.executable).parent / "trajlake"
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
         str(cli), "train", "--dataset", "syn@0", "--model", str(tiny_model_dir), "--mode", "sft", "--bf16",
-        "--zero-stage", "2", "--lr", "1e-3", "--epochs", "3", "--micro-batch-tokens", "80",
+        "--zero-stage", "2", "--grad-accum", "2", "--lr", "1e-3", "--epochs", "3", "--micro-batch-tokens", "40",
         "--lake", lake.root, "--out", str(tmp_path / "ckpt"),
     ]  # fmt: skip
     proc = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=240, cwd=tmp_path)
@@ -176,6 +177,7 @@ def test_the_cli_under_torchrun_with_two_ranks_sft_bf16_zero2(tiny_model_dir, sy
     (record,) = list_checkpoints(lake)
     assert proc.stdout.count(f"checkpoint {record.checkpoint_id}") == 1  # rank 0 alone prints the summary
     assert record.world_size == 2 and record.mode == "sft" and record.n_samples == 8  # the positive rollouts
+    assert record.steps == 3  # 4 micro-batches per epoch / 2 ranks / 2 accumulated, 3 epochs
     assert record.config["deepspeed"]["bf16"]["enabled"] and record.metrics["eval_loss"] < record.metrics["first_loss"]
     assert len(list(Path(record.ds_path).glob("step*/*optim_states.pt"))) == 2  # one ZeRO shard per rank
     assert (Path(record.hf_path) / "model.safetensors").is_file()
