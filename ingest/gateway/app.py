@@ -20,23 +20,26 @@ from ingest.gateway.retokenize import Retokenizer
 from ingest.gateway.routes import completions, events, health, models
 from ingest.gateway.services import Services
 from ingest.gateway.upstream import Upstream, make_pool
+from ingest.redaction import Redactor, load_redactor
 from ingest.spool import Spool
 
 log = logging.getLogger(__name__)
 
 
-def build_emitter(settings: GatewayConfig) -> Emitter:
+def build_emitter(settings: GatewayConfig, *, redactor: Redactor | None = None) -> Emitter:
     """Kafka sink + on-disk spool, as configured."""
     sink = KafkaSink(settings.bootstrap_servers, settings.topic, timeout_s=settings.broker_timeout_s)
-    return Emitter(sink, Spool(settings.spool_dir, max_bytes=settings.spool_max_bytes))
+    return Emitter(sink, Spool(settings.spool_dir, max_bytes=settings.spool_max_bytes), redactor=redactor)
 
 
 def create_gateway_app(settings: GatewayConfig, *, emitter: Emitter | None = None) -> FastAPI:
-    """The gateway app. ``emitter`` replaces the Kafka+spool emitter (tests); the app starts and closes it.
+    """The gateway app. ``emitter`` replaces the Kafka+spool emitter (tests); the app starts and closes it,
+    and applies the configured redaction rules to it.
 
     Raises ``KeyConfigError`` when no API keys are configured (and anonymous use is off),
-    ``ValueError`` for an upstream URL that is not http(s), ``SpoolLocked`` when another
-    process uses the spool folder.
+    ``ValueError`` for an upstream URL that is not http(s) (``RedactionConfigError``, a
+    ``ValueError``, for an unusable rules file), ``SpoolLocked`` when another process uses
+    the spool folder.
     """
     keys = KeyRing.load(
         env_value=settings.gateway_keys, file=settings.gateway_keys_file, allow_anonymous=settings.allow_anonymous
@@ -49,7 +52,11 @@ def create_gateway_app(settings: GatewayConfig, *, emitter: Emitter | None = Non
         policy_version=settings.policy_version,
         retokenizer=Retokenizer(settings.tokenizer) if settings.tokenizer else None,
     )
-    emitter = emitter or build_emitter(settings)  # last: it opens (and locks) the spool
+    redactor = load_redactor(settings.redaction_rules)
+    if emitter is None:
+        emitter = build_emitter(settings, redactor=redactor)  # last: it opens (and locks) the spool
+    else:
+        emitter.redactor = redactor
     metrics = GatewayMetrics(emitter)
 
     @asynccontextmanager
@@ -64,7 +71,8 @@ def create_gateway_app(settings: GatewayConfig, *, emitter: Emitter | None = Non
             proxy=proxy, emitter=emitter, metrics=metrics, keys=keys, max_body_bytes=settings.max_body_bytes
         )
         emitter.start()
-        log.info("gateway up upstream=%s topic=%s spool=%s", settings.upstream_url, settings.topic, settings.spool_dir)
+        log.info("gateway up upstream=%s topic=%s spool=%s redaction_rules=%d", settings.upstream_url, settings.topic,
+                 settings.spool_dir, len(redactor.rules) if redactor else 0)
         try:
             yield
         finally:

@@ -31,3 +31,5 @@ class GatewayConfig(Protocol):
     idempotency_entries: int
     idempotency_ttl_s: float
     broker_timeout_s: float
+    redaction_rules: Path | None
+    """JSON/TOML rules file of ``ingest.redaction``; None = no redaction."""

@@ -15,6 +15,10 @@ Spool full: the new events are DROPPED (never the old ones), each drop is
 counted in ``dropped`` (``trajlake_gateway_events_dropped_total``), an ERROR
 log line names the count, and ``/readyz`` answers 503. ``POST /v1/events``
 refuses batches with 503 while the spool is full, so harnesses can retry.
+
+Redaction (``ingest.redaction``) runs here, on the background thread, for
+every event of every job (proxied calls and ``POST /v1/events`` alike) before
+it is encoded: neither Kafka nor the spool ever holds the redacted text.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Protocol
 
 from confluent_kafka import KafkaException, Producer
 
+from ingest.redaction import Redactor
 from ingest.spool import Spool, SpoolFull, record_size
 from schemas.errors import InvalidEvent
 from schemas.events import Event
@@ -133,8 +138,11 @@ class Emitter:
         batch_max: int = 500,
         linger_s: float = 0.02,
         retry_interval_s: float = 1.0,
+        redactor: Redactor | None = None,
     ) -> None:
         self.sink = sink
+        self.redactor = redactor
+        """Applied to every event before it is encoded; None = record events as built."""
         self.spool = spool
         self.batch_max = batch_max
         self.linger_s = linger_s
@@ -145,6 +153,8 @@ class Emitter:
         self.replayed = 0
         self.dropped = 0
         self.invalid = 0
+        self.redacted = 0
+        """Events that a redaction rule changed."""
         self.broker_up = True
         self._next_try = 0.0
         self._last_drop_log = 0.0
@@ -216,12 +226,19 @@ class Emitter:
         records: list[KeyValue] = []
         for job in jobs:
             try:
-                events = job()
+                events = self._redact(job())
                 records.extend(encode(e) for e in events)
             except Exception as exc:  # noqa: BLE001 - an odd upstream answer must not kill the thread
                 self.invalid += 1
                 log.error("event build failed error=%r: nothing recorded for this call", exc, exc_info=True)
         return records
+
+    def _redact(self, events: Sequence[Event]) -> Sequence[Event]:
+        if self.redactor is None:
+            return events
+        out = [self.redactor.redact(e) for e in events]
+        self.redacted += sum(new is not old for new, old in zip(out, events))
+        return out
 
     def _deliver(self, records: list[KeyValue]) -> bool:
         if not self.spool.depth_records and (self.broker_up or self._retry_due()):

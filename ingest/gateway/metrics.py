@@ -27,6 +27,7 @@ class _EmitterCollector(Collector):
             "replayed": ("spooled events later delivered to Kafka", e.replayed),
             "dropped": ("events DROPPED because the spool was full", e.dropped),
             "invalid": ("calls whose events could not be built (a gateway bug; see logs)", e.invalid),
+            "redacted": ("events a redaction rule changed before they were sent or spooled", e.redacted),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"trajlake_gateway_events_{name}", doc, value=value)

@@ -46,6 +46,8 @@ class GatewaySettings(CommonSettings):
     idempotency_ttl_s: float = 600.0
     broker_timeout_s: float = 5.0
     """Longest wait for a Kafka acknowledgement before events go to the spool."""
+    redaction_rules: Optional[Path] = None
+    """JSON/TOML file of redaction rules applied before events are sent or spooled (TRAJLAKE_REDACTION_RULES)."""
 
 
 def gateway(
@@ -56,6 +58,7 @@ def gateway(
     spool_dir: Optional[Path] = typer.Option(None, help="Spool folder for events while Kafka is down."),
     policy_version: Optional[str] = typer.Option(None, help="Policy version recorded on every response."),
     keys_file: Optional[Path] = typer.Option(None, help="File of key=tenant lines."),
+    redaction_rules: Optional[Path] = typer.Option(None, help="Redaction rules file (.json/.toml)."),
 ) -> None:
     """Run the capture gateway: point any OpenAI client's base URL here and every call lands in the lake."""
     import uvicorn
@@ -66,7 +69,7 @@ def gateway(
 
     overrides = {
         "upstream_url": upstream, "tokenizer": tokenizer, "spool_dir": spool_dir,
-        "policy_version": policy_version, "gateway_keys_file": keys_file,
+        "policy_version": policy_version, "gateway_keys_file": keys_file, "redaction_rules": redaction_rules,
     }
     settings = GatewaySettings(**{k: v for k, v in overrides.items() if v is not None})
     console = Console(stderr=True)
@@ -78,6 +81,7 @@ def gateway(
     console.print(
         f"[green]gateway[/] on http://{host}:{port}/v1 -> {settings.upstream_url}; "
         f"events -> {settings.bootstrap_servers} topic {settings.topic}; spool {settings.spool_dir}"
+        + (f"; redaction rules {settings.redaction_rules}" if settings.redaction_rules else "")
     )
     uvicorn.run(app, host=host, port=port, access_log=False, log_level="warning")
 

@@ -1,0 +1,379 @@
+"""Redaction rules hit what they should and nothing else; bad rule files fail at start-up with a clear error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from ingest.redaction import (
+    EVERY,
+    RedactionConfigError,
+    RedactionRule,
+    Redactor,
+    load_redactor,
+    load_rules,
+    parse_field_path,
+)
+from schemas import fast
+from schemas.versions import decode_event
+
+SECRET = "sk-live-4f9QzX81bTT0aLmWq2"
+NEAR_MISS = "sk-live-4f9Qz"  # too short for the pattern
+KEY_RULE = RedactionRule(name="api_key", pattern=r"sk-live-[A-Za-z0-9]{16,}")
+MARK = "[REDACTED:api_key]"
+
+
+def event(event_type: str, payload: dict[str, Any], *, tenant: str = "acme"):
+    doc = {"event_id": "e1", "type": event_type, "schema_version": 1, "ts": "2026-01-01T00:00:00Z",
+           "tenant": tenant, "task_id": "t1", "rollout_id": "r1", "seq": 3, "payload": payload}
+    return decode_event(json.dumps(doc).encode())
+
+
+def request(messages: list[dict], *, tenant: str = "acme", **payload: Any):
+    return event("llm.request", {"call_id": "c1", "model": "m", "messages": messages,
+                                 "prompt_token_ids": [1, 2, 3], **payload}, tenant=tenant)
+
+
+def response(text: str, **payload: Any):
+    return event("llm.response", {"call_id": "c1", "text": text, "response_token_ids": [4, 5],
+                                  "logprobs": [-0.1, -0.2], "token_source": "engine", **payload})
+
+
+def dumped(e) -> str:
+    return e.model_dump_json()
+
+
+# ------------------------------------------------------------------ pattern rules: where they apply
+
+
+def test_a_pattern_hits_message_contents_content_parts_and_history_tool_arguments():
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": f"my key is {SECRET}, keep it"},
+        {"role": "user", "content": [{"type": "text", "text": f"again {SECRET}"}]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "login", "arguments": json.dumps({"token": SECRET, "user": "bob"})}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": f'{{"echo": "{SECRET}"}}'},
+    ]
+    out = Redactor([KEY_RULE]).redact(request(messages))
+    got = out.payload.messages
+    assert SECRET not in dumped(out)
+    assert got[0] == messages[0]
+    assert got[1]["content"] == f"my key is {MARK}, keep it"
+    assert got[2]["content"] == [{"type": "text", "text": f"again {MARK}"}]
+    assert json.loads(got[3]["tool_calls"][0]["function"]["arguments"]) == {"token": MARK, "user": "bob"}
+    assert got[3]["tool_calls"][0]["id"] == "call_1" and got[4]["tool_call_id"] == "call_1"
+    assert json.loads(got[4]["content"]) == {"echo": MARK}
+
+
+@pytest.mark.parametrize(
+    ("event_type", "payload", "where"),
+    [
+        ("llm.request", {"call_id": "c", "prompt": f"x {SECRET}"}, lambda p: p.prompt),
+        ("llm.request", {"call_id": "c", "params": {"user": SECRET, "metadata": {"k": [SECRET]}}},
+         lambda p: json.dumps(p.params)),
+        ("llm.response", {"call_id": "c", "text": f"here: {SECRET}"}, lambda p: p.text),
+        ("llm.response", {"call_id": "c", "error": f"401 for key {SECRET}"}, lambda p: p.error),
+        ("llm.response", {"call_id": "c", "tool_calls": [
+            {"id": "t", "type": "function", "function": {"name": "f", "arguments": json.dumps({"a": SECRET})}}]},
+         lambda p: p.tool_calls[0]["function"]["arguments"]),
+        ("tool.call", {"call_id": "c", "name": "bash", "arguments": {"cmd": f"curl -H {SECRET}", "n": 2}},
+         lambda p: json.dumps(p.arguments)),
+        ("tool.call", {"call_id": "c", "name": "bash", "arguments": json.dumps({"nested": {"deep": [SECRET]}})},
+         lambda p: p.arguments),
+        ("tool.result", {"call_id": "c", "name": "bash", "result": f"out {SECRET}"}, lambda p: p.result),
+        ("tool.result", {"call_id": "c", "name": "bash", "result": [{"line": SECRET}]},
+         lambda p: json.dumps(p.result)),
+        ("tool.result", {"call_id": "c", "name": "bash", "error": f"denied {SECRET}"}, lambda p: p.error),
+        ("rollout.started", {"metadata": {"env": {"vars": [f"KEY={SECRET}"]}}}, lambda p: json.dumps(p.metadata)),
+        ("rollout.finished", {"status": "failed", "reason": f"leaked {SECRET}"}, lambda p: p.reason),
+    ],
+)
+def test_a_pattern_hits_every_listed_free_text_field(event_type, payload, where):
+    before = event(event_type, payload)
+    after = Redactor([KEY_RULE]).redact(before)
+    assert SECRET in where(before.payload)
+    assert SECRET not in where(after.payload) and MARK in where(after.payload)
+    assert SECRET not in dumped(after)
+
+
+def test_a_pattern_leaves_everything_else_alone():
+    messages = [{"role": "user", "content": f"short key {NEAR_MISS} only", "name": "bob"}]
+    tools = [{"type": "function", "function": {"name": "f", "description": f"uses {SECRET}"}}]
+    cases = [
+        request(messages, tools=tools),  # tools: the developer's schemas, not scanned
+        event("llm.request", {"call_id": SECRET, "model": SECRET, "idempotency_key": SECRET,
+                              "tokenizer": SECRET}),
+        event("tool.call", {"call_id": "c", "name": "bash", "arguments": {SECRET: 1, "n": 123456789012345678}}),
+        event("reward", {"name": "pass", "value": 1.0, "source": SECRET}),
+        event("rollout.started", {"group_id": SECRET, "policy_version": SECRET}),
+        event("llm.response", {"call_id": "c", "text": "fine", "finish_reason": SECRET, "policy_version": SECRET,
+                               "response_token_ids": [1], "token_source": "engine"}),
+    ]
+    redactor = Redactor([KEY_RULE])
+    for before in cases:
+        assert redactor.redact(before) is before, before.type
+
+
+def test_structural_keys_inside_messages_are_not_scanned():
+    rule = RedactionRule(name="word", pattern="user|call_9|function")
+    messages = [{"role": "user", "content": "hi", "tool_call_id": "call_9"},
+                {"role": "assistant", "tool_calls": [{"id": "call_9", "type": "function",
+                                                      "function": {"name": "f", "arguments": "{}"}}]}]
+    before = request(messages)
+    assert Redactor([rule]).redact(before) is before
+
+
+def test_a_string_that_only_looks_like_json_is_redacted_as_text():
+    before = event("tool.result", {"call_id": "c", "name": "n", "result": f"{{not json {SECRET}"})
+    assert Redactor([KEY_RULE]).redact(before).payload.result == f"{{not json {MARK}"
+
+
+def test_nested_json_with_escapes_and_unicode_is_redacted_and_stays_valid_json():
+    escaped = SECRET.replace("sk", "\\u0073\\u006b")  # the same secret, written with JSON escapes
+    arguments = '{"ключ": "' + escaped + '", "emoji": "🔑"}'
+    after = Redactor([KEY_RULE]).redact(event("tool.call", {"call_id": "c", "name": "n", "arguments": arguments}))
+    assert json.loads(after.payload.arguments) == {"ключ": MARK, "emoji": "🔑"}
+
+
+def test_unicode_patterns_and_neighbours():
+    rule = RedactionRule(name="name", pattern="Zoë Ångström", ignore_case=True)
+    before = request([{"role": "user", "content": "🔑zoë ångström🔑 and Zoe Angstrom"}])
+    after = Redactor([rule]).redact(before)
+    assert after.payload.messages[0]["content"] == "🔑[REDACTED:name]🔑 and Zoe Angstrom"
+
+
+def test_several_rules_each_leave_their_own_marker():
+    email = RedactionRule(name="email", pattern=r"[\w.+-]+@[\w-]+\.[\w.]+")
+    after = Redactor([KEY_RULE, email]).redact(request([{"role": "user", "content": f"{SECRET} to a.b@c.io"}]))
+    assert after.payload.messages[0]["content"] == f"{MARK} to [REDACTED:email]"
+
+
+def test_inline_flags_and_the_requires_prefilter():
+    inline = RedactionRule(name="word", pattern="(?i)hunter2")
+    email = RedactionRule(name="email", pattern=r"[\w.+-]+@[\w-]+\.\w+", requires="@")
+    lying = RedactionRule(name="x", pattern="secret", requires="@")  # requires skips strings without "@"
+    after = Redactor([inline, email, lying]).redact(
+        request([{"role": "user", "content": "HUNTER2 to a.b@c.io"}, {"role": "user", "content": "secret"}]))
+    assert [m["content"] for m in after.payload.messages] == ["[REDACTED:word] to [REDACTED:email]", "secret"]
+
+
+def test_redacting_twice_changes_nothing_more():
+    redactor = Redactor([KEY_RULE, RedactionRule(name="email", field="metadata.email")])
+    for before in (request([{"role": "user", "content": SECRET}]),
+                   event("rollout.started", {"metadata": {"email": "a@b.io"}})):
+        once = redactor.redact(before)
+        assert once != before and redactor.redact(once) is once
+
+
+def test_huge_strings():
+    big = "lorem ipsum " * 150_000  # 1.8 MB: two of them and the secret stay under the 4 MiB event limit
+    clean = request([{"role": "user", "content": big}])
+    assert Redactor([KEY_RULE]).redact(clean) is clean
+    dirty = Redactor([KEY_RULE]).redact(request([{"role": "user", "content": big + SECRET + " " + big}]))
+    assert dirty.payload.messages[0]["content"] == big + MARK + " " + big
+
+
+# ------------------------------------------------------------------ scoping
+
+
+def test_tenant_scoped_rules_leave_other_tenants_identical_strings_alone():
+    scoped = RedactionRule(name="api_key", pattern=KEY_RULE.pattern, tenants=["acme"])
+    redactor = Redactor([scoped])
+    globex = request([{"role": "user", "content": SECRET}], tenant="globex")
+    assert redactor.redact(globex) is globex
+    assert SECRET not in dumped(redactor.redact(request([{"role": "user", "content": SECRET}], tenant="acme")))
+
+
+def test_event_scoped_rules_apply_to_those_types_only():
+    rule = RedactionRule(name="api_key", pattern=KEY_RULE.pattern, events=["tool.result"])
+    redactor = Redactor([rule])
+    call = event("tool.call", {"call_id": "c", "name": "n", "arguments": SECRET})
+    assert redactor.redact(call) is call
+    assert redactor.redact(event("tool.result", {"call_id": "c", "name": "n", "result": SECRET})).payload.result == MARK
+
+
+# ------------------------------------------------------------------ field rules
+
+
+def test_field_rules_replace_whole_values_of_any_type():
+    redactor = Redactor([
+        RedactionRule(name="email", field="payload.metadata.user.email"),
+        RedactionRule(name="api_key", field="arguments.api_key"),
+        RedactionRule(name="who", field="messages[*].name"),
+        RedactionRule(name="second", field="messages[1].content"),
+    ])
+    started = redactor.redact(event("rollout.started", {"metadata": {"user": {"email": "a@b.io", "id": 7},
+                                                                      "email": "kept@b.io"}}))
+    assert started.payload.metadata == {"user": {"email": "[REDACTED:email]", "id": 7}, "email": "kept@b.io"}
+    as_dict = redactor.redact(event("tool.call", {"call_id": "c", "name": "n",
+                                                  "arguments": {"api_key": {"v": 1}, "q": "x"}}))
+    assert as_dict.payload.arguments == {"api_key": "[REDACTED:api_key]", "q": "x"}
+    as_json = redactor.redact(event("tool.call", {"call_id": "c", "name": "n",
+                                                  "arguments": json.dumps({"api_key": 42, "q": "x"})}))
+    assert json.loads(as_json.payload.arguments) == {"api_key": "[REDACTED:api_key]", "q": "x"}
+    chat = redactor.redact(request([{"role": "user", "content": "a", "name": "bob"},
+                                    {"role": "user", "content": "b"}]))
+    assert chat.payload.messages == [{"role": "user", "content": "a", "name": "[REDACTED:who]"},
+                                     {"role": "user", "content": "[REDACTED:second]"}]
+
+
+def test_field_rules_on_absent_paths_change_nothing():
+    redactor = Redactor([RedactionRule(name="x", field="metadata.email"),
+                         RedactionRule(name="y", field="messages[5].name"),
+                         RedactionRule(name="z", field="arguments.key.deeper")])
+    for before in (event("rollout.started", {"metadata": {"mail": "a@b.io"}}),
+                   event("rollout.started", {"metadata": {"email": None}}),
+                   request([{"role": "user", "content": "a", "name": "bob"}]),
+                   event("tool.call", {"call_id": "c", "name": "n", "arguments": {"key": "flat"}}),
+                   event("tool.call", {"call_id": "c", "name": "n", "arguments": "plain text"})):
+        assert redactor.redact(before) is before
+
+
+def test_parse_field_path():
+    assert parse_field_path("payload.messages[*].tool_calls[0].function.arguments") == (
+        "messages", EVERY, "tool_calls", 0, "function", "arguments")
+    assert parse_field_path("prompt") == ("prompt",)
+
+
+# ------------------------------------------------------------------ token ids
+
+
+def test_redacted_prompt_text_drops_the_prompt_token_ids():
+    after = Redactor([KEY_RULE]).redact(request([{"role": "user", "content": SECRET}], tokenizer="tok"))
+    assert after.payload.prompt_token_ids is None and after.payload.tokenizer == "tok"
+
+
+def test_redacted_response_text_drops_ids_and_logprobs_and_says_none():
+    after = Redactor([KEY_RULE]).redact(response(f"the key is {SECRET}"))
+    assert (after.payload.response_token_ids, after.payload.logprobs, after.payload.token_source) == (
+        None, None, "none")
+    assert decode_event(after.model_dump_json().encode()) == after  # still a valid event
+
+
+def test_a_hit_outside_the_token_text_keeps_the_ids():
+    redactor = Redactor([KEY_RULE])
+    with_params = redactor.redact(request([{"role": "user", "content": "hi"}], params={"user": SECRET}))
+    assert with_params.payload.params == {"user": MARK} and with_params.payload.prompt_token_ids == [1, 2, 3]
+    with_error = redactor.redact(response("ok", error=f"upstream said {SECRET}"))
+    assert with_error.payload.response_token_ids == [4, 5] and with_error.payload.token_source == "engine"
+
+
+def test_later_calls_carrying_the_same_secret_are_redacted_the_same_way():
+    redactor = Redactor([KEY_RULE])
+    first = [{"role": "user", "content": f"use {SECRET}"}]
+    later = first + [{"role": "assistant", "content": "done"}, {"role": "user", "content": "thanks"}]
+    a, b = redactor.redact(request(first)), redactor.redact(request(later))
+    assert a.payload.messages == b.payload.messages[:1]
+    assert a.payload.prompt_token_ids is None and b.payload.prompt_token_ids is None
+
+
+def test_the_fast_decode_structs_are_redacted_like_the_pydantic_events():
+    redactor = Redactor([KEY_RULE, RedactionRule(name="who", field="messages[*].name")])
+    for before in (request([{"role": "user", "content": SECRET, "name": "bob"}]), response(SECRET),
+                   event("tool.call", {"call_id": "c", "name": "n", "arguments": {"k": SECRET}})):
+        [as_struct] = fast.decode_batch([before.model_dump_json().encode()])
+        want, got = redactor.redact(before), redactor.redact(as_struct)
+        assert isinstance(got, msgspec.Struct)
+        assert msgspec.to_builtins(got.payload) == want.payload.model_dump(mode="json")
+
+
+# ------------------------------------------------------------------ raw text (quarantine)
+
+
+def test_redact_raw_replaces_matches_and_keeps_undecodable_bytes():
+    redactor = Redactor([RedactionRule(name="api_key", pattern=KEY_RULE.pattern, tenants=["acme"])])
+    raw = b'{"broken": "' + SECRET.encode() + b'"\xff\xfe'
+    assert redactor.redact_raw(raw) == b'{"broken": "' + MARK.encode() + b'"\xff\xfe'
+    clean = b'{"fine": true'
+    assert redactor.redact_raw(clean) is clean
+    assert redactor.redact_text(f"reason {SECRET}") == f"reason {SECRET}"  # tenant-scoped: not for text of no tenant
+    assert Redactor([KEY_RULE]).redact_text(f"reason {SECRET}") == f"reason {MARK}"
+
+
+# ------------------------------------------------------------------ rule files
+
+
+def write(tmp_path: Path, text: str, name: str = "rules.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_toml_and_a_json_file_load_the_same_rules(tmp_path):
+    toml = write(tmp_path, """
+[[rules]]
+name = "api_key"
+pattern = 'sk-live-[A-Za-z0-9]{16,}'
+
+[[rules]]
+name = "email"
+field = "payload.metadata.email"
+events = ["rollout.started"]
+tenants = ["acme"]
+""")
+    as_json = write(tmp_path, json.dumps({"rules": [
+        {"name": "api_key", "pattern": "sk-live-[A-Za-z0-9]{16,}"},
+        {"name": "email", "field": "payload.metadata.email", "events": ["rollout.started"], "tenants": ["acme"]},
+    ]}), "rules.json")
+    assert load_rules(toml).rules == load_rules(as_json).rules
+    assert [r.name for r in load_rules(toml).rules] == ["api_key", "email"]
+
+
+def test_no_file_or_no_rules_means_no_redactor(tmp_path):
+    assert load_redactor(None) is None
+    assert load_redactor(write(tmp_path, "rules = []")) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[[rules]]\nname = "a"\npattern = "sk-[a-z"', "invalid regex"),
+        ('[[rules]]\nname = "a"\npattern = "x*"', "matches the empty string"),
+        ('[[rules]]\nname = "a"\nfield = "prompt"\nrequires = "@"', "no use for it"),
+        ('[[rules]]\nname = "a"\npattern = "x@y"\nrequires = "X"\nignore_case = true', "case-sensitively"),
+        ('[[rules]]\nname = "a"\npattern = "x"\nrequires = ""', "requires"),
+        ('[[rules]]\nname = "a"\nfield = "call_id"', "cannot be redacted"),
+        ('[[rules]]\nname = "a"\nfield = "payload.event_id"', "cannot be redacted"),
+        ('[[rules]]\nname = "a"\nfield = "messages[x].name"', "cannot read"),
+        ('[[rules]]\nname = "a"\nfield = "metadata..email"', "cannot read"),
+        ('[[rules]]\nname = "a"\nfield = ""', "cannot read"),
+        ('[[rules]]\nname = "a"\nfield = "messages[*]"', "name a key inside it"),
+        ('[[rules]]\nname = "a"\nfield = "metadata"', "name a key inside it"),
+        ('[[rules]]\nname = "a"\nfield = "metadata.email"\nevents = ["tool.call"]', "has a payload field"),
+        ('[[rules]]\nname = "a"\npattern = 5', "pattern: Input should be a valid string"),
+        ('[[rules]]\nname = "a"\npattern = "x"\ntenants = "acme"', "tenants"),
+        ('[[rules]]\nname = "a"\npattern = "x"\ntenants = []', "tenants"),
+        ('[[rules]]\nname = "a"\npattern = "x"\nevents = ["llm.call"]', "events"),
+        ('[[rules]]\nname = "a"\npattern = "x"\nfield = "prompt"', "exactly one"),
+        ('[[rules]]\nname = "a"', "exactly one"),
+        ('[[rules]]\nname = "a"\nregex = "x"', "regex: Extra inputs"),
+        ('[[rules]]\npattern = "x"', "name: Field required"),
+        ('[[rules]]\nname = "has space"\npattern = "x"', "name: String should match"),
+        ('[[rules]]\nname = "a"\npattern = "x"\n[[rules]]\nname = "a"\npattern = "y"', "unique"),
+        ("rules = 3", "exactly one key, 'rules'"),
+        ('rule = []', "exactly one key, 'rules'"),
+        ("rules = [3]", "rule 0 (None)"),
+        ("[[rules]\nname=", "not valid TOML"),
+    ],
+)
+def test_bad_rule_files_fail_with_a_clear_error(tmp_path, text, message):
+    with pytest.raises(RedactionConfigError) as info:
+        load_rules(write(tmp_path, text))
+    assert message in str(info.value)
+
+
+def test_bad_json_missing_files_and_other_suffixes(tmp_path):
+    with pytest.raises(RedactionConfigError, match="not valid JSON"):
+        load_rules(write(tmp_path, '{"rules": [', "rules.json"))
+    with pytest.raises(RedactionConfigError, match="exactly one key"):
+        load_rules(write(tmp_path, '[{"name": "a", "pattern": "x"}]', "rules.json"))
+    with pytest.raises(RedactionConfigError, match="cannot read"):
+        load_rules(tmp_path / "absent.toml")
+    with pytest.raises(RedactionConfigError, match=r"\*.json or \*.toml"):
+        load_rules(write(tmp_path, "rules: []", "rules.yaml"))
