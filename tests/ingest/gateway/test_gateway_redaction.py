@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from ingest.gateway import create_gateway_app
 from ingest.ingester import IngesterConfig, ingest_until_idle
+from pipelines import BuildConfig, build_dataset, read_dataset
 from schemas.tables import TYPED_TABLES
 from trajlake.cli import build_app
 
@@ -68,9 +69,11 @@ def exercise(url: str) -> None:
     assert globex.post("/v1/chat/completions", json=clean).status_code == 200
     batch = [wire("rollout.started", {"metadata": {"user_email": EMAIL, "plan": "pro"}}, seq=0),
              wire("tool.call", {"call_id": "t1", "name": "curl", "arguments": json.dumps({"auth": SECRET})}, seq=1),
-             wire("tool.result", {"call_id": "t1", "name": "curl", "result": f"echo: {SECRET}"}, seq=2)]
+             wire("tool.result", {"call_id": "t1", "name": "curl", "result": f"echo: {SECRET}"}, seq=2),
+             wire("reward", {"name": "pass", "value": 1.0}, seq=2**62),
+             wire("rollout.finished", {"status": "succeeded", "steps": 4}, seq=2**62 + 1)]
     answer = acme.post("/v1/events", json={"events": batch}).json()
-    assert answer["accepted"] == 3, answer
+    assert answer["accepted"] == 5, answer
 
 
 def file_bytes(root: Path) -> bytes:
@@ -84,7 +87,7 @@ def test_the_secret_reaches_neither_kafka_nor_the_lake(settings, engine, broker,
         exercise(url)
     stats = ingest_until_idle(IngesterConfig(lake=lake.root, bootstrap_servers=broker.bootstrap_servers,
                                              topic=topic, group=group), idle_s=1.0)
-    assert stats.events == 13 and stats.quarantined == 0
+    assert stats.events == 15 and stats.quarantined == 0
 
     on_disk = file_bytes(Path(lake.root)) + file_bytes(settings.spool_dir)
     assert b"[REDACTED:api_key]" in on_disk  # the search below can see the text it looks for
@@ -110,6 +113,13 @@ def test_the_secret_reaches_neither_kafka_nor_the_lake(settings, engine, broker,
     assert "[REDACTED:dog]" in by_tenant["globex"]["text"]
     assert by_tenant["acme"]["token_source"] == "engine" and "lazy dog" in by_tenant["acme"]["text"]  # tenant-scoped
 
+    clean_call = next(r["call_id"] for r in clean if r["tenant"] == "acme")
+    for allow_non_engine in (False, True):  # redacted calls lack prompt ids: never trained
+        result = build_dataset(lake, "ds", BuildConfig(allow_non_engine=allow_non_engine))
+        calls = result.manifest["counts"]["calls"]
+        assert (calls["ok"], calls["non_engine"]) == (1, 3), calls
+        assert [s["call_ids"] for s in read_dataset(lake, "ds").to_pylist()] == [[clean_call]]
+
 
 def test_the_spool_never_holds_the_secret(settings, engine, tmp_path):
     settings.redaction_rules = rules_file(tmp_path)
@@ -117,7 +127,7 @@ def test_the_spool_never_holds_the_secret(settings, engine, tmp_path):
     sink.down = True
     with serve(create_gateway_app(settings, emitter=emitter)) as url:
         exercise(url)
-        wait_for(lambda: emitter.spooled == 13, what="13 spooled events", detail=lambda: emitter.spooled)
+        wait_for(lambda: emitter.spooled == 15, what="15 spooled events", detail=lambda: emitter.spooled)
     spooled = file_bytes(tmp_path / "spool")
     assert b"[REDACTED:api_key]" in spooled and b"[REDACTED:email]" in spooled
     assert SECRET.encode() not in spooled and EMAIL.encode() not in spooled
