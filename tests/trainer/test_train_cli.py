@@ -1,13 +1,20 @@
-"""``trajlake train`` / ``trajlake checkpoints`` argument handling (no training in this process)."""
+"""``trajlake train`` / ``trajlake checkpoints``: arguments, refusals, listings (no training in this process)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 from typer.testing import CliRunner
 
+from schemas.tables import SAMPLES
+from trainer.model import inspect_model
 from trainer.records import CheckpointRecord, write_checkpoint
+from trainer.synthetic import synthetic_samples
 from trajlake.cli import build_app
 
 runner = CliRunner()
@@ -46,3 +53,19 @@ def test_checkpoints_lists_rows_as_a_table_and_as_json(lake):
     assert table.exit_code == 0 and "ckpt-d-v3-abcd1234" in table.output and "d@3" in table.output
     rows = [json.loads(line) for line in invoke("checkpoints", "--lake", lake.root, "--json").output.splitlines()]
     assert rows[0]["checkpoint_id"] == "ckpt-d-v3-abcd1234" and json.loads(rows[0]["metrics"])["eval_loss"] == 0.25
+
+
+def test_tokenizer_mismatch_is_refused_by_the_cli_with_both_identities(lake, tiny_model_dir, tmp_path):
+    lake.append("datasets/foreign", synthetic_samples(str(tiny_model_dir), groups=2, tokenizer="bpe-9@feedbeef0000"),
+                schema=SAMPLES)  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    cli = Path(sys.executable).parent / "trajlake"
+    proc = subprocess.run(
+        [str(cli), "train", "--dataset", "foreign", "--model", str(tiny_model_dir), "--lake", lake.root,
+         "--out", str(tmp_path / "ckpt")],
+        env=env | {"COLUMNS": "400"}, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "tokenizer mismatch" in proc.stderr and "bpe-9@feedbeef0000" in proc.stderr
+    assert inspect_model(str(tiny_model_dir)).tokenizer_identity in proc.stderr
+    assert not (tmp_path / "ckpt").exists()  # refused before anything was written

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
@@ -84,7 +85,7 @@ def train(
         )  # fmt: skip
         ref = DatasetRef.parse(dataset) if dataset else None
     except (ValueError, TrainerError) as exc:
-        err.print(f"[bold red]error:[/] {exc}")
+        err.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(code=2) from None
     console = Console(quiet=not _is_main_rank())
     try:
@@ -93,13 +94,13 @@ def train(
         else:
             _train_once(Lake(s.lake), config, ref, console)
     except TrainerError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
+        err.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(code=1) from None
 
 
 def _train_once(lake: Lake, config: TrainConfig, ref: DatasetRef, console: Console) -> None:
     console.print(f"training [bold]{ref.name}@{ref.version if ref.version is not None else 'latest'}[/] "
-                  f"from {config.model} ({config.mode})")  # fmt: skip
+                  f"from {escape(config.model)} ({config.mode})")  # fmt: skip
     with _progress(console) as (progress, on_step):
         record = train_dataset(lake, ref.name, ref.version, config, on_step=on_step)
         progress.stop()
@@ -152,12 +153,12 @@ def _summary(rec: CheckpointRecord) -> Table:
     m = rec.metrics
     table = Table(show_header=False, box=None, padding=(0, 2), title=f"checkpoint {rec.checkpoint_id}")
     table.add_row("dataset", f"{rec.dataset}@{rec.dataset_version}  {rec.n_samples:,} samples  {rec.n_tokens:,} tokens")
-    table.add_row("base", rec.base_model + (f"  (after {rec.parent_checkpoint_id})" if rec.parent_checkpoint_id else ""))
+    table.add_row("base", escape(rec.base_model) + (f"  (after {rec.parent_checkpoint_id})" if rec.parent_checkpoint_id else ""))
     table.add_row("loss", f"{m.get('first_loss', float('nan')):.4f} -> {m.get('final_loss', float('nan')):.4f}"
                   f"  eval {m.get('eval_loss', float('nan')):.4f}  clip {m.get('clip_frac', 0):.3f}")  # fmt: skip
     table.add_row("speed", f"{m.get('tokens_per_s', 0):,.0f} tokens/s over {rec.steps} steps, {rec.world_size} rank(s)")
-    table.add_row("hf export", rec.hf_path)
-    table.add_row("deepspeed", rec.ds_path)
+    table.add_row("hf export", escape(rec.hf_path))
+    table.add_row("deepspeed", escape(rec.ds_path))
     return table
 
 
@@ -183,7 +184,7 @@ def checkpoints(
         m = r.metrics
         table.add_row(r.checkpoint_id, f"{r.dataset}@{r.dataset_version}", r.mode, str(r.steps),
                       f"{m.get('final_loss', float('nan')):.4f}", f"{m.get('eval_loss', float('nan')):.4f}",
-                      f"{m.get('tokens_per_s', 0):,.0f}", r.created_at.strftime("%Y-%m-%d %H:%M"), r.hf_path)  # fmt: skip
+                      f"{m.get('tokens_per_s', 0):,.0f}", r.created_at.strftime("%Y-%m-%d %H:%M"), escape(r.hf_path))  # fmt: skip
     console.print(table)
 
 
