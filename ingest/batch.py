@@ -1,6 +1,7 @@
 """One batch of Kafka records: bounded by count, bytes and age; decoded at commit.
 
-``Batch.decode`` validates every record, drops duplicates (by event_id) and
+``Batch.decode`` validates every record (msgspec fast path, pydantic for
+whatever it refuses: ``schemas.fast``), drops duplicates (by event_id) and
 returns the ``events`` rows, the rejected inputs and, per partition, the last
 offset the batch covers (what the commit's transaction markers say).
 """
@@ -17,6 +18,7 @@ import pyarrow as pa
 from ingest.dedupe import SeenEventIds
 from schemas.errors import InvalidEvent
 from schemas.events import Event
+from schemas.fast import FastEvent, decode_batch
 from schemas.versions import decode_event
 from store.event_rows import KafkaCoordinates, Rejected, events_table
 
@@ -57,20 +59,26 @@ class Batch:
         return (time.monotonic() - self.started) * 1000 if self.records else 0.0
 
     def decode(self, seen: SeenEventIds, *, max_event_bytes: int) -> DecodedBatch:
-        """Validate, dedupe and convert the records, in offset order per partition."""
-        events: list[Event] = []
+        """Validate, dedupe and convert the records, in offset order per partition.
+
+        The whole batch goes through the msgspec fast path first; each record it
+        refuses takes ``decode_event``, which accepts it or names the problem.
+        """
+        events: list[Event | FastEvent] = []
         where: list[KafkaCoordinates] = []
         rejected: list[Rejected] = []
         last: dict[int, int] = {}
         duplicates = 0
-        for r in self.records:
+        fast = decode_batch([r.value for r in self.records], max_bytes=max_event_bytes)
+        for r, event in zip(self.records, fast):
             at = KafkaCoordinates(r.topic, r.partition, r.offset)
             last[r.partition] = max(r.offset, last.get(r.partition, -1))
-            try:
-                event = decode(r.value, max_bytes=max_event_bytes)
-            except InvalidEvent as exc:
-                rejected.append(_rejected(r.value, r.key, at, exc, max_event_bytes))
-                continue
+            if event is None:
+                try:
+                    event = decode(r.value, max_bytes=max_event_bytes)
+                except InvalidEvent as exc:
+                    rejected.append(_rejected(r.value, r.key, at, exc, max_event_bytes))
+                    continue
             if seen.is_duplicate(event.event_id, r.partition, r.offset):
                 duplicates += 1
                 continue

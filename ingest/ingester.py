@@ -57,6 +57,7 @@ class IngesterConfig:
     batch_max_events: int = 20_000
     batch_max_bytes: int = 64 * 1024 * 1024
     batch_max_ms: int = 2_000
+    """Oldest a batch gets while records keep arriving; a drained topic commits the batch in hand at once."""
     max_event_bytes: int = MAX_EVENT_BYTES
     dedupe_max_ids: int = DEFAULT_MAX_IDS
     marker_refresh_offsets: int = 50_000
@@ -86,6 +87,8 @@ class IngestStats:
     batches: int = 0
     assignments: int = 0
     conflicts: int = 0
+    commit_retries: int = 0
+    """Commits retried after losing to a concurrent Delta delete (forget, retention) or compaction."""
     partitions: tuple[int, ...] = ()
     rows: dict[str, int] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
@@ -137,8 +140,9 @@ def run_ingester(config: IngesterConfig, stop: threading.Event, *, on_progress: 
         consumer.close(autocommit=False)
         if dead_letters is not None:
             dead_letters.close()
-    log.info("ingester stopped consumed=%d events=%d duplicates=%d quarantined=%d batches=%d",
-             loop.stats.consumed, loop.stats.events, loop.stats.duplicates, loop.stats.quarantined, loop.stats.batches)
+    log.info("ingester stopped consumed=%d events=%d duplicates=%d quarantined=%d batches=%d commit_retries=%d",
+             loop.stats.consumed, loop.stats.events, loop.stats.duplicates, loop.stats.quarantined, loop.stats.batches,
+             loop.stats.commit_retries)
     return loop.stats
 
 
@@ -179,7 +183,7 @@ class _Loop:
                 self.last_activity = time.monotonic()
             if polled:
                 log.debug("polled batch_in_hand=%d batch_bytes=%d", len(self.batch), self.batch.bytes)
-            if self._batch_due():
+            if self._batch_due(caught_up=not polled):
                 self._commit_batch()
         self._commit_batch()
 
@@ -191,10 +195,12 @@ class _Loop:
         joining = not self.stats.partitions and self.stats.elapsed_s < 2 * self.config.session_timeout_ms / 1000
         return not joining
 
-    def _batch_due(self) -> bool:
+    def _batch_due(self, *, caught_up: bool) -> bool:
+        """Full (events, bytes), old enough, or the partitions are drained (a poll waited ``POLL_MS`` for nothing):
+        then waiting longer only delays the rows, so the batch in hand is committed."""
         c = self.config
         return bool(self.batch) and (
-            len(self.batch) >= c.batch_max_events or self.batch.bytes >= c.batch_max_bytes
+            caught_up or len(self.batch) >= c.batch_max_events or self.batch.bytes >= c.batch_max_bytes
             or self.batch.age_ms() >= c.batch_max_ms
         )
 
@@ -227,6 +233,7 @@ class _Loop:
         self.stats.bytes += self.batch.bytes
         self.stats.duplicates += decoded.duplicates
         self.stats.batches += 1
+        self.stats.commit_retries = sum(t.retries for t in self.tables.all)
         self.batch.clear()
         report_progress(self.consumer, self.config.topic, decoded.last_offsets)
         self._report()

@@ -5,11 +5,15 @@ Every commit to a table carries one transaction marker per Kafka partition,
 that table is complete through (kafka-delta-ingest's design). Invariants:
 
 * A table holds a row for offset ``o`` of partition ``p`` iff ``o <= marker(p)``
-  (rows with offsets at or below the marker are skipped on write).
+  (rows with offsets at or below the marker are skipped on write), and a
+  marker never moves back (a replay that ends below it keeps it).
 * A reader resumes partition ``p`` at ``min(marker over the tables) + 1``; a
   table whose marker is ahead simply skips the replayed rows.
 * Before each commit the table's markers are re-read; if they moved since we
   loaded them, someone else owns the partition now: ``OffsetConflict``.
+* A commit that loses to a concurrent delete (deltalake's ``CommitFailedError``:
+  nothing landed), or finds log entries gone (``store.forget`` drops the log
+  before its delete), is retried on a reloaded table, markers re-checked first.
 * A table that gets no rows in a batch is not committed unless its marker
   trails by more than ``refresh_offsets`` (or it has none), which bounds the
   replay after a restart while saving a commit per idle table per batch.
@@ -18,11 +22,13 @@ that table is complete through (kafka-delta-ingest's design). Invariants:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import ColumnProperties, CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from store.lake import Lake
 
@@ -34,6 +40,11 @@ WRITER_PROPERTIES = WriterProperties(
 """Parquet settings of ingested tables. Measured on 20k workload events: zstd(1) without dictionary
 pages writes the events table with 0.21 CPU s into 19.7 MB, the default (snappy + dictionary) 0.31 s
 into 25.5 MB (token lists are near-random ints: dictionaries cost and do not pay)."""
+
+COMMIT_ATTEMPTS = 8
+"""Tries per commit against concurrent deletes; with the backoff below they span ~4 s."""
+RETRY_BACKOFF_S = 0.05
+"""First wait before a retry; doubles per attempt, capped at 1 s."""
 
 Markers = dict[int, int | None]
 """Partition -> last offset a table is complete through (None: never written)."""
@@ -48,12 +59,27 @@ def marker_app_id(group: str, topic: str, partition: int) -> str:
     return f"trajlake-ingest:{group}:{topic}:{partition}"
 
 
+class CommitContention(RuntimeError):
+    """A commit kept losing to concurrent writers (deletes, compaction) for every attempt."""
+
+    def __init__(self, table: str, attempts: int, cause: Exception) -> None:
+        super().__init__(
+            f"table {table}: {attempts} commit attempts lost to concurrent changes (last: {str(cause).splitlines()[0]}); "
+            "nothing of this batch is missing or doubled: restart the ingester (it resumes from the Delta markers), "
+            "and pause forget/retention/compaction runs if this repeats"
+        )
+        self.table = table
+
+
 class MarkedTable:
     """One lake table, kept open, written only through marker-carrying commits."""
 
     def __init__(self, lake: Lake, name: str, schema: pa.Schema, *, group: str, topic: str) -> None:
         self.name = name
         self.schema = schema
+        self.retries = 0
+        """Commits retried after losing to a concurrent change (a delete, a compaction)."""
+        self._lake = lake
         self._group, self._topic = group, topic
         if not lake.exists(name):
             _create(lake, name, schema)
@@ -63,9 +89,30 @@ class MarkedTable:
     def _read_markers(self, partitions: Iterable[int]) -> Markers:
         return {p: self._table.transaction_version(marker_app_id(self._group, self._topic, p)) for p in partitions}
 
+    def _refresh(self) -> None:
+        """Bring the snapshot up to date; reopen the table (from its checkpoint) when log entries it would
+        read are gone: ``store.forget`` drops the log entries older than its delete."""
+        try:
+            self._table.update_incremental()
+        except DeltaError as exc:
+            if not _log_entry_missing(exc):
+                raise
+            self._table = self._reopen()
+
+    def _reopen(self) -> DeltaTable:
+        """Open the table afresh; retried while a forget swaps the checkpoint it starts from."""
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            try:
+                return self._lake.table(self.name)
+            except DeltaError as exc:
+                if not _log_entry_missing(exc) or attempt == COMMIT_ATTEMPTS:
+                    raise
+                time.sleep(_backoff(attempt))
+        raise AssertionError("unreachable")
+
     def load(self, partitions: Iterable[int]) -> Markers:
         """Refresh from the log and remember these partitions' markers as ours."""
-        self._table.update_incremental()
+        self._refresh()
         self._markers = self._read_markers(partitions)
         return dict(self._markers)
 
@@ -85,11 +132,32 @@ class MarkedTable:
     def commit(self, rows: pa.Table, last_offsets: Mapping[int, int], *, refresh_offsets: int) -> int:
         """Append the unwritten ``rows`` with markers ``last_offsets``; returns rows written.
 
-        Skips the commit when nothing is unwritten and no marker is stale.
+        Skips the commit when nothing is unwritten and no marker is stale. A
+        commit that loses to a concurrent delete (``store.forget``, retention)
+        lands nothing; it is retried from a reloaded table, markers re-checked,
+        up to ``COMMIT_ATTEMPTS`` times with backoff. (Should a commit land and
+        still report an error, the re-check finds our own markers moved:
+        ``OffsetConflict``, re-seek, and the markers skip the replay.)
         """
         if not last_offsets:
             return 0
-        self._table.update_incremental()
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            try:
+                if attempt > 1:
+                    self._table = self._reopen()
+                return self._commit_once(rows, last_offsets, refresh_offsets)
+            except DeltaError as exc:
+                if not _lost_to_a_concurrent_change(exc):
+                    raise
+                if attempt == COMMIT_ATTEMPTS:
+                    raise CommitContention(self.name, attempt, exc) from exc
+                self.retries += 1
+                log.info("commit.retry table=%s attempt=%d reason=%r", self.name, attempt, str(exc).split("\n")[0])
+                time.sleep(_backoff(attempt))
+        raise AssertionError("unreachable")
+
+    def _commit_once(self, rows: pa.Table, last_offsets: Mapping[int, int], refresh_offsets: int) -> int:
+        self._refresh()
         fresh = self._read_markers(last_offsets)
         moved = {p: (self._markers.get(p), m) for p, m in fresh.items() if m != self._markers.get(p)}
         if moved:
@@ -99,21 +167,35 @@ class MarkedTable:
         rows = self.unwritten(rows)
         if rows.num_rows == 0 and not self._stale(last_offsets, refresh_offsets):
             return 0
-        txns = [
-            Transaction(app_id=marker_app_id(self._group, self._topic, p), version=int(o))
-            for p, o in sorted(last_offsets.items())
-        ]
+        # A replay (resumed at the smallest marker over the tables) covers offsets this table may already hold:
+        # its marker never moves back, or a later replay would write those rows again.
+        marks = {p: max(o, fresh[p] if fresh[p] is not None else -1) for p, o in last_offsets.items()}
+        txns = [Transaction(app_id=marker_app_id(self._group, self._topic, p), version=int(o))
+                for p, o in sorted(marks.items())]
         write_deltalake(
             self._table, rows.cast(self.schema), mode="append", writer_properties=WRITER_PROPERTIES,
             commit_properties=CommitProperties(app_transactions=txns),
         )
-        self._markers.update(last_offsets)
+        self._markers.update(marks)
         log.debug("commit table=%s rows=%d version=%d", self.name, rows.num_rows, self._table.version())
         return rows.num_rows
 
     def _stale(self, last_offsets: Mapping[int, int], refresh_offsets: int) -> bool:
         marks = [self._markers.get(p) for p in last_offsets]
         return any(m is None or last_offsets[p] - m > refresh_offsets for p, m in zip(last_offsets, marks))
+
+
+def _backoff(attempt: int) -> float:
+    return min(RETRY_BACKOFF_S * 2 ** (attempt - 1), 1.0)
+
+
+def _lost_to_a_concurrent_change(exc: DeltaError) -> bool:
+    """Nothing was committed and a retry on a reloaded table may pass: a conflicting delete, or log gone."""
+    return isinstance(exc, CommitFailedError) or _log_entry_missing(exc)
+
+
+def _log_entry_missing(exc: DeltaError) -> bool:
+    return "_delta_log" in str(exc) and "not found" in str(exc).lower()
 
 
 def _create(lake: Lake, name: str, schema: pa.Schema) -> None:

@@ -10,16 +10,19 @@ its token arrays; the arrays live in the ``token_ids`` / ``logprobs`` columns
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic_core import from_json, to_json
+from pydantic_core import to_json
 
 from schemas.events import Event
+from schemas.fast import FastEvent
 from schemas.tables import EVENTS, KAFKA_FIELDS, KEY_FIELDS, LOGPROBS, QUARANTINE, TOKENS, TYPED_TABLES
 
 TOKEN_FIELDS: dict[str, tuple[str, str | None]] = {
@@ -31,6 +34,10 @@ TOKEN_FIELDS: dict[str, tuple[str, str | None]] = {
 JSON_COLUMNS = frozenset({"messages", "tools", "params", "tool_calls", "usage", "arguments", "result", "metadata"})
 """Free-form payload values, stored as JSON text (NULL when absent or null)."""
 
+_NO_TOKENS: tuple[None, None] = (None, None)
+_ENVELOPE_COLUMNS = ("event_id", "ts", "tenant", "task_id", "rollout_id", "attempt", "seq", "span_id",
+                     "parent_span_id", "type", "schema_version")
+_JSON_NULL = msgspec.Raw(b"null")
 _SHARED = {f.name for f in KEY_FIELDS} | {f.name for f in KAFKA_FIELDS}
 _TOKEN_COLUMNS = {"prompt_token_ids", "response_token_ids", "logprobs"}
 _COUNT_COLUMNS = {"n_prompt_tokens": "token_ids", "n_response_tokens": "token_ids"}
@@ -58,53 +65,54 @@ class Rejected:
 
 
 def events_table(
-    events: Sequence[Event], coordinates: Sequence[KafkaCoordinates], *, ingested_at: datetime | None = None
+    events: Sequence[Event | FastEvent], coordinates: Sequence[KafkaCoordinates], *, ingested_at: datetime | None = None
 ) -> pa.Table:
     """Rows of the ``events`` table, one per event, in the given order.
+
+    Takes pydantic ``Event``s and the ingester's msgspec ``FastEvent``s alike
+    (same attribute names; their rows are byte-identical, which
+    ``tests/schemas/test_fast_decode.py`` checks). Built column by column.
 
     >>> events_table([event], [KafkaCoordinates("trajlake.events", 0, 41)])  # doctest: +SKIP
     """
     if len(events) != len(coordinates):
         raise ValueError(f"{len(events)} events but {len(coordinates)} coordinates: pass one per event")
-    cols: dict[str, list[Any]] = {f.name: [] for f in EVENTS}
-    for event, where in zip(events, coordinates):
-        _append_envelope(cols, event)
-        ids_field, logprobs_field = TOKEN_FIELDS.get(event.type, (None, None))
-        excluded = {ids_field, logprobs_field} - {None}
-        cols["payload"].append(event.payload.model_dump_json(exclude=excluded or None))
-        cols["token_ids"].append(getattr(event.payload, ids_field) if ids_field else None)
-        cols["logprobs"].append(getattr(event.payload, logprobs_field) if logprobs_field else None)
-        cols["kafka_topic"].append(where.topic)
-        cols["kafka_partition"].append(where.partition)
-        cols["kafka_offset"].append(where.offset)
+    harness = [e.harness for e in events]
+    token_fields = [TOKEN_FIELDS.get(e.type, _NO_TOKENS) for e in events]
     stamp = ingested_at or datetime.now(timezone.utc)
-    cols["ingested_at"] = [stamp] * len(events)
+    cols: dict[str, list[Any]] = {
+        **{name: [getattr(e, name) for e in events] for name in _ENVELOPE_COLUMNS},
+        "harness_name": [h.name if h else None for h in harness],
+        "harness_version": [h.version if h else None for h in harness],
+        "harness_config_hash": [h.config_hash if h else None for h in harness],
+        "payload": [_payload_json(e.payload, fields) for e, fields in zip(events, token_fields)],
+        "token_ids": [getattr(e.payload, ids) if ids else None for e, (ids, _) in zip(events, token_fields)],
+        "logprobs": [getattr(e.payload, lps) if lps else None for e, (_, lps) in zip(events, token_fields)],
+        "kafka_topic": [c.topic for c in coordinates],
+        "kafka_partition": [c.partition for c in coordinates],
+        "kafka_offset": [c.offset for c in coordinates],
+        "ingested_at": [stamp] * len(events),
+    }
     return pa.table({f.name: pa.array(cols[f.name], type=f.type) for f in EVENTS}, schema=EVENTS)
 
 
-def _append_envelope(cols: dict[str, list[Any]], event: Event) -> None:
-    harness = event.harness
-    cols["event_id"].append(event.event_id)
-    cols["ts"].append(event.ts)
-    cols["tenant"].append(event.tenant)
-    cols["task_id"].append(event.task_id)
-    cols["rollout_id"].append(event.rollout_id)
-    cols["attempt"].append(event.attempt)
-    cols["seq"].append(event.seq)
-    cols["span_id"].append(event.span_id)
-    cols["parent_span_id"].append(event.parent_span_id)
-    cols["harness_name"].append(harness.name if harness else None)
-    cols["harness_version"].append(harness.version if harness else None)
-    cols["harness_config_hash"].append(harness.config_hash if harness else None)
-    cols["type"].append(event.type)
-    cols["schema_version"].append(event.schema_version)
+def _payload_json(payload: Any, token_fields: tuple[str | None, str | None]) -> str:
+    """The payload as compact JSON without its token arrays (pydantic's serialiser either way)."""
+    excluded = [f for f in token_fields if f]
+    if isinstance(payload, msgspec.Struct):
+        fields = msgspec.structs.asdict(payload)
+        for name in excluded:
+            del fields[name]
+        return to_json(fields).decode()
+    return payload.model_dump_json(exclude=set(excluded) or None)
 
 
 def typed_tables(events: pa.Table) -> dict[str, pa.Table]:
     """Derive the typed tables' rows from ``events`` rows: table name -> rows.
 
     Only tables that get at least one row appear. Key and Kafka columns are
-    copied column-wise; payload fields come from the row's ``payload`` JSON;
+    copied column-wise; payload fields come from the row's ``payload`` JSON
+    (read in one msgspec pass per type, free-form values kept as their JSON text);
     token columns are the events row's ``token_ids`` / ``logprobs``.
     """
     out: dict[str, pa.Table] = {}
@@ -119,7 +127,7 @@ def typed_tables(events: pa.Table) -> dict[str, pa.Table]:
 
 
 def _typed_rows(rows: pa.Table, schema: pa.Schema) -> pa.Table:
-    payloads = [from_json(p) for p in rows.column("payload").to_pylist()]
+    payloads = _payload_decoder(schema).decode("[" + ",".join(rows.column("payload").to_pylist()) + "]")
     columns: list[pa.ChunkedArray | pa.Array] = []
     for f in schema:
         if f.name in _SHARED:
@@ -130,18 +138,33 @@ def _typed_rows(rows: pa.Table, schema: pa.Schema) -> pa.Table:
         elif f.name in _COUNT_COLUMNS:
             columns.append(pc.list_value_length(rows.column(_COUNT_COLUMNS[f.name])).cast(pa.int32()))
         else:
-            values = pa.array([_payload_value(p, f.name) for p in payloads], type=f.type)
+            values = pa.array(_payload_values(payloads, f.name), type=f.type)
             if f.name == "group_id":  # the GRPO group defaults to the task
                 values = pc.coalesce(values, rows.column("task_id").combine_chunks())
             columns.append(values)
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def _payload_value(payload: dict[str, Any], name: str) -> Any:
-    value = payload.get(name)
-    if value is None or name not in JSON_COLUMNS:
-        return value
-    return to_json(value).decode()  # compact, UTF-8 kept as is
+@functools.cache
+def _payload_decoder(schema: pa.Schema) -> msgspec.json.Decoder:
+    """Reads a list of payload JSONs into Structs holding just this table's payload columns.
+
+    Free-form values stay ``msgspec.Raw``: the payload JSON was written by
+    pydantic's compact serialiser, so the raw slice is exactly what
+    re-serialising the parsed value would give, without parsing it.
+    """
+    names = [f.name for f in schema if f.name not in _SHARED | _TOKEN_COLUMNS | _COUNT_COLUMNS.keys()]
+    columns = msgspec.defstruct(
+        "PayloadColumns", [(n, msgspec.Raw if n in JSON_COLUMNS else Any, None) for n in names], gc=False,
+    )
+    return msgspec.json.Decoder(list[columns])
+
+
+def _payload_values(payloads: list[Any], name: str) -> list[Any]:
+    values = [getattr(p, name) for p in payloads]
+    if name not in JSON_COLUMNS:
+        return values
+    return [None if v is None or v == _JSON_NULL else bytes(v).decode() for v in values]  # NULL, not "null"
 
 
 def quarantine_table(rejected: Sequence[Rejected], *, quarantined_at: datetime | None = None) -> pa.Table:

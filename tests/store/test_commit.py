@@ -1,8 +1,9 @@
 import pyarrow as pa
 import pytest
 
+import store.commit
 from schemas.tables import QUARANTINE
-from store.commit import MarkedTable, OffsetConflict, marker_app_id, resume_offsets
+from store.commit import CommitContention, MarkedTable, OffsetConflict, marker_app_id, resume_offsets
 from store.event_rows import KafkaCoordinates, Rejected, quarantine_table
 
 
@@ -64,3 +65,81 @@ def test_resume_is_the_smallest_marker_plus_one(lake):
     a.commit(rows(0, []), {0: 9, 1: 3}, refresh_offsets=0)
     b.commit(rows(0, []), {0: 4}, refresh_offsets=0)
     assert resume_offsets([a, b], [0, 1]) == {0: 5, 1: None}
+
+
+def deleting_first(monkeypatch, lake, *, times: int) -> list[int]:
+    """Make the next ``times`` appends lose to a real concurrent delete (committed just before each).
+
+    Someone else's rows (partition 7) are stored first; each delete removes one
+    of them, rewriting a file that the append's snapshot holds: a real conflict.
+    """
+    lake.append("quarantine", rows(7, range(times)), schema=QUARANTINE)
+    real, calls = store.commit.write_deltalake, []
+
+    def write(*args, **kwargs):
+        calls.append(1)
+        if len(calls) <= times:
+            lake.table("quarantine").delete(f"kafka_partition = 7 AND kafka_offset = {len(calls) - 1}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store.commit, "write_deltalake", write)
+    monkeypatch.setattr(store.commit, "RETRY_BACKOFF_S", 0.0)
+    return calls
+
+
+def test_a_commit_that_loses_to_a_concurrent_delete_is_retried(lake, monkeypatch):
+    t = table(lake)
+    t.load([0])
+    t.commit(rows(0, [0]), {0: 0}, refresh_offsets=0)
+    calls = deleting_first(monkeypatch, lake, times=2)
+    assert t.commit(rows(0, [0, 1, 2]), {0: 2}, refresh_offsets=0) == 2  # offset 0 is already in
+    assert len(calls) == 3 and t.retries == 2
+    assert offsets(lake) == [(0, 0), (0, 1), (0, 2)]  # nothing lost, nothing doubled; theirs deleted
+    assert lake.marker("quarantine", marker_app_id("g", "t", 0)) == 2
+
+
+def test_a_commit_that_keeps_losing_gives_up_with_nothing_written(lake, monkeypatch):
+    t = table(lake)
+    t.load([0])
+    deleting_first(monkeypatch, lake, times=3)
+    monkeypatch.setattr(store.commit, "COMMIT_ATTEMPTS", 3)
+    with pytest.raises(CommitContention, match="3 commit attempts.*restart the ingester"):
+        t.commit(rows(0, [0, 1]), {0: 1}, refresh_offsets=0)
+    assert offsets(lake) == []
+    assert lake.marker("quarantine", marker_app_id("g", "t", 0)) is None
+
+
+def test_a_retried_commit_still_refuses_markers_another_writer_moved(lake, monkeypatch):
+    mine, theirs = table(lake), table(lake)
+    lake.append("quarantine", rows(7, [0]), schema=QUARANTINE)
+    mine.load([0])
+    theirs.load([0])
+    real, calls = store.commit.write_deltalake, []
+
+    def write(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:  # the delete makes "mine" retry; meanwhile "theirs" takes the partition over
+            lake.table("quarantine").delete("kafka_partition = 7")
+            monkeypatch.setattr(store.commit, "write_deltalake", real)
+            theirs.commit(rows(0, [0, 1]), {0: 1}, refresh_offsets=0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store.commit, "write_deltalake", write)
+    monkeypatch.setattr(store.commit, "RETRY_BACKOFF_S", 0.0)
+    with pytest.raises(OffsetConflict):
+        mine.commit(rows(0, [0, 1]), {0: 1}, refresh_offsets=0)
+    assert offsets(lake) == [(0, 0), (0, 1)]
+
+
+def test_a_replay_that_ends_below_a_marker_does_not_move_it_back(lake):
+    t = table(lake)
+    t.load([0, 1])
+    t.commit(rows(0, [0, 1, 2, 3]), {0: 3}, refresh_offsets=0)
+    again = table(lake)  # restarted: another table's marker sent partition 0 back to offset 1
+    again.load([0, 1])
+    assert again.commit(pa.concat_tables([rows(0, [1, 2]), rows(1, [0])]), {0: 2, 1: 0}, refresh_offsets=0) == 1
+    assert lake.marker("quarantine", marker_app_id("g", "t", 0)) == 3
+    later = table(lake)
+    later.load([0, 1])
+    assert later.commit(rows(0, [3, 4]), {0: 4}, refresh_offsets=0) == 1
+    assert offsets(lake) == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (1, 0)]  # offset 3 once
