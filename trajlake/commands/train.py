@@ -1,7 +1,9 @@
 """``trajlake train`` (one dataset version, or ``--follow`` new ones) and ``trajlake checkpoints``.
 
-Works unchanged under ``torchrun --nproc_per_node N $(which trajlake) train ...`` and the
-``deepspeed`` launcher: every rank trains, rank 0 alone prints and writes tables.
+Works unchanged under ``torchrun --nproc_per_node N $(which trajlake) train ...`` and
+``deepspeed --no_local_rank --num_gpus N $(which trajlake) train ...`` (the launcher's
+``--local_rank`` argument would land before the subcommand): every rank trains, rank 0
+alone prints and writes tables.
 """
 
 from __future__ import annotations
