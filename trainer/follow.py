@@ -25,7 +25,7 @@ from store.lake import Lake
 from trainer.config import TrainConfig
 from trainer.errors import TrainerError
 from trainer.loop import StepLog, train_dataset
-from trainer.records import CheckpointRecord, list_checkpoints
+from trainer.records import CheckpointRecord, list_checkpoints, run_states
 from trainer.versions import ControlListener, VersionKey, registry_versions
 
 log = logging.getLogger(__name__)
@@ -41,10 +41,16 @@ def follow(
     datasets: list[str] | None = None,
     poll_interval_s: float = 30.0,
     chain: bool = True,
+    max_attempts: int = 5,
     on_checkpoint: Callable[[CheckpointRecord], None] | None = None,
     on_step: Callable[[StepLog], None] | None = None,
 ) -> list[CheckpointRecord]:
-    """Train new versions of ``datasets`` (all when None) until ``stop_event``; returns what it trained."""
+    """Train new versions of ``datasets`` (all when None) until ``stop_event``; returns what it trained.
+
+    A version whose run was started ``max_attempts`` times without finishing (a crash loop:
+    out of memory, a bad sample the checks miss) is skipped with an error log;
+    ``trajlake train --dataset NAME@VERSION`` retries it by hand.
+    """
     listener = _listen(bootstrap_servers, control_topic)
     publish = _publisher(bootstrap_servers, control_topic)
     pending: set[VersionKey] = set()
@@ -61,6 +67,12 @@ def follow(
                 pending |= listener.poll(timeout_s=1.0, datasets=datasets)
             done = {(c.dataset, c.dataset_version) for c in list_checkpoints(lake)}
             todo = sorted(pending - done - given_up)
+            worn = _worn_out(lake, todo, max_attempts)
+            if worn:
+                log.error("event=follow_give_up versions=%s reason=started_%d_times_without_finishing",
+                          sorted(worn), max_attempts)  # fmt: skip
+                given_up |= worn
+                continue
             if not todo:
                 if listener is None:
                     stop_event.wait(min(poll_interval_s, 1.0))
@@ -78,6 +90,16 @@ def follow(
             listener.close()
     log.info("event=follow_stopped trained=%d", len(trained))
     return trained
+
+
+def _worn_out(lake: Lake, todo: list[VersionKey], max_attempts: int) -> set[VersionKey]:
+    """The versions in ``todo`` whose run reached ``max_attempts`` starts without finishing."""
+    if not todo:
+        return set()
+    return {
+        (s.dataset, s.dataset_version) for s in run_states(lake).values()
+        if s.status != "finished" and s.attempt >= max_attempts and (s.dataset, s.dataset_version) in todo
+    }  # fmt: skip
 
 
 def _train_one(lake: Lake, config: TrainConfig, key: VersionKey, *, chain: bool, on_step) -> CheckpointRecord | None:
