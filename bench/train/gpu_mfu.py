@@ -7,6 +7,7 @@ under 3 minutes on an H200.
 
     python bench/train/gpu_mfu.py                  # plain torch: bf16 weights, fused AdamW
     python bench/train/gpu_mfu.py --deepspeed      # DeepSpeed engine: bf16 with fp32 master weights, ZeRO 0
+    python bench/train/gpu_mfu.py --compile        # torch.compile'd model (slower start, higher MFU)
 
 MFU = achieved model FLOP/s / peak. Model FLOPs per token follow the PaLM
 appendix: 6 x N (N = parameters without the input embedding; the LM head is
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
@@ -95,15 +97,20 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak of the GPU")
     p.add_argument("--deepspeed", action="store_true", help="step through a DeepSpeed engine")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model first (adds ~1 min of warm-up)")
     args = p.parse_args()
     assert torch.cuda.is_available(), "this benchmark needs a CUDA GPU"
     torch.backends.cuda.matmul.allow_tf32 = True
     model = build_model(args)
     fpt, n_params = flops_per_token(model, args)
+    print(f"model: {n_params / 1e6:.0f}M parameters; {fpt / 1e9:.2f} GFLOP per token", file=sys.stderr)
+    if args.compile:
+        model.compile()
     step = make_step(model, args)
     ids = torch.randint(0, args.vocab, (args.batch, args.seq), device="cuda")
-    for _ in range(args.warmup):
+    for i in range(args.warmup):
         step(ids)
+        print(f"warm-up step {i + 1}/{args.warmup} done", file=sys.stderr)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(args.steps):
@@ -114,7 +121,7 @@ def main() -> None:
     result = {
         "bench": "train/gpu_mfu",
         "gpu": torch.cuda.get_device_name(),
-        "loop": "deepspeed" if args.deepspeed else "torch",
+        "loop": ("deepspeed" if args.deepspeed else "torch") + (" compiled" if args.compile else ""),
         "params": n_params,
         "tokens_per_step": args.batch * args.seq,
         "step_seconds": round(seconds, 4),
