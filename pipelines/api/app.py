@@ -18,14 +18,14 @@ from pipelines.api.auth import TenantKeys
 from pipelines.api.config import QueryApiConfig
 from pipelines.api.errors import install_error_handlers
 from pipelines.api.limits import BodyLimit
-from pipelines.api.routes import datasets, health, lineage, rollouts, sql
+from pipelines.api.routes import datasets, health, lineage, rollouts, sql, viewer
 from pipelines.api.services import PageLimits, QueryService
 from store.storage import open_lake
 from store.tenant_sql import SandboxLimits
 
 log = logging.getLogger(__name__)
 
-ROUTERS = (health.router, sql.router, rollouts.router, datasets.router, lineage.router)
+ROUTERS = (health.router, sql.router, rollouts.router, datasets.router, lineage.router, viewer.router)
 
 
 def build_service(settings: QueryApiConfig) -> QueryService:
@@ -64,4 +64,5 @@ def create_query_app(settings: QueryApiConfig, *, keys: TenantKeys) -> FastAPI:
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
+    viewer.install(app, settings)
     return app
