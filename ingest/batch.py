@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from ingest.dedupe import SeenEventIds
+from ingest.redaction import Redactor
 from schemas.errors import InvalidEvent
 from schemas.events import Event
 from schemas.fast import FastEvent, decode_batch
@@ -58,7 +59,7 @@ class Batch:
     def age_ms(self) -> float:
         return (time.monotonic() - self.started) * 1000 if self.records else 0.0
 
-    def decode(self, seen: SeenEventIds, *, max_event_bytes: int) -> DecodedBatch:
+    def decode(self, seen: SeenEventIds, *, max_event_bytes: int, redactor: Redactor | None = None) -> DecodedBatch:
         """Validate, dedupe and convert the records, in offset order per partition.
 
         The whole batch goes through the msgspec fast path first; each record it
@@ -77,12 +78,12 @@ class Batch:
                 try:
                     event = decode(r.value, max_bytes=max_event_bytes)
                 except InvalidEvent as exc:
-                    rejected.append(_rejected(r.value, r.key, at, exc, max_event_bytes))
+                    rejected.append(_rejected(r.value, r.key, at, exc, max_event_bytes, redactor))
                     continue
             if seen.is_duplicate(event.event_id, r.partition, r.offset):
                 duplicates += 1
                 continue
-            events.append(event)
+            events.append(event if redactor is None else redactor.redact(event))
             where.append(at)
         return DecodedBatch(events_table(events, where), rejected, last, duplicates)
 
@@ -94,9 +95,14 @@ def decode(raw: bytes | None, *, max_bytes: int) -> Event:
     return decode_event(raw, max_bytes=max_bytes)
 
 
-def _rejected(raw: bytes | None, key: bytes | None, at: KafkaCoordinates, exc: InvalidEvent, max_bytes: int) -> Rejected:
+def _rejected(raw: bytes | None, key: bytes | None, at: KafkaCoordinates, exc: InvalidEvent, max_bytes: int,
+              redactor: Redactor | None) -> Rejected:
+    """Quarantine keeps the raw input; with redaction rules, their patterns run over its text and the reason."""
+    reason = str(exc)
+    if redactor is not None:
+        raw, reason = redactor.redact_raw(raw or b""), redactor.redact_text(reason)
     return Rejected(
-        raw=raw or b"", field=exc.field, reason=str(exc), key=key, coordinates=at,
+        raw=raw or b"", field=exc.field, reason=reason, key=key, coordinates=at,
         event_id=_event_id(raw) if raw and len(raw) <= max_bytes else None,
     )
 

@@ -26,6 +26,7 @@ from kafka import KafkaConsumer
 from ingest.batch import Batch, DecodedBatch
 from ingest.consumer import AssignmentFlag, open_consumer, report_progress, seek
 from ingest.dead_letters import DeadLetters
+from ingest.redaction import Redactor
 from ingest.dedupe import DEFAULT_MAX_IDS, SeenEventIds
 from ingest.topics import ensure_topic
 from schemas.events import DEFAULT_TOPIC
@@ -68,6 +69,8 @@ class IngesterConfig:
     """How long to look for a broker at start before ``BrokerUnreachable``."""
     stop_after_idle_s: float | None = None
     """Stop once nothing arrived for this long (demos, tests, backfills); None = run until stopped."""
+    redactor: Redactor | None = None
+    """``ingest.redaction`` rules, applied to every event and to quarantined raw text before they are written."""
 
     @property
     def dead_letter_topic(self) -> str:
@@ -220,7 +223,8 @@ class _Loop:
     def _commit_batch(self) -> None:
         if not self.batch:
             return
-        decoded = self.batch.decode(self.seen, max_event_bytes=self.config.max_event_bytes)
+        decoded = self.batch.decode(self.seen, max_event_bytes=self.config.max_event_bytes,
+                                    redactor=self.config.redactor)
         try:
             self._write(decoded)
         except OffsetConflict as exc:

@@ -1,14 +1,21 @@
-"""Redaction rules hit what they should and nothing else; bad rule files fail at start-up with a clear error."""
+"""Redaction rules hit what they should and nothing else; bad rule files fail at start-up with a clear error;
+the ingester redacts what producers that bypass the gateway send (real broker, real Delta lake)."""
 
 from __future__ import annotations
 
 import json
+from collections import namedtuple
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+from ingester_support import produce, wire_event
+from typer.testing import CliRunner
 
+from ingest.batch import Batch
+from ingest.dedupe import SeenEventIds
+from ingest.ingester import IngesterConfig, ingest_until_idle
 from ingest.redaction import (
     EVERY,
     RedactionConfigError,
@@ -19,12 +26,14 @@ from ingest.redaction import (
     parse_field_path,
 )
 from schemas import fast
-from schemas.versions import decode_event
+from schemas.versions import MAX_EVENT_BYTES, decode_event
+from trajlake.cli import build_app
 
 SECRET = "sk-live-4f9QzX81bTT0aLmWq2"
 NEAR_MISS = "sk-live-4f9Qz"  # too short for the pattern
 KEY_RULE = RedactionRule(name="api_key", pattern=r"sk-live-[A-Za-z0-9]{16,}")
 MARK = "[REDACTED:api_key]"
+Record = namedtuple("Record", "topic partition offset key value")
 
 
 def event(event_type: str, payload: dict[str, Any], *, tenant: str = "acme"):
@@ -377,3 +386,69 @@ def test_bad_json_missing_files_and_other_suffixes(tmp_path):
         load_rules(tmp_path / "absent.toml")
     with pytest.raises(RedactionConfigError, match=r"\*.json or \*.toml"):
         load_rules(write(tmp_path, "rules: []", "rules.yaml"))
+
+
+# ------------------------------------------------------------------ the ingester (producers that bypass the gateway)
+
+
+def records(values: list[bytes]) -> list:
+    return [Record("t", 0, offset, b"r1", value) for offset, value in enumerate(values)]
+
+
+def test_the_ingesters_batch_redacts_both_decode_paths_and_the_quarantined_text():
+    fast_path = event("tool.call", {"call_id": "c", "name": "n", "arguments": {"k": SECRET}}).model_dump_json()
+    lax = json.loads(event("tool.result", {"call_id": "c", "name": "n", "result": SECRET}).model_dump_json())
+    lax["event_id"], lax["payload"]["state_changed"] = "e2", 1  # pydantic reads 1 as true, msgspec refuses it
+    invalid = {**lax, "event_id": "bad", "ts": f"at {SECRET}"}  # invalid; the reason quotes the value
+    values = [fast_path.encode(), json.dumps(lax).encode(), json.dumps(invalid).encode()]
+    assert [e is None for e in fast.decode_batch(values)] == [False, True, True]
+    batch = Batch()
+    batch.add(records(values))
+    decoded = batch.decode(SeenEventIds(), max_event_bytes=MAX_EVENT_BYTES, redactor=Redactor([KEY_RULE]))
+    payloads = decoded.events.column("payload").to_pylist()
+    assert len(payloads) == 2 and all(SECRET not in p and MARK in p for p in payloads)
+    [rejected] = decoded.rejected
+    assert SECRET.encode() not in rejected.raw and MARK.encode() in rejected.raw
+    assert SECRET not in rejected.reason and MARK in rejected.reason and rejected.event_id == "bad"
+    unredacted = Batch()
+    unredacted.add(records(values))
+    assert SECRET in unredacted.decode(SeenEventIds(), max_event_bytes=MAX_EVENT_BYTES).events.column(
+        "payload").to_pylist()[0]
+
+
+def test_the_ingester_redacts_events_that_bypass_the_gateway(broker, topic, group, lake):
+    email = "zoë@example.org"
+    events = [
+        wire_event("rollout.started", {"metadata": {"user_email": email, "plan": "pro"}}, rollout="r-x", seq=0),
+        wire_event("llm.request", {"call_id": "c1", "messages": [{"role": "user", "content": f"key {SECRET}"}],
+                                   "prompt_token_ids": [1, 2, 3]}, rollout="r-x", seq=1),
+        wire_event("llm.response", {"call_id": "c1", "text": "done", "response_token_ids": [4],
+                                    "logprobs": [-0.1], "token_source": "engine"}, rollout="r-x", seq=2),
+        wire_event("tool.call", {"call_id": "t1", "name": "curl", "arguments": {"auth": SECRET}}, rollout="r-x", seq=3),
+    ]
+    broken = json.dumps({**events[3], "seq": "three"}).encode()  # quarantined, raw text holds the secret
+    produce(broker.bootstrap_servers, topic, [*events, broken], key=b"r-x")
+    redactor = Redactor([KEY_RULE, RedactionRule(name="email", field="metadata.user_email")])
+    stats = ingest_until_idle(IngesterConfig(lake=lake.root, bootstrap_servers=broker.bootstrap_servers, topic=topic,
+                                             group=group, dlq_topic="", redactor=redactor), idle_s=1.0)
+    assert (stats.events, stats.quarantined) == (4, 1)
+
+    on_disk = b"".join(p.read_bytes() for p in Path(lake.root).rglob("*") if p.is_file())
+    assert MARK.encode() in on_disk  # the search can see the text it looks for
+    assert SECRET.encode() not in on_disk and email.encode() not in on_disk
+    [request] = lake.read("llm_requests").to_pylist()
+    [answer] = lake.read("llm_responses").to_pylist()
+    assert request["prompt_token_ids"] is None and MARK in request["messages"]
+    assert answer["response_token_ids"] == [4] and answer["token_source"] == "engine"
+    [started] = lake.read("rollout_starts").to_pylist()
+    assert json.loads(started["metadata"]) == {"user_email": "[REDACTED:email]", "plan": "pro"}
+    [quarantined] = lake.read("quarantine").to_pylist()
+    assert MARK.encode() in quarantined["raw"] and quarantined["field"] == "seq"
+
+
+def test_an_unusable_rules_file_stops_the_ingester_at_start(tmp_path):
+    bad = write(tmp_path, '[[rules]]\nname = "a"\nfield = "call_id"')
+    result = CliRunner().invoke(build_app(), ["ingest", "--redaction-rules", str(bad), "--bootstrap-servers",
+                                              "127.0.0.1:1", "--lake", str(tmp_path / "lake")])
+    assert result.exit_code == 2
+    assert "ingester not started" in result.output and "rule 'a'" in result.output

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -13,6 +14,7 @@ from rich.table import Table
 
 from ingest.consumer import BrokerUnreachable
 from ingest.ingester import IngesterConfig, IngestStats, run_ingester
+from ingest.redaction import RedactionConfigError, load_redactor
 from schemas.versions import MAX_EVENT_BYTES
 from store.lake import Lake, TableMissing
 from store.rebuild import RebuildRaced, rebuild_typed_tables
@@ -33,6 +35,8 @@ class IngestSettings(CommonSettings):
     dedupe_max_ids: int = 1_000_000
     session_timeout_ms: int = 6_000
     heartbeat_interval_ms: int = 2_000
+    redaction_rules: Path | None = None
+    """JSON/TOML redaction rules applied to every event before it is written (TRAJLAKE_REDACTION_RULES)."""
 
 
 def _settings(**flags: object) -> IngestSettings:
@@ -49,23 +53,32 @@ def ingest(
     dlq_topic: str | None = typer.Option(None, help='Dead-letter topic (default <topic>.dlq; "" for none).'),
     partitions: str | None = typer.Option(None, help="Static assignment without a group, e.g. 0,1 (default: join the group)."),
     stop_after_idle_s: float | None = typer.Option(None, min=0.1, help="Exit once nothing arrived for this many seconds."),
+    redaction_rules: Path | None = typer.Option(None, help="Redaction rules file (.json/.toml)."),
 ) -> None:
     """Consume trajectory events and append them to the lake's Delta tables, exactly once."""
     s = _settings(lake=lake, bootstrap_servers=bootstrap_servers, topic=topic, group=group,
-                  batch_max_events=batch_max_events, batch_max_ms=batch_max_ms, dlq_topic=dlq_topic)
+                  batch_max_events=batch_max_events, batch_max_ms=batch_max_ms, dlq_topic=dlq_topic,
+                  redaction_rules=redaction_rules)
+    try:
+        redactor = load_redactor(s.redaction_rules)
+    except RedactionConfigError as exc:
+        Console(stderr=True).print(f"[bold red]ingester not started:[/] {exc}")
+        raise typer.Exit(code=2) from None
     config = IngesterConfig(
         lake=s.lake, bootstrap_servers=s.bootstrap_servers, topic=s.topic, group=s.group,
         partitions=_parse_partitions(partitions), dlq_topic=s.dlq_topic, batch_max_events=s.batch_max_events,
         batch_max_bytes=s.batch_max_bytes, batch_max_ms=s.batch_max_ms, max_event_bytes=s.max_event_bytes,
         dedupe_max_ids=s.dedupe_max_ids, session_timeout_ms=s.session_timeout_ms,
-        heartbeat_interval_ms=s.heartbeat_interval_ms, stop_after_idle_s=stop_after_idle_s,
+        heartbeat_interval_ms=s.heartbeat_interval_ms, stop_after_idle_s=stop_after_idle_s, redactor=redactor,
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     console = Console()
     mode = f"partitions {partitions}" if partitions else f"group {s.group}"
-    console.print(f"ingesting [bold]{s.topic}[/] from {s.bootstrap_servers} ({mode}) into [bold]{Lake(s.lake).root}[/]")
+    redacting = f", redaction rules {s.redaction_rules}" if redactor else ""
+    console.print(f"ingesting [bold]{s.topic}[/] from {s.bootstrap_servers} ({mode}) into [bold]{Lake(s.lake).root}[/]"
+                  + redacting)
     try:
         with Live(_summary(IngestStats()), console=console, refresh_per_second=2, transient=False) as live:
             stats = run_ingester(config, stop, on_progress=lambda st: live.update(_summary(st)))
