@@ -102,6 +102,20 @@ def resolve_version(lake: Lake, ref: DatasetRef) -> int:
     return ref.version
 
 
+def loss_mask_mode(lake: Lake, ref: DatasetRef, version: int) -> str:
+    """What the dataset's loss mask covers: ``actions`` (sampled tokens) or ``observations``.
+
+    Read from the build's manifest; a dataset written without the registry
+    (by hand, by another tool) is taken to mask actions.
+    """
+    from pipelines.registry import DatasetNotFound, get_manifest
+
+    try:
+        return get_manifest(lake, ref.name, version).get("mask") or "actions"
+    except DatasetNotFound:
+        return "actions"
+
+
 def load_samples(lake: Lake, ref: DatasetRef, *, vocab_size: int, max_len: int) -> Samples:
     """Read ``datasets/NAME`` at its version and check every row (see module doc)."""
     version = resolve_version(lake, ref)

@@ -23,7 +23,7 @@ import torch
 from store.lake import Lake
 from trainer.batching import Batch, collate, epoch_order, plan_batches, rank_share
 from trainer.config import TrainConfig, deepspeed_dict, uses_bf16
-from trainer.dataset import DatasetRef, Samples, load_samples, resolve_version
+from trainer.dataset import DatasetRef, Samples, load_samples, loss_mask_mode, resolve_version
 from trainer.distributed import Dist, all_ranks_agree, barrier, init_distributed
 from trainer.errors import DatasetError, TrainerError
 from trainer.model import ModelInfo, check_tokenizer, inspect_model, load_causal_lm
@@ -91,7 +91,13 @@ def prepare_run(lake: Lake, ref: DatasetRef, config: TrainConfig, dist: Dist) ->
     max_len = min(config.max_seq_len or info.max_positions, info.max_positions)
     samples = load_samples(lake, DatasetRef(ref.name, version), vocab_size=info.vocab_size, max_len=max_len)
     check_tokenizer(samples.tokenizers, info)
-    if config.mode == "sft":
+    observations = loss_mask_mode(lake, ref, version) == "observations"
+    if observations and config.mode != "sft":
+        raise DatasetError(
+            f"dataset {ref.name}@{version} is an observation-prediction dataset (loss on tool results, no "
+            "advantages): a policy-gradient step would learn nothing; train it with --mode sft"
+        )
+    if config.mode == "sft" and not observations:  # observations teach the environment: every rollout counts
         samples = samples.select(samples.reward > config.sft_min_reward)
         if not len(samples):
             raise DatasetError(

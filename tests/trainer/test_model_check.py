@@ -47,3 +47,32 @@ def test_sft_without_positive_rollouts_is_refused(lake, tiny_model_dir, tmp_path
 def test_a_folder_that_is_no_model_is_refused(tmp_path):
     with pytest.raises(ModelLoadError, match="no config.json"):
         inspect_model(str(tmp_path))
+
+
+def _register(lake, name: str, manifest: dict) -> None:
+    """A registry row as a build writes it (only the fields the trainer reads matter)."""
+    import json
+    from datetime import datetime, timezone
+
+    from pipelines.registry import REGISTRY, REGISTRY_TABLE
+
+    row = {"dataset": name, "version": 0, "content_hash": "x", "created_at": datetime.now(timezone.utc),
+           "n_samples": 4, "n_rollouts": 4, "n_tokens": 0, "n_trained_tokens": 0, "code_version": None,
+           "manifest": json.dumps(manifest)}
+    lake.append(REGISTRY_TABLE, pa.Table.from_pylist([row], schema=REGISTRY), schema=REGISTRY)
+
+
+def test_an_observation_dataset_is_refused_for_policy_gradient(lake, tiny_model_dir, tmp_path):
+    lake.append("datasets/obs", synthetic_samples(str(tiny_model_dir), groups=2), schema=SAMPLES)
+    _register(lake, "obs", {"mask": "observations"})
+    with pytest.raises(Exception, match="--mode sft"):
+        prepare_run(lake, DatasetRef("obs"), TrainConfig(model=str(tiny_model_dir), out=str(tmp_path)), DIST)
+
+
+def test_sft_on_an_observation_dataset_keeps_rollouts_without_positive_reward(lake, tiny_model_dir, tmp_path):
+    table = synthetic_samples(str(tiny_model_dir), groups=2)
+    table = table.set_column(table.schema.get_field_index("reward"), "reward", pa.array([0.0] * 4))
+    lake.append("datasets/obs", table, schema=SAMPLES)
+    _register(lake, "obs", {"mask": "observations"})
+    config = TrainConfig(model=str(tiny_model_dir), mode="sft", out=str(tmp_path))
+    assert len(prepare_run(lake, DatasetRef("obs"), config, DIST).samples) == 4
