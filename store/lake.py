@@ -31,6 +31,11 @@ class Lake:
     def __post_init__(self) -> None:
         if "://" not in self.root:
             object.__setattr__(self, "root", str(Path(self.root).expanduser().resolve()))
+        elif not self.storage_options:
+            # An object-store lake built from a bare URI takes its credentials from AWS_* etc.
+            from store.storage import storage_options
+
+            object.__setattr__(self, "storage_options", storage_options(self.root))
 
     @property
     def is_local(self) -> bool:

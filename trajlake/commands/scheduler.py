@@ -42,7 +42,6 @@ from store.runs import RunRecord, RunsTable
 from store.scheduler import Job, Scheduler, Window
 from store.storage import open_lake
 from trainer.config import TrainConfig
-from trainer.loop import train_dataset
 from trainer.records import list_checkpoints
 from trajlake.commands.ops import LAKE_OPTION, OpsSettings, fail
 from trajlake.tiny_model import build_tiny_model, default_model_dir
@@ -111,6 +110,8 @@ def nightly_run(lake: Lake, settings: SchedulerSettings) -> Callable[[Window], d
                 return {"dataset": name, "skipped": str(exc)}
         results: dict[str, Any] = {"dataset": name, "dataset_version": version}
         if settings.scheduler_train:
+            from trainer.loop import train_dataset  # torch loads only when a job trains
+
             parents = list_checkpoints(lake, dataset=name)
             base = parents[-1].hf_path if parents else settings.train_model or str(build_tiny_model(default_model_dir()))
             config = TrainConfig(model=base, out=settings.train_out)

@@ -14,6 +14,8 @@ import signal
 import threading
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -24,11 +26,12 @@ from store.lake import Lake
 from trainer.config import TrainConfig, load_deepspeed_json
 from trainer.dataset import DatasetRef
 from trainer.errors import TrainerError
-from trainer.follow import follow
-from trainer.loop import StepLog, train_dataset
 from trainer.records import CheckpointRecord, list_checkpoints
 from trajlake.settings import CommonSettings
 from trajlake.tiny_model import build_tiny_model, default_model_dir
+
+if TYPE_CHECKING:  # torch loads only when a command trains
+    from trainer.loop import StepLog
 
 
 class TrainSettings(CommonSettings):
@@ -101,6 +104,8 @@ def train(
 
 
 def _train_once(lake: Lake, config: TrainConfig, ref: DatasetRef, console: Console) -> None:
+    from trainer.loop import train_dataset
+
     console.print(f"training [bold]{ref.name}@{ref.version if ref.version is not None else 'latest'}[/] "
                   f"from {escape(config.model)} ({config.mode})")  # fmt: skip
     with _progress(console) as (progress, on_step):
@@ -111,6 +116,8 @@ def _train_once(lake: Lake, config: TrainConfig, ref: DatasetRef, console: Conso
 
 def _follow(lake: Lake, config: TrainConfig, s: TrainSettings, ref: DatasetRef | None, kafka: str | None,
             console: Console) -> None:  # fmt: skip
+    from trainer.follow import follow
+
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
