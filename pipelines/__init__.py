@@ -6,9 +6,12 @@ merging, versioned datasets with manifests, lineage and export.
 """
 
 from pipelines.build import BuildResult, EmptyDataset, build_dataset
+from pipelines.compare import Arm, CompareConfig, CompareError, Comparison, compare
 from pipelines.config import BuildConfig, RewardRule, Selection, ToolCredit
 from pipelines.diff import DatasetDiff, diff_versions
 from pipelines.export import ExportResult, export_parquet
+from pipelines.failures import Extraction, FailureConfig, NothingSelected, append_packets, extract_failures, write_jsonl
+from pipelines.outcomes import SuccessRule
 from pipelines.lineage import Lineage, LineageNotFound, lineage
 from pipelines.openlineage import run_event
 from pipelines.registry import DatasetNotFound, get_manifest, list_versions, parse_ref, read_dataset
@@ -17,6 +20,18 @@ from pipelines.selection import BadFilter
 from pipelines.sources import SourceMissing
 
 __all__ = [
+    "Arm",
+    "CompareConfig",
+    "CompareError",
+    "Comparison",
+    "Extraction",
+    "FailureConfig",
+    "NothingSelected",
+    "SuccessRule",
+    "append_packets",
+    "compare",
+    "extract_failures",
+    "write_jsonl",
     "BadFilter",
     "BuildConfig",
     "BuildResult",
