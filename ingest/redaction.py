@@ -167,7 +167,7 @@ class RedactionRule(BaseModel):
     tenants: list[str] | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
-    def _one_kind(self) -> RedactionRule:
+    def _usable(self) -> RedactionRule:
         if (self.pattern is None) == (self.field is None):
             raise ValueError("give exactly one of 'pattern' (a regex) and 'field' (a path such as "
                              "payload.metadata.email)")
@@ -175,6 +175,12 @@ class RedactionRule(BaseModel):
             raise ValueError("'requires' speeds up a 'pattern' rule; a field rule has no use for it")
         if self.requires is not None and self.ignore_case and self.requires.lower() != self.requires.upper():
             raise ValueError("'requires' is compared case-sensitively: with ignore_case use one without letters")
+        if self.pattern is not None:
+            _compile(self)
+        else:
+            root = parse_field_path(self.field)[0]
+            if self.events is not None and not any(root in PAYLOAD_MODELS[t].model_fields for t in self.events):
+                raise ValueError(f"none of the events {self.events} has a payload field {root!r}")
         return self
 
 
@@ -187,7 +193,6 @@ class _Every:
 
 EVERY = _Every()
 Step = str | int | _Every
-_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
 _SEGMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_\-]*)((?:\[(?:\*|\d+)\])*)")
 
 
@@ -211,7 +216,8 @@ def parse_field_path(text: str) -> tuple[Step, ...]:
             steps.append(EVERY if index == "*" else int(index))
     root = steps[0]
     if root not in FIELD_ROOTS:
-        raise ValueError(f"{text!r}: {root!r} cannot be redacted; a field rule starts at one of {sorted(FIELD_ROOTS)}")
+        raise ValueError(f"field {text!r}: the payload field {root!r} cannot be redacted; a field rule starts at "
+                         f"one of {sorted(FIELD_ROOTS)}")
     if FIELD_ROOTS[root] and not any(isinstance(s, str) for s in steps[1:]):
         raise ValueError(f"{text!r}: {root!r} is a list/object the contract types; name a key inside it, "
                          f"e.g. {root}{'[*].content' if root == 'messages' else '.some_key'}")
@@ -279,10 +285,10 @@ def _compile(rule: RedactionRule) -> re.Pattern[str]:
     try:
         regex = re.compile(rule.pattern, re.IGNORECASE if rule.ignore_case else 0)
     except re.error as exc:
-        raise RedactionConfigError(f"rule {rule.name!r}: invalid regex {rule.pattern!r}: {exc}") from None
+        raise ValueError(f"invalid regex {rule.pattern!r}: {exc}") from None
     if regex.fullmatch(""):
-        raise RedactionConfigError(f"rule {rule.name!r}: pattern {rule.pattern!r} matches the empty string; "
-                                   "it would insert markers everywhere: make it match at least one character")
+        raise ValueError(f"pattern {rule.pattern!r} matches the empty string; it would insert markers "
+                         "everywhere: make it match at least one character")
     return regex
 
 
@@ -303,17 +309,6 @@ class Redactor:
         if len(set(names)) != len(names):
             twice = sorted({n for n in names if names.count(n) > 1})
             raise RedactionConfigError(f"rule names must be unique (they appear in the markers): {twice} repeat")
-        for rule in self.rules:
-            if rule.field is not None:
-                try:
-                    parse_field_path(rule.field)
-                except ValueError as exc:
-                    raise RedactionConfigError(f"rule {rule.name!r}: {exc}") from None
-            if rule.events is not None and rule.field is not None and not any(
-                _field_applies(rule, t) for t in rule.events
-            ):
-                raise RedactionConfigError(f"rule {rule.name!r}: none of the events {rule.events} has a payload "
-                                           f"field {parse_field_path(rule.field)[0]!r}")
         self._default = _rules_by_type(r for r in self.rules if r.tenants is None)
         tenants = {t for r in self.rules for t in (r.tenants or ())}
         self._by_tenant = {t: _rules_by_type(r for r in self.rules if r.tenants is None or t in r.tenants)
@@ -486,11 +481,10 @@ def load_rules(path: Path) -> Redactor:
             rules.append(RedactionRule.model_validate(item))
         except ValidationError as exc:
             first = exc.errors(include_url=False)[0]
-            where = ".".join(str(p) for p in first["loc"]) or "(rule)"
+            where = "".join(f" {p}" for p in first["loc"][:1])
             name = item.get("name") if isinstance(item, dict) else None
-            raise RedactionConfigError(
-                f"redaction rules {path}: rule {i} ({name!r}) {where}: {first['msg']}"
-            ) from None
+            problem = first["msg"].removeprefix("Value error, ")
+            raise RedactionConfigError(f"redaction rules {path}: rule {i} ({name!r}){where}: {problem}") from None
     return Redactor(rules)
 
 
