@@ -119,21 +119,21 @@ def extract_failures(lake: Lake, config: FailureConfig, *, progress: Progress | 
         outcomes = select_outcomes(con, config.selection, success=config.success, reward_rule=config.reward_rule)
         failed = outcomes.filter(pc.invert(outcomes.column("success")))
         requests = _request_facts(con, failed.column("rollout_id").to_pylist(), config.constraint_chars)
+        if outcomes.num_rows == 0:
+            raise NothingSelected("no finished rollout matches the filters: check --harness/--task/--since/--until "
+                                  "(trajlake sql \"SELECT harness_name, harness_version, count(*) FROM rollouts "
+                                  "GROUP BY ALL\" lists what the lake holds)")
+        packets: list[RolloutPacket] = []
+        for i, row in enumerate(failed.select(["rollout_id", "tenant", "reward"]).to_pylist()):
+            trajectory = load_trajectory(lake, row["rollout_id"], tenant=row["tenant"],
+                                         excerpt_chars=config.excerpt_chars, con=con)
+            constraints, retries = requests.get(row["rollout_id"], ([], 0))
+            packets.append(build_packet(trajectory, reward=row["reward"], constraints=constraints,
+                                        harness_retries=retries, context=config.context))
+            if progress is not None:
+                progress(i + 1, failed.num_rows)
     finally:
         con.close()
-    if outcomes.num_rows == 0:
-        raise NothingSelected("no finished rollout matches the filters: check --harness/--task/--since/--until "
-                              "(trajlake sql \"SELECT harness_name, harness_version, count(*) FROM rollouts "
-                              "GROUP BY ALL\" lists what the lake holds)")
-    packets: list[RolloutPacket] = []
-    for i, row in enumerate(failed.select(["rollout_id", "tenant", "reward"]).to_pylist()):
-        trajectory = load_trajectory(lake, row["rollout_id"], tenant=row["tenant"],
-                                     excerpt_chars=config.excerpt_chars)
-        constraints, retries = requests.get(row["rollout_id"], ([], 0))
-        packets.append(build_packet(trajectory, reward=row["reward"], constraints=constraints,
-                                    harness_retries=retries, context=config.context))
-        if progress is not None:
-            progress(i + 1, failed.num_rows)
     grouped = packets if config.group == "rollout" else cluster(packets)
     identity = {"config": config.model_dump(mode="json"), "packets": [p.packet_id for p in grouped]}
     return Extraction(extraction_id=content_id(identity, "fx"), config=config, selected=outcomes.num_rows,

@@ -162,11 +162,22 @@ class AmbiguousRollout(LookupError):
 
 
 def load_trajectory(
-    lake: Lake, rollout_id: str, *, tenant: str | None = None, excerpt_chars: int = EXCERPT_CHARS
+    lake: Lake,
+    rollout_id: str,
+    *,
+    tenant: str | None = None,
+    excerpt_chars: int = EXCERPT_CHARS,
+    con: duckdb.DuckDBPyConnection | None = None,
 ) -> Trajectory:
-    """Read one rollout with every step in order (``RolloutNotFound``, ``AmbiguousRollout``)."""
-    check_lake(lake)
-    con = connect(lake, sandbox=True)
+    """Read one rollout with every step in order (``RolloutNotFound``, ``AmbiguousRollout``).
+
+    Pass ``con`` (a ``connect(lake, sandbox=True)`` connection the caller
+    keeps) when loading many rollouts: opening the views costs more than a lookup.
+    """
+    own = con is None
+    if own:
+        check_lake(lake)
+        con = connect(lake, sandbox=True)
     try:
         summary = _summary(con, rollout_id, tenant)
         key = [summary.tenant, summary.rollout_id]
@@ -178,7 +189,8 @@ def load_trajectory(
             *(RolloutEndStep(**r) for r in _rows(con, _ENDS, key)),
         ]
     finally:
-        con.close()
+        if own:
+            con.close()
     steps.sort(key=lambda s: (s.seq, s.ts, _KIND_ORDER[s.kind]))
     return Trajectory(summary=summary, steps=steps)
 
