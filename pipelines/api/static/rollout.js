@@ -1,6 +1,8 @@
 // One rollout (?id=ROLLOUT_ID): summary, a timeline of every step, and the token view.
 "use strict";
 
+const SPECIAL = /^<\|[^|]*\|>$/;  // chat-template markers such as <|im_start|>
+
 function summaryList(summary) {
   const harness = summary.harness_name ? `${summary.harness_name}@${summary.harness_version || "?"}` : "–";
   const items = [
@@ -14,9 +16,13 @@ function summaryList(summary) {
   return items.flatMap(([name, value]) => [el("dt", { text: name }), el("dd", { text: value })]);
 }
 
+// JSON text made readable: a JSON string shows as its text, anything else indented.
 function prettyJson(text) {
   if (text === null || text === undefined) return null;
-  try { return JSON.stringify(JSON.parse(text), null, 2); } catch { return text; }
+  try {
+    const value = JSON.parse(text);
+    return typeof value === "string" ? value : JSON.stringify(value, null, 2);
+  } catch { return text; }
 }
 
 function messageList(messagesJson) {
@@ -62,7 +68,7 @@ function toolStep(step, full) {
     el("div", { class: "facts", text: facts }),
     el("pre", { class: "tool-json", text: prettyJson(full ? full.arguments : step.arguments_excerpt) || "" }),
     step.error ? el("div", { class: "error-line", text: `error: ${step.error}` }) : null,
-    el("pre", { class: "result", text: (full ? full.result : step.result_excerpt) || "(no result yet)" }),
+    el("pre", { class: "result", text: prettyJson(full ? full.result : step.result_excerpt) || "(no result yet)" }),
   ];
 }
 
@@ -104,8 +110,9 @@ function tokenBlock(block, source) {
   const fragment = document.createDocumentFragment();
   block.ids.forEach((id, i) => {
     const span = document.createElement("span");
-    span.className = `tok ${block.mask[i] ? masked : "context"}`;
-    span.textContent = block.pieces ? block.pieces[i] : `${id} `;
+    const piece = block.pieces ? block.pieces[i] : null;
+    span.className = `tok ${block.mask[i] ? masked : "context"}${piece && SPECIAL.test(piece) ? " special" : ""}`;
+    span.textContent = piece === null ? `${id} ` : piece;
     span.title = `id ${id} · position ${i}`;
     fragment.append(span);
   });

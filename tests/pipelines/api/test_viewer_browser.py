@@ -188,7 +188,7 @@ def test_list_filter_and_rollout_page(viewer_site, page) -> None:
     first = samples[0]["input_ids"][:40]
     pieces = page.locator(".token-block").first.locator(".tok").evaluate_all("t => t.slice(0, 40).map(x => x.textContent)")
     assert pieces == [AutoTokenizer.from_pretrained(str(tokenizer)).decode([i]) for i in first]
-    page.screenshot(path=str(ARTIFACTS / "viewer-rollout.png"))
+    page.screenshot(path=str(ARTIFACTS / "viewer-rollout.png"), clip={"x": 0, "y": 0, "width": 1440, "height": 900})
 
 
 def test_success_chart_has_a_band_per_harness_version(viewer_site, page) -> None:
