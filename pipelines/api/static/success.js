@@ -4,16 +4,20 @@
 const COLOURS = ["#2563eb", "#d97706", "#059669", "#dc2626", "#7c3aed", "#0891b2", "#be185d", "#4d7c0f"];
 const SIZE = { width: 960, height: 360, left: 56, right: 180, top: 16, bottom: 40 };
 
-function scales(series) {
+const BUCKET_MS = { hour: 3600e3, day: 86400e3 };
+
+// x spans the buckets with half a bucket of room on each side; y is 0..100%.
+function scales(series, bucketMs) {
   const times = series.flatMap((s) => s.points.map((p) => Date.parse(p.bucket)));
   const first = Math.min(...times);
   const last = Math.max(...times);
-  const span = Math.max(last - first, 1);
+  const from = first - bucketMs / 2;
+  const span = last - first + bucketMs;
   const plotW = SIZE.width - SIZE.left - SIZE.right;
   const plotH = SIZE.height - SIZE.top - SIZE.bottom;
   return {
     first, last,
-    x: (iso) => SIZE.left + (last === first ? plotW / 2 : ((Date.parse(iso) - first) / span) * plotW),
+    x: (iso) => SIZE.left + ((Date.parse(iso) - from) / span) * plotW,
     y: (rate) => SIZE.top + (1 - rate) * plotH,
   };
 }
@@ -26,27 +30,45 @@ function axes(svg, scale, bucket) {
     label.textContent = `${rate * 100}%`;
     svg.append(label);
   }
-  const ticks = 6;
-  for (let i = 0; i <= ticks; i += 1) {
-    const t = scale.first + ((scale.last - scale.first) * i) / ticks;
-    const x = scale.x(new Date(t).toISOString());
-    const label = svgEl("text", { x, y: SIZE.height - SIZE.bottom + 20, class: "axis", "text-anchor": "middle" });
+  const bucketMs = BUCKET_MS[bucket];
+  const step = bucketMs * Math.max(1, Math.ceil((scale.last - scale.first) / bucketMs / 8));
+  for (let t = scale.first; t <= scale.last; t += step) {
     const iso = new Date(t).toISOString();
+    const label = svgEl("text", { x: scale.x(iso), y: SIZE.height - SIZE.bottom + 20, class: "axis", "text-anchor": "middle" });
     label.textContent = bucket === "hour" ? iso.slice(5, 16).replace("T", " ") : iso.slice(0, 10);
     svg.append(label);
-    if (scale.last === scale.first) break;
   }
 }
 
-function seriesShapes(svg, scale, series, colour, row) {
-  const pts = series.points;
-  const upper = pts.map((p) => `${scale.x(p.bucket)},${scale.y(p.high)}`);
-  const lower = pts.slice().reverse().map((p) => `${scale.x(p.bucket)},${scale.y(p.low)}`);
-  svg.append(svgEl("polygon", { points: [...upper, ...lower].join(" "), class: "band", fill: colour,
-    "data-harness": series.harness }));
-  svg.append(svgEl("polyline", { points: pts.map((p) => `${scale.x(p.bucket)},${scale.y(p.rate)}`).join(" "),
-    class: "rate", stroke: colour }));
-  for (const p of pts) {
+// Consecutive buckets form one run; a gap (no ended rollout in a bucket) breaks the line and its band.
+function runs(points, bucketMs) {
+  const found = [];
+  for (const point of points) {
+    const run = found[found.length - 1];
+    if (run && Date.parse(point.bucket) - Date.parse(run[run.length - 1].bucket) === bucketMs) run.push(point);
+    else found.push([point]);
+  }
+  return found;
+}
+
+function band(scale, run, halfWidth) {
+  const xs = run.map((p) => scale.x(p.bucket));
+  if (run.length === 1) xs.splice(0, 1, xs[0] - halfWidth, xs[0] + halfWidth);
+  const at = (i) => run[Math.min(i, run.length - 1)];
+  const upper = xs.map((x, i) => `${x},${scale.y(at(i).high)}`);
+  const lower = xs.map((x, i) => `${x},${scale.y(at(i).low)}`).reverse();
+  return [...upper, ...lower].join(" ");
+}
+
+function seriesShapes(svg, scale, series, colour, row, bucketMs) {
+  const halfWidth = (scale.x(new Date(scale.first + bucketMs).toISOString()) - scale.x(new Date(scale.first).toISOString())) / 5;
+  for (const run of runs(series.points, bucketMs)) {
+    svg.append(svgEl("polygon", { points: band(scale, run, halfWidth), class: "band", fill: colour,
+      "data-harness": series.harness }));
+    svg.append(svgEl("polyline", { points: run.map((p) => `${scale.x(p.bucket)},${scale.y(p.rate)}`).join(" "),
+      class: "rate", stroke: colour }));
+  }
+  for (const p of series.points) {
     const dot = svgEl("circle", { cx: scale.x(p.bucket), cy: scale.y(p.rate), r: 3.5, fill: colour });
     const tip = svgEl("title", {});
     tip.textContent = `${series.harness} ${p.bucket}: ${p.succeeded}/${p.n} (${(p.low * 100).toFixed(0)}–${(p.high * 100).toFixed(0)}%)`;
@@ -69,9 +91,10 @@ function draw(chart) {
   }
   const svg = svgEl("svg", { viewBox: `0 0 ${SIZE.width} ${SIZE.height}`, role: "img",
     "aria-label": "success rate by harness version over time" });
-  const scale = scales(series);
+  const bucketMs = BUCKET_MS[chart.bucket];
+  const scale = scales(series, bucketMs);
   axes(svg, scale, chart.bucket);
-  series.forEach((s, i) => seriesShapes(svg, scale, s, COLOURS[i % COLOURS.length], i));
+  series.forEach((s, i) => seriesShapes(svg, scale, s, COLOURS[i % COLOURS.length], i, bucketMs));
   holder.replaceChildren(svg);
 }
 
