@@ -83,7 +83,8 @@ def rollout_detail(service: QueryService, tenant: str, rollout_id: str, decoder:
     with service.sandbox(tenant) as box:
         calls = [CallText(**_cut(r, ("messages", "prompt", "text", "tool_calls")))
                  for r in box.execute(_CALL_TEXT, [rollout_id]).to_pylist()]
-        tools = [ToolText(**_cut(r, ("arguments", "result"))) for r in box.execute(_TOOL_TEXT, [rollout_id]).to_pylist()]
+        tools = [ToolText(**_cut(r, ("arguments", "result")))
+                 for r in box.execute(_TOOL_TEXT, [rollout_id]).to_pylist()]
         tokens = token_view(service.lake, box, rollout_id, decoder)
     return RolloutDetail(trajectory=trajectory, calls=calls, tools=tools, tokens=tokens)
 

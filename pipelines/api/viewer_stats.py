@@ -23,10 +23,11 @@ HOURLY_SPAN = timedelta(days=2)
 
 Bucket = Literal["auto", "hour", "day"]
 
+_AT = "coalesce(started_at, first_event_at)"
 _ENDED = "FROM rollouts WHERE status <> 'running' AND harness_name IS NOT NULL AND (? IS NULL OR harness_name = ?)"
-_SPAN = f"SELECT min(coalesce(started_at, first_event_at)) AS first, max(coalesce(started_at, first_event_at)) AS last {_ENDED}"
+_SPAN = f"SELECT min({_AT}) AS first, max({_AT}) AS last {_ENDED}"
 _COUNTS = f"""SELECT harness_name || '@' || coalesce(harness_version, '?') AS harness,
-    date_trunc(?, coalesce(started_at, first_event_at)) AS bucket,
+    date_trunc(?, {_AT}) AS bucket,
     count(*) AS n, count(*) FILTER (WHERE status = 'succeeded') AS succeeded
     {_ENDED} GROUP BY ALL ORDER BY harness, bucket"""
 

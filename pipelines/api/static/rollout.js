@@ -76,8 +76,10 @@ function stepBody(step, calls, tools) {
   switch (step.kind) {
     case "llm.call": return llmStep(step, calls.get(step.call_id));
     case "tool.call": return toolStep(step, tools.get(step.call_id));
-    case "reward": return [el("div", { class: "step-head" }, el("strong", { text: "Reward " }), el("code", { text: step.name }),
-      ` = ${fmtNumber(step.value, 3)}`), step.source ? el("div", { class: "facts", text: `from ${step.source}` }) : null];
+    case "reward": return [
+      el("div", { class: "step-head" }, el("strong", { text: "Reward " }), el("code", { text: step.name }),
+        ` = ${fmtNumber(step.value, 3)}`),
+      step.source ? el("div", { class: "facts", text: `from ${step.source}` }) : null];
     case "rollout.started": return [el("div", { class: "step-head" }, el("strong", { text: "Started" })),
       el("div", { class: "facts", text: `group ${step.group_id} · policy ${step.policy_version || "–"}` })];
     default: return [el("div", { class: "step-head" }, el("strong", { text: "Finished " }), statusText(step)),
@@ -97,14 +99,21 @@ function timeline(detail) {
     ...stepBody(step, calls, tools)));
 }
 
+// A dataset sample is marked by why it began; without a dataset each call is its own block.
+function blockMarker(block, source) {
+  if (source !== "dataset") {
+    return el("div", { class: "sample-start call", "data-reason": block.start_reason },
+      el("strong", { text: `Call ${block.call_ids[0]}` }), " · prompt (context) + response (sampled)");
+  }
+  const first = block.start_reason === "first";
+  return el("div", { class: `sample-start ${first ? "first" : "mismatch"}`, "data-reason": block.start_reason },
+    el("strong", { text: `Sample ${block.index}` }),
+    first ? " · first call of its agent span" : ` · new sample: prefix mismatch (${block.start_reason})`,
+    ` · calls ${block.call_ids.join(", ")}`);
+}
+
 function tokenBlock(block, source) {
-  const reason = source === "dataset"
-    ? (block.start_reason === "first" ? "sample begins: first call" : `new sample: prefix mismatch (${block.start_reason})`)
-    : "call (no dataset)";
-  const marker = el("div", { class: `sample-start ${block.start_reason === "first" ? "first" : "mismatch"}`,
-    "data-reason": block.start_reason },
-  el("strong", { text: source === "dataset" ? `Sample ${block.index}` : `Call ${block.call_ids[0]}` }),
-  ` · ${reason} · calls ${block.call_ids.join(", ")}`);
+  const marker = blockMarker(block, source);
   const masked = source === "dataset" ? "trained" : "sampled";
   const text = el("div", { class: "token-text" });
   const fragment = document.createDocumentFragment();

@@ -34,7 +34,8 @@ function axes(svg, scale, bucket) {
   const step = bucketMs * Math.max(1, Math.ceil((scale.last - scale.first) / bucketMs / 8));
   for (let t = scale.first; t <= scale.last; t += step) {
     const iso = new Date(t).toISOString();
-    const label = svgEl("text", { x: scale.x(iso), y: SIZE.height - SIZE.bottom + 20, class: "axis", "text-anchor": "middle" });
+    const label = svgEl("text", { x: scale.x(iso), y: SIZE.height - SIZE.bottom + 20, class: "axis",
+      "text-anchor": "middle" });
     label.textContent = bucket === "hour" ? iso.slice(5, 16).replace("T", " ") : iso.slice(0, 10);
     svg.append(label);
   }
@@ -61,7 +62,8 @@ function band(scale, run, halfWidth) {
 }
 
 function seriesShapes(svg, scale, series, colour, row, bucketMs) {
-  const halfWidth = (scale.x(new Date(scale.first + bucketMs).toISOString()) - scale.x(new Date(scale.first).toISOString())) / 5;
+  const at = (t) => scale.x(new Date(t).toISOString());
+  const halfWidth = (at(scale.first + bucketMs) - at(scale.first)) / 5;  // a lone bucket's band: 2/5 of a bucket
   for (const run of runs(series.points, bucketMs)) {
     svg.append(svgEl("polygon", { points: band(scale, run, halfWidth), class: "band", fill: colour,
       "data-harness": series.harness }));
@@ -71,7 +73,8 @@ function seriesShapes(svg, scale, series, colour, row, bucketMs) {
   for (const p of series.points) {
     const dot = svgEl("circle", { cx: scale.x(p.bucket), cy: scale.y(p.rate), r: 3.5, fill: colour });
     const tip = svgEl("title", {});
-    tip.textContent = `${series.harness} ${p.bucket}: ${p.succeeded}/${p.n} (${(p.low * 100).toFixed(0)}–${(p.high * 100).toFixed(0)}%)`;
+    const interval = `${(p.low * 100).toFixed(0)}–${(p.high * 100).toFixed(0)}%`;
+    tip.textContent = `${series.harness} ${p.bucket}: ${p.succeeded}/${p.n} succeeded (${interval})`;
     dot.append(tip);
     svg.append(dot);
   }

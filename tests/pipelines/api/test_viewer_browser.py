@@ -78,6 +78,11 @@ class Facts:
         self.calls = Counter(e.rollout_id for e in {(e.rollout_id, e.payload.call_id): e for e in events
                                                      if e.type == "llm.request"}.values())
         self.samples = read_dataset(lake, "viewer").sort_by("sample_index").to_pylist()
+        responses = {(e.rollout_id, e.payload.call_id): e.payload.response_token_ids or []
+                     for e in events if e.type == "llm.response"}
+        self.sampled = Counter()
+        for (rollout, _), ids in responses.items():
+            self.sampled[rollout] += len(ids)
 
     def of(self, tenant: str) -> set[str]:
         return {r for r, t in self.tenant.items() if t == tenant}
@@ -186,7 +191,8 @@ def test_list_filter_and_rollout_page(viewer_site, page) -> None:
     from transformers import AutoTokenizer
 
     first = samples[0]["input_ids"][:40]
-    pieces = page.locator(".token-block").first.locator(".tok").evaluate_all("t => t.slice(0, 40).map(x => x.textContent)")
+    first_block = page.locator(".token-block").first.locator(".tok")
+    pieces = first_block.evaluate_all("t => t.slice(0, 40).map(x => x.textContent)")
     assert pieces == [AutoTokenizer.from_pretrained(str(tokenizer)).decode([i]) for i in first]
     page.screenshot(path=str(ARTIFACTS / "viewer-rollout.png"), clip={"x": 0, "y": 0, "width": 1440, "height": 900})
 
@@ -212,6 +218,15 @@ def test_another_key_sees_only_its_tenant(viewer_site, page) -> None:
     _sign_in(page, base, "key-beta")
     page.wait_for_selector("body[data-ready=rollouts]")
     assert set(_rows(page)) == facts.of("beta")
+
+    beta_rollout = max(facts.of("beta"), key=lambda r: facts.sampled[r])  # no dataset holds beta's rollouts
+    page.click(f"#rollouts tr[data-rollout='{beta_rollout}'] a")
+    page.wait_for_selector("body[data-ready=rollout]")
+    assert "no dataset contains this rollout" in page.text_content("#token-note")
+    assert page.locator("#tokens .tok.sampled").count() == facts.sampled[beta_rollout] > 0
+    assert page.locator("#tokens .tok.trained").count() == 0
+    assert set(page.locator(".sample-start").evaluate_all("m => m.map(x => x.dataset.reason)")) == {"call"}
+    page.screenshot(path=str(ARTIFACTS / "viewer-rollout-no-dataset.png"))
     acme_rollout = facts.most_merged()
     page.goto(f"{base}/viewer/rollout?id={acme_rollout}")
     page.wait_for_selector("#error:not([hidden])")
