@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pyarrow.parquet as pq
 import pytest
-from ingester_support import produce, wire_event
 from typer.testing import CliRunner
 
 from ingest.batch import Batch
@@ -27,6 +27,7 @@ from ingest.redaction import (
 )
 from schemas import fast
 from schemas.versions import MAX_EVENT_BYTES, decode_event
+from tests.ingest.ingester_support import produce, wire_event
 from trajlake.cli import build_app
 
 SECRET = "sk-live-4f9QzX81bTT0aLmWq2"
@@ -391,6 +392,23 @@ def test_bad_json_missing_files_and_other_suffixes(tmp_path):
 # ------------------------------------------------------------------ the ingester (producers that bypass the gateway)
 
 
+def stored_bytes(root: Path) -> bytes:
+    """Every file under ``root`` as stored, plus the decoded strings of each Parquet file (ZSTD hides text)."""
+    def leaves(value: Any):
+        if isinstance(value, (bytes, str)):
+            yield value if isinstance(value, bytes) else value.encode()
+        elif isinstance(value, (list, dict)):
+            for item in value.values() if isinstance(value, dict) else value:
+                yield from leaves(item)
+
+    out = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        out.append(path.read_bytes())
+        if path.suffix == ".parquet":
+            out.extend(leaves(pq.read_table(path).to_pylist()))
+    return b"\n".join(out)
+
+
 def records(values: list[bytes]) -> list:
     return [Record("t", 0, offset, b"r1", value) for offset, value in enumerate(values)]
 
@@ -433,7 +451,7 @@ def test_the_ingester_redacts_events_that_bypass_the_gateway(broker, topic, grou
                                              group=group, dlq_topic="", redactor=redactor), idle_s=1.0)
     assert (stats.events, stats.quarantined) == (4, 1)
 
-    on_disk = b"".join(p.read_bytes() for p in Path(lake.root).rglob("*") if p.is_file())
+    on_disk = stored_bytes(Path(lake.root))
     assert MARK.encode() in on_disk  # the search can see the text it looks for
     assert SECRET.encode() not in on_disk and email.encode() not in on_disk
     [request] = lake.read("llm_requests").to_pylist()

@@ -2,7 +2,8 @@
 
 Real gateway app over HTTP, the fake engine, a real Kafka-protocol broker and
 the real ingester writing a Delta lake; then the bytes of every file are
-searched for the secret, and every table is read back.
+searched for the secret (Parquet files decoded too: ZSTD hides text), and
+every table is read back.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ingest.gateway import create_gateway_app
 from ingest.ingester import IngesterConfig, ingest_until_idle
 from pipelines import BuildConfig, build_dataset, read_dataset
 from schemas.tables import TYPED_TABLES
+from tests.ingest.test_redaction import stored_bytes
 from trajlake.cli import build_app
 
 SECRET = "sk-live-Q8b2ZxT4LmW9pR7aYc"
@@ -76,10 +78,6 @@ def exercise(url: str) -> None:
     assert answer["accepted"] == 5, answer
 
 
-def file_bytes(root: Path) -> bytes:
-    return b"".join(p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file())
-
-
 def test_the_secret_reaches_neither_kafka_nor_the_lake(settings, engine, broker, topic, group, lake, tmp_path):
     settings.bootstrap_servers, settings.topic = broker.bootstrap_servers, topic
     settings.redaction_rules = rules_file(tmp_path)
@@ -89,7 +87,7 @@ def test_the_secret_reaches_neither_kafka_nor_the_lake(settings, engine, broker,
                                              topic=topic, group=group), idle_s=1.0)
     assert stats.events == 15 and stats.quarantined == 0
 
-    on_disk = file_bytes(Path(lake.root)) + file_bytes(settings.spool_dir)
+    on_disk = stored_bytes(Path(lake.root)) + stored_bytes(settings.spool_dir)
     assert b"[REDACTED:api_key]" in on_disk  # the search below can see the text it looks for
     assert SECRET.encode() not in on_disk and EMAIL.encode() not in on_disk
     tables = {name: lake.read(name).to_pylist() for name in ["events", *(n for n, _ in TYPED_TABLES.values())]
@@ -128,7 +126,7 @@ def test_the_spool_never_holds_the_secret(settings, engine, tmp_path):
     with serve(create_gateway_app(settings, emitter=emitter)) as url:
         exercise(url)
         wait_for(lambda: emitter.spooled == 15, what="15 spooled events", detail=lambda: emitter.spooled)
-    spooled = file_bytes(tmp_path / "spool")
+    spooled = stored_bytes(tmp_path / "spool")
     assert b"[REDACTED:api_key]" in spooled and b"[REDACTED:email]" in spooled
     assert SECRET.encode() not in spooled and EMAIL.encode() not in spooled
     assert emitter.redacted == 7  # 3 requests with the key, globex's response, the 3 posted events
