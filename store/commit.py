@@ -71,8 +71,9 @@ class CommitContention(RuntimeError):
     """A commit kept losing to concurrent writers (deletes, compaction) for every attempt."""
 
     def __init__(self, table: str, attempts: int, cause: Exception) -> None:
+        last = str(cause).splitlines()[0]
         super().__init__(
-            f"table {table}: {attempts} commit attempts lost to concurrent changes (last: {str(cause).splitlines()[0]}); "
+            f"table {table}: {attempts} commit attempts lost to concurrent changes (last: {last}); "
             "nothing of this batch is missing or doubled: restart the ingester (it resumes from the Delta markers), "
             "and pause forget/retention/compaction runs if this repeats"
         )
