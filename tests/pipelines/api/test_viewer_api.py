@@ -234,3 +234,10 @@ def test_wilson_interval_is_wider_at_higher_confidence() -> None:
 def test_wilson_interval_refuses_impossible_counts(k, n) -> None:
     with pytest.raises(ValueError):
         wilson_interval(k, n)
+
+
+def test_decoder_marks_ids_outside_its_vocabulary() -> None:
+    decoder = viewer_tokens.TokenDecoder(build_tiny_model(default_model_dir()))
+    assert decoder.pieces([1, 2, 10_000_000, -1]) == ["<|im_start|>", "<|im_end|>", "<10000000>", "<-1>"]
+    assert decoder.problem is None
+    assert viewer_tokens.TokenDecoder(None).pieces([1]) is None

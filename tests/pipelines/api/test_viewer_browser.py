@@ -26,7 +26,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "store"))
 
-from lake_builder import write_events  # noqa: E402
+from lake_builder import event, write_events  # noqa: E402
 
 from ingest.gateway.auth import KeyRing  # noqa: E402
 from ingest.workload import WorkloadConfig, generate_events  # noqa: E402
@@ -48,20 +48,33 @@ WORKLOAD = WorkloadConfig(
     harness_versions=("1.4.0", "1.5.0"), rollout_spacing_ms=20 * 60 * 1000,
 )
 """Rollouts 20 minutes apart over ~16 hours (hourly chart buckets); vocabulary = the tiny tokenizer's."""
+HOSTILE_ROLLOUT = "hostile"
+HOSTILE_TEXT = '<img src=x onerror="window.__ran=1"><script>window.__ran=2</script>'
 
 
 def _browser_or_skip() -> Any:
-    """Playwright's sync API, or skip (fail in CI) when the browser or the package is missing."""
-    missing = None if CHROMIUM.exists() else f"{CHROMIUM} is missing (apt-get install -y chromium)"
+    """Playwright's sync API; skip when Debian's chromium is missing outside CI, fail when it is missing in CI."""
+    if not CHROMIUM.exists():
+        missing = f"{CHROMIUM} is missing (apt-get install -y chromium)"
+        if os.environ.get("CI"):
+            pytest.fail(f"the viewer's browser test must run in CI: {missing}")
+        pytest.skip(missing)
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        missing = missing or "playwright is not installed (pip install -e '.[dev]')"
-    if missing and os.environ.get("CI"):
-        pytest.fail(f"the viewer's browser test must run in CI: {missing}")
-    if missing:
-        pytest.skip(missing)
+        pytest.fail("playwright is not installed: pip install -e '.[dev]' (its browser downloads are not needed)")
     return sync_playwright
+
+
+def _hostile_rollout() -> list[Any]:
+    """An acme rollout whose texts are HTML that would run script if a page parsed it (no harness: not charted)."""
+    k = {"rollout_id": HOSTILE_ROLLOUT, "tenant": "acme", "task_id": "t-hostile"}
+    return [
+        event("llm.request", {"call_id": "c1", "messages": [{"role": "user", "content": HOSTILE_TEXT}]}, seq=0, **k),
+        event("llm.response", {"call_id": "c1", "text": HOSTILE_TEXT}, seq=1, **k),
+        event("tool.call", {"call_id": "t1", "name": "bash", "arguments": {"cmd": HOSTILE_TEXT}}, seq=2, **k),
+        event("tool.result", {"call_id": "t1", "name": "bash", "result": HOSTILE_TEXT}, seq=3, **k),
+    ]
 
 
 class ViewerSettings(QueryApiSettings):
@@ -74,7 +87,7 @@ class Facts:
     def __init__(self, lake: Lake, events: list[Any]) -> None:
         self.status = {e.rollout_id: e.payload.status for e in events if e.type == "rollout.finished"}
         self.tenant = {e.rollout_id: e.tenant for e in events}
-        self.version = {e.rollout_id: e.harness.version for e in events}
+        self.version = {e.rollout_id: e.harness.version for e in events if e.harness}
         self.calls = Counter(e.rollout_id for e in {(e.rollout_id, e.payload.call_id): e for e in events
                                                      if e.type == "llm.request"}.values())
         self.samples = read_dataset(lake, "viewer").sort_by("sample_index").to_pylist()
@@ -101,6 +114,9 @@ def viewer_site(tmp_path_factory) -> Iterator[tuple[str, Facts, Path]]:
     events = [EVENT_ADAPTER.validate_python(e) for e in generate_events(WORKLOAD)]
     write_events(lake, events)
     build_dataset(lake, "viewer", BuildConfig(selection={"tenants": ["acme"]}))
+    hostile = _hostile_rollout()
+    write_events(lake, hostile)
+    events += hostile
     tokenizer = build_tiny_model(default_model_dir())
     settings = ViewerSettings(lake=lake.root, viewer_tokenizer=tokenizer, snapshot_ttl_s=0.0)
     app = create_query_app(settings, keys=KeyRing(KEYS))
@@ -171,7 +187,7 @@ def test_list_filter_and_rollout_page(viewer_site, page) -> None:
     page.click("#filters button")
     page.wait_for_url("**status=succeeded**")
     page.wait_for_selector("body[data-ready=rollouts]")
-    wanted = {r for r in facts.of("acme") if facts.version[r] == "1.5.0" and facts.status.get(r) == "succeeded"}
+    wanted = {r for r in facts.of("acme") if facts.version.get(r) == "1.5.0" and facts.status.get(r) == "succeeded"}
     assert wanted and set(_rows(page)) == wanted
     page.screenshot(path=str(ARTIFACTS / "viewer-list.png"))
 
@@ -232,3 +248,15 @@ def test_another_key_sees_only_its_tenant(viewer_site, page) -> None:
     page.wait_for_selector("#error:not([hidden])")
     assert "no rollout" in page.text_content("#error")
     assert page.locator("#tokens .tok").count() == 0
+
+
+def test_lake_text_is_shown_as_text_and_never_run(viewer_site, page) -> None:
+    base, _, _ = viewer_site
+    _sign_in(page, base, "key-acme")
+    page.wait_for_selector("body[data-ready=rollouts]")
+    page.goto(f"{base}/viewer/rollout?id={HOSTILE_ROLLOUT}")
+    page.wait_for_selector("body[data-ready=rollout]")
+    assert page.text_content(".step.llm-call pre.response") == HOSTILE_TEXT
+    assert page.text_content(".step.tool-call pre.result") == HOSTILE_TEXT
+    assert page.locator("#main img, #main script").count() == 0
+    assert page.evaluate("window.__ran") is None
