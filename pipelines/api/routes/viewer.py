@@ -40,7 +40,11 @@ router = APIRouter(tags=["viewer"])
 
 
 def install(app: FastAPI, settings: object) -> None:
-    """Mount the viewer's local assets and its token decoder (``settings.viewer_tokenizer``: a folder or None)."""
+    """Mount the viewer's local assets and set up its token decoder.
+
+    ``settings.viewer_tokenizer`` (env ``TRAJLAKE_VIEWER_TOKENIZER``, a local tokenizer folder) is optional:
+    settings without the field, or with None, make the token view show ids.
+    """
     app.mount("/viewer/static", StaticFiles(directory=STATIC_DIR), name="viewer-static")
     folder = getattr(settings, "viewer_tokenizer", None)
     app.state.token_decoder = TokenDecoder(Path(folder) if folder else None)
