@@ -146,7 +146,7 @@ def _build(lake: Lake, bootstrap: str):
 
     from pipelines import BuildConfig, Selection, build_dataset
 
-    config = BuildConfig(selection=Selection(harnesses=("demo-agent",)), advantage="grpo")
+    config = BuildConfig(selection=Selection(harnesses=("demo-agent",), tenants=(DEMO_TENANT,)), advantage="grpo")
     producer = KafkaProducer(bootstrap_servers=bootstrap)
     try:
         return build_dataset(lake, "demo", config, producer=producer)

@@ -6,6 +6,7 @@ satisfies it; the package never imports the shell.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol
 
 
@@ -32,3 +33,5 @@ class QueryApiConfig(Protocol):
     """DuckDB threads of one query."""
     max_concurrent_queries: int
     """Queries running at once; more are answered 429."""
+    viewer_tokenizer: Path | None
+    """Local Hugging Face tokenizer folder the viewer decodes token ids with (None: ids)."""

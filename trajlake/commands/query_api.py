@@ -39,6 +39,8 @@ class QueryApiSettings(CommonSettings):
     """DuckDB threads of one query."""
     max_concurrent_queries: int = Field(4, ge=1)
     """Queries running at once; more are answered 429 with Retry-After."""
+    viewer_tokenizer: Optional[Path] = None
+    """Local Hugging Face tokenizer folder; the viewer decodes token ids with it (ids are shown without)."""
 
 
 def query_api(

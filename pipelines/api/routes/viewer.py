@@ -46,7 +46,7 @@ def install(app: FastAPI, settings: object) -> None:
     settings without the field, or with None, make the token view show ids.
     """
     app.mount("/viewer/static", StaticFiles(directory=STATIC_DIR), name="viewer-static")
-    folder = getattr(settings, "viewer_tokenizer", None)
+    folder = settings.viewer_tokenizer
     app.state.token_decoder = TokenDecoder(Path(folder) if folder else None)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Optional
 
 import pytest
 from fastapi.testclient import TestClient
@@ -19,10 +18,6 @@ from pipelines.api.viewer_stats import wilson_interval
 from store.lake import Lake
 from trajlake.commands.query_api import QueryApiSettings
 from trajlake.tiny_model import build_tiny_model, default_model_dir
-
-
-class ViewerSettings(QueryApiSettings):
-    viewer_tokenizer: Optional[Path] = None
 
 
 @pytest.mark.parametrize("path", ["/viewer", "/viewer/rollout", "/viewer/success"])
@@ -164,7 +159,7 @@ def test_long_text_is_cut() -> None:
 
 def _viewer_client(lake: Lake) -> TestClient:
     """The app with settings read from the environment (TRAJLAKE_VIEWER_TOKENIZER included)."""
-    return TestClient(create_query_app(ViewerSettings(lake=lake.root, snapshot_ttl_s=0.0), keys=KeyRing(KEYS)))
+    return TestClient(create_query_app(QueryApiSettings(lake=lake.root, snapshot_ttl_s=0.0), keys=KeyRing(KEYS)))
 
 
 def test_tokenizer_from_the_environment_decodes_pieces(api_lake, monkeypatch) -> None:

@@ -20,7 +20,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
@@ -77,10 +77,6 @@ def _hostile_rollout() -> list[Any]:
     ]
 
 
-class ViewerSettings(QueryApiSettings):
-    viewer_tokenizer: Optional[Path] = None
-
-
 class Facts:
     """What the pages must show, computed from the generated events and the dataset (not through the API)."""
 
@@ -118,7 +114,7 @@ def viewer_site(tmp_path_factory) -> Iterator[tuple[str, Facts, Path]]:
     write_events(lake, hostile)
     events += hostile
     tokenizer = build_tiny_model(default_model_dir())
-    settings = ViewerSettings(lake=lake.root, viewer_tokenizer=tokenizer, snapshot_ttl_s=0.0)
+    settings = QueryApiSettings(lake=lake.root, viewer_tokenizer=tokenizer, snapshot_ttl_s=0.0)
     app = create_query_app(settings, keys=KeyRing(KEYS))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
