@@ -9,12 +9,14 @@ the Delta commits of all eight tables into a fresh lake.
     .venv/bin/python bench/ingest/stages.py --tasks 30
 
 CPU time (``process_time``: all threads, so Rust writer threads count) is
-printed per stage; on a shared machine it is steadier than wall time.
+printed per stage; on a shared machine it is steadier than wall time. The
+cycle collector is paused throughout, as the ingester pauses it per batch.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import tempfile
@@ -68,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     n = len(values)
     print(f"{n:,} events, {sum(map(len, values)) / n:,.0f} bytes each on average")
     coordinates = [KafkaCoordinates("bench", PARTITIONS[i % len(PARTITIONS)], i) for i in range(n)]
+    gc.disable()
     timed("decode: pydantic contract", n, lambda: [decode_event(v) for v in values])
     fast = timed("decode: msgspec fast path", n, lambda: decode_batch(values))
     if None in fast:
