@@ -19,7 +19,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from pipelines.config import RewardRule, Selection
-from pipelines.selection import ROLLOUT_COLUMNS, ROLLOUT_SUMMARY, BadFilter, reward_sql, selection_predicate
+from pipelines.selection import create_selected, reward_sql
 
 OUTCOME_COLUMNS: tuple[str, ...] = (
     "rollout_id", "task_id", "tenant", "attempt", "policy_version", "harness_name", "harness_version",
@@ -95,14 +95,7 @@ def select_outcomes(
     rewards could not be told apart). Raises ``BadFilter`` when the ``where``
     predicate does not run.
     """
-    con.execute(ROLLOUT_SUMMARY)
-    where, params = selection_predicate(selection)
-    try:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE selected AS SELECT * FROM rollout_summary WHERE {where}", params)
-    except duckdb.Error as exc:
-        raise BadFilter(f"the rollout filter failed: {exc}. Columns you can use: {ROLLOUT_COLUMNS}") from None
-    con.execute("DELETE FROM selected WHERE rollout_id IN "
-                "(SELECT rollout_id FROM selected GROUP BY rollout_id HAVING count(*) > 1)")
+    create_selected(con, selection)
     rewards, reward_params = reward_sql(reward_rule)
     succeeded, success_params = success.sql()
     con.execute(

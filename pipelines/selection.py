@@ -125,6 +125,25 @@ def reward_sql(rule: RewardRule) -> tuple[str, list[Any]]:
     return latest.format(name_filter=name_filter) + body, params
 
 
+def create_selected(con: duckdb.DuckDBPyConnection, selection: Selection) -> int:
+    """Create temp table ``selected`` (rollouts passing ``selection``); return how many ids were ambiguous.
+
+    A rollout_id that two tenants both used in the selection is left out:
+    datasets, lineage and the trainer key by rollout_id. Raises ``BadFilter``
+    when the ``where`` predicate does not run.
+    """
+    con.execute(ROLLOUT_SUMMARY)
+    where, params = selection_predicate(selection)
+    try:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE selected AS SELECT * FROM rollout_summary WHERE {where}", params)
+    except duckdb.Error as exc:
+        raise BadFilter(f"the rollout filter failed: {exc}. Columns you can use: {ROLLOUT_COLUMNS}") from None
+    return con.execute(
+        """DELETE FROM selected WHERE rollout_id IN
+           (SELECT rollout_id FROM selected GROUP BY rollout_id HAVING count(*) > 1)"""
+    ).fetchone()[0]
+
+
 def select_rollouts(con: duckdb.DuckDBPyConnection, selection: Selection, rule: RewardRule) -> tuple[pa.Table, dict]:
     """Rollouts that pass the selection and have a reward, plus counts of what was left out.
 
@@ -133,16 +152,7 @@ def select_rollouts(con: duckdb.DuckDBPyConnection, selection: Selection, rule: 
     (``ambiguous_id``): datasets, lineage and the trainer key by rollout_id.
     Creates the temp table ``selected`` (the selected rollouts) on ``con``.
     """
-    con.execute(ROLLOUT_SUMMARY)
-    where, params = selection_predicate(selection)
-    try:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE selected AS SELECT * FROM rollout_summary WHERE {where}", params)
-    except duckdb.Error as exc:
-        raise BadFilter(f"the rollout filter failed: {exc}. Columns you can use: {ROLLOUT_COLUMNS}") from None
-    n_ambiguous = con.execute(
-        """DELETE FROM selected WHERE rollout_id IN
-           (SELECT rollout_id FROM selected GROUP BY rollout_id HAVING count(*) > 1)"""
-    ).fetchone()[0]
+    n_ambiguous = create_selected(con, selection)
     n_selected = con.execute("SELECT count(*) FROM selected").fetchone()[0] + n_ambiguous
     query, rparams = reward_sql(rule)
     con.execute(f"CREATE OR REPLACE TEMP TABLE rewarded AS {query}", rparams)

@@ -1,7 +1,8 @@
-"""Run an ASGI app under uvicorn in a background thread (the demo's services)."""
+"""Run an ASGI app under uvicorn in a background thread (the demo's services, tests)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -9,23 +10,23 @@ from contextlib import contextmanager
 
 import uvicorn
 
-from ingest.broker import free_port
-
 
 @contextmanager
-def serve_in_thread(app, *, name: str, timeout_s: float = 60.0) -> Iterator[str]:
-    """Serve ``app`` on a free loopback port; yields its base URL, stops on exit."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, name=name, daemon=True)
+def serve_in_thread(app, *, name: str = "uvicorn", timeout_s: float = 60.0) -> Iterator[str]:
+    """Serve ``app`` on a free loopback port (bound before start: no race); yields its base URL."""
+    sock = socket.create_server(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=name, daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"{name} did not start on port {port}")
+            sock.close()
+            raise RuntimeError(f"{name} did not start")
         time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(timeout_s)
+        sock.close()

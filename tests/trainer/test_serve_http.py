@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
-import uvicorn
 from transformers import AutoTokenizer
 
 from schemas.tokenizer_identity import chat_template_hash, tokenizer_identity
 from trainer.serve import MAX_BODY_BYTES, create_serve_app
+from trajlake.background import serve_in_thread
 
 CAP = 48
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -34,16 +31,8 @@ MESSAGES = [
 @pytest.fixture(scope="module")
 def base_url(tiny_model_dir) -> Iterator[str]:
     app = create_serve_app(tiny_model_dir, served_name="tiny", policy_version="policy-3", max_new_tokens_cap=CAP)
-    sock = socket.create_server(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:  # readiness wait, not a timing assertion
-        assert thread.is_alive(), "uvicorn died while starting"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server.should_exit = True
-    thread.join()
+    with serve_in_thread(app, name="serve-model") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

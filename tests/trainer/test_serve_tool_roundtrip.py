@@ -9,18 +9,15 @@ folder: the loop trainer -> checkpoint -> serve-model, with nothing faked.
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 
 import openai
 import pytest
 import torch
-import uvicorn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trainer.serve import create_serve_app
+from trajlake.background import serve_in_thread
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather"}}]
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
@@ -58,16 +55,8 @@ def tool_calling_checkpoint(tiny_model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(tool_calling_checkpoint) -> Iterator[openai.OpenAI]:
     app = create_serve_app(tool_calling_checkpoint, policy_version="tool-caller-1", max_new_tokens_cap=64)
-    sock = socket.create_server(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:  # readiness wait, not a timing assertion
-        assert thread.is_alive(), "uvicorn died while starting"
-        time.sleep(0.02)
-    yield openai.OpenAI(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}/v1", api_key="unused", max_retries=0)
-    server.should_exit = True
-    thread.join()
+    with serve_in_thread(app, name="serve-model") as url:
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
 
 
 def _ask(client, **options):

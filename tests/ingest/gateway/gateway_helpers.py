@@ -1,43 +1,21 @@
-"""Helpers of the gateway tests: real HTTP servers (uvicorn in a thread), a memory sink, waiting."""
+"""Helpers of the gateway tests: real HTTP servers (``serve``), a memory sink, waiting."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-import uvicorn
 from kafka import KafkaConsumer, TopicPartition
 
-from ingest.broker import free_port
 from ingest.gateway.emitter import Emitter, SinkUnavailable
 from ingest.spool import Spool
+from trajlake.background import serve_in_thread as serve  # noqa: F401  (re-exported for the gateway tests)
 
 KEY = "sk-test-acme"
 TENANT = "acme"
 OTHER_KEY = "sk-test-globex"
-
-
-@contextmanager
-def serve(app) -> Iterator[str]:
-    """Run an ASGI app under uvicorn on a free loopback port; yields its base URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(20)
 
 
 class MemorySink:
