@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import sys
+import tempfile
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -45,9 +46,13 @@ def init_distributed() -> Dist:
     has_cuda = torch.cuda.is_available()
     if not has_cuda:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    init_method = None
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        # Alone, rendezvous through a file: a port picked now can be taken by any
+        # outgoing connection (Kafka, HTTP) before the store binds it.
+        init_method = f"file://{tempfile.mkdtemp(prefix='trajlake-dist-')}/rendezvous"
     import deepspeed
     import deepspeed.comm.torch  # noqa: F401  (the name resolves to torch itself: use sys.modules)
 
@@ -55,7 +60,8 @@ def init_distributed() -> Dist:
         # gloo needs no shared-memory op; skipping its JIT build saves ~24 s per process
         sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend="nccl" if has_cuda else "gloo")
+        alone = {"init_method": init_method, "rank": 0, "world_size": 1} if init_method else {}
+        deepspeed.init_distributed(dist_backend="nccl" if has_cuda else "gloo", **alone)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if has_cuda:
         torch.cuda.set_device(local_rank)
