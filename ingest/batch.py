@@ -89,10 +89,17 @@ class Batch:
 
 
 def decode(raw: bytes | None, *, max_bytes: int) -> Event:
-    """``schemas.versions.decode_event``, with a readable reason for a null message value."""
+    """``schemas.versions.decode_event``, with readable reasons for a null value and for input it cannot
+    process (too deep, out of range) where the contract raises something other than ``InvalidEvent``."""
     if raw is None:
         raise InvalidEvent("(event)", "empty message (null value): send one JSON event per message")
-    return decode_event(raw, max_bytes=max_bytes)
+    try:
+        return decode_event(raw, max_bytes=max_bytes)
+    except RecursionError:  # a poison message must be quarantined, never crash (and replay) the ingester
+        raise InvalidEvent("(event)", "nested too deeply to read: keep free-form values a few hundred levels deep"
+                           ) from None
+    except OverflowError as exc:  # e.g. year 1 with a +01:00 offset, out of range in UTC
+        raise InvalidEvent("(event)", f"a value is out of range ({exc}): check ts and the numbers") from None
 
 
 def _rejected(raw: bytes | None, key: bytes | None, at: KafkaCoordinates, exc: InvalidEvent, max_bytes: int,
@@ -111,7 +118,7 @@ def _event_id(raw: bytes) -> str | None:
     """The event_id of an invalid event, when it has a readable one (for finding it later)."""
     try:
         doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):
         return None
     event_id = doc.get("event_id") if isinstance(doc, dict) else None
     return event_id if isinstance(event_id, str) else None

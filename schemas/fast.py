@@ -203,7 +203,7 @@ def decode_batch(values: Sequence[bytes | None], *, max_bytes: int = MAX_EVENT_B
         if raw is not None and len(raw) <= max_bytes:
             try:
                 event = _DECODER.decode(raw)
-            except (msgspec.ValidationError, msgspec.DecodeError):
+            except (msgspec.MsgspecError, ValueError, RecursionError):  # ValueError: invalid UTF-8 in a string
                 pass
             else:
                 event = _finish(event)
@@ -224,5 +224,8 @@ def _finish(event: FastEvent) -> FastEvent | None:
         return None
     if parsed.tzinfo is None:
         return None
-    event.ts = parsed.astimezone(timezone.utc)
+    try:
+        event.ts = parsed.astimezone(timezone.utc)
+    except OverflowError:  # year 1 with a positive offset, year 9999 with a negative one
+        return None
     return event

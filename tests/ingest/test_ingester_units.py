@@ -75,3 +75,17 @@ def test_oversized_event_is_rejected_whole_without_parsing():
 def test_dead_letter_topic_defaults_to_topic_dot_dlq():
     assert IngesterConfig(lake="l", bootstrap_servers="b", topic="ev").dead_letter_topic == "ev.dlq"
     assert IngesterConfig(lake="l", bootstrap_servers="b", dlq_topic="").dead_letter_topic == ""
+
+
+def test_input_the_contract_cannot_process_is_quarantined_not_raised():
+    deep = wire_event("tool.call", {"call_id": "c", "name": "n", "arguments": "X"}, rollout="x", seq=0)
+    deep = json.dumps(deep).replace('"X"', "[" * 5000 + "]" * 5000).encode()
+    old = wire_event("reward", {"name": "r", "value": 1.0}, rollout="x", seq=1)
+    old["ts"] = "0001-01-01T00:00:00+01:00"  # before year 1 once in UTC
+    batch = Batch()
+    batch.add(records([deep, old, b"\xef\xbb\xbf{}", json.dumps(old).encode().replace(b'"r"', b'"\xff"')]))
+    decoded = batch.decode(SeenEventIds(), max_event_bytes=100_000)
+    assert decoded.events.num_rows == 0
+    reasons = [r.reason for r in decoded.rejected]
+    assert "nested too deeply" in reasons[0] and "out of range" in reasons[1]
+    assert all(r.field for r in decoded.rejected) and len(reasons) == 4

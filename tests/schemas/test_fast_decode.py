@@ -297,3 +297,21 @@ def test_a_mixed_batch_gives_the_contracts_rows_and_quarantine_reasons(workload)
     assert (rows, reasons) == contract_outcome(values)
     assert len(reasons) == len(invalid_events())
 
+
+
+def unreadable_events() -> list[bytes]:
+    """Input the fast path must refuse without raising (the contract then decides, or the batch quarantines)."""
+    base = json.dumps(event("tool.call")).encode()
+    deep = json.dumps(event("tool.call", payload={"call_id": "c", "name": "n", "arguments": "X"}))
+    return [
+        b"\xef\xbb\xbf" + base, base + b" x", base.replace(b'"search"', b'"se\xff"'),
+        base.replace(b'"search"', b'"\xc0\xaf"'), base.replace(b'"search"', b'"\\ud800"'),
+        deep.replace('"X"', "[" * 5000 + "]" * 5000).encode(),
+        json.dumps(event("reward", ts="0001-01-01T00:00:00+01:00")).encode(),
+        json.dumps(event("reward", ts="9999-12-31T23:59:59-01:00")).encode(),
+    ]
+
+
+@pytest.mark.parametrize("value", unreadable_events(), ids=lambda v: v[:30].decode(errors="replace"))
+def test_unreadable_input_is_refused_not_raised(value):
+    assert fast.decode_batch([value]) == [None]
