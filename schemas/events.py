@@ -213,7 +213,10 @@ class _Envelope(_Model):
     def _utc(cls, v: datetime) -> datetime:
         if v.tzinfo is None:
             raise ValueError("timestamp needs a UTC offset, e.g. 2026-01-01T00:00:00Z")
-        return v.astimezone(timezone.utc)
+        try:
+            return v.astimezone(timezone.utc)
+        except OverflowError:  # e.g. 0001-01-01T00:00:00+01:00 falls before year 1 in UTC
+            raise ValueError("timestamp out of range once converted to UTC") from None
 
 
 class RolloutStartedEvent(_Envelope):

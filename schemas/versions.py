@@ -77,6 +77,8 @@ def decode_event(data: bytes | str, *, max_bytes: int = MAX_EVENT_BYTES) -> Even
         raw = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidEvent("(event)", f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidEvent("(event)", "JSON nested too deeply") from None
     if not isinstance(raw, dict):
         raise InvalidEvent("(event)", f"must be a JSON object, got {type(raw).__name__}")
     return validate_event(raw)
@@ -94,3 +96,5 @@ def validate_event(raw: dict[str, Any]) -> Event:
         return EVENT_ADAPTER.validate_python(raw)
     except ValidationError as exc:
         raise InvalidEvent.from_validation(exc, union_tags=EVENT_TYPES) from None
+    except RecursionError:
+        raise InvalidEvent("(event)", "JSON nested too deeply") from None

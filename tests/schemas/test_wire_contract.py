@@ -258,3 +258,12 @@ def test_validate_event_refuses_non_dicts_and_leaves_the_input_alone():
     before = copy.deepcopy(raw)
     assert isinstance(validate_event(raw), RewardEvent)
     assert raw == before
+
+
+def test_deeply_nested_json_is_an_invalid_event_not_a_crash():
+    with pytest.raises(InvalidEvent, match="nested too deeply"):
+        decode_event("[" * 100_000)
+
+
+def test_a_timestamp_that_overflows_in_utc_is_an_invalid_event():
+    assert refused(json.dumps(event(ts="0001-01-01T00:00:00+01:00")).encode()).field == "ts"
