@@ -89,11 +89,10 @@ class Batch:
 
 
 def decode(raw: bytes | None, *, max_bytes: int) -> Event:
-    """``schemas.versions.decode_event``, with readable reasons for a null value and for input it cannot
-    process (too deep, out of range) where the contract raises something other than ``InvalidEvent``."""
+    """``schemas.versions.decode_event``, plus a readable reason for a null message value."""
     if raw is None:
         raise InvalidEvent("(event)", "empty message (null value): send one JSON event per message")
-    return decode_event(raw, max_bytes=max_bytes)  # InvalidEvent for every malformed input, poison ones included
+    return decode_event(raw, max_bytes=max_bytes)
 
 
 def _rejected(raw: bytes | None, key: bytes | None, at: KafkaCoordinates, exc: InvalidEvent, max_bytes: int,
