@@ -1,9 +1,10 @@
-"""Shared fixtures: a real embedded broker per test module, temp lakes."""
+"""Shared fixtures: a real embedded broker per test module, temp lakes, the tiny default model."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +36,15 @@ def group() -> str:
 @pytest.fixture
 def lake(tmp_path) -> Lake:
     return Lake(str(tmp_path / "lake"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """The tiny default model folder (built once into ``$TRAJLAKE_HOME``, then reused).
+
+    Shared by every test and every run: treat it as read-only (copy it before
+    changing anything, e.g. ``shutil.copytree(tiny_model_dir, tmp_path / "m")``).
+    """
+    from trajlake.tiny_model import build_tiny_model, default_model_dir
+
+    return build_tiny_model(default_model_dir())

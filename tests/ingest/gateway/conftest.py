@@ -32,11 +32,3 @@ def settings(tmp_path: Path, engine) -> GatewaySettings:
         bootstrap_servers="127.0.0.1:1",
         broker_timeout_s=1.0,
     )
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir() -> Path:
-    """The tiny default model (built once into $TRAJLAKE_HOME, then reused; read-only)."""
-    from trajlake.tiny_model import build_tiny_model, default_model_dir
-
-    return build_tiny_model(default_model_dir())
