@@ -111,6 +111,7 @@ def _tiny_model() -> Path:
 
 def _run_agents(bootstrap: str, model_dir: Path, config: DemoConfig) -> dict[str, Any]:
     from openai import OpenAI
+    from transformers import AutoTokenizer
 
     from ingest.gateway import create_gateway_app
     from trainer.serve import create_serve_app
@@ -123,6 +124,7 @@ def _run_agents(bootstrap: str, model_dir: Path, config: DemoConfig) -> dict[str
                                    gateway_keys=f"{DEMO_KEY}={DEMO_TENANT}", spool_dir=spool)
         with serve_in_thread(create_gateway_app(settings), name="gateway") as gateway_url:
             llm = OpenAI(base_url=f"{gateway_url}/v1", api_key=DEMO_KEY, max_retries=0)
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
             rewards: dict[str, list[float]] = {v: [] for v in AGENT_VERSIONS}
             clients = {v: TrajectoryClient(bootstrap, tenant=DEMO_TENANT, harness=Harness(name="demo-agent", version=v))
                        for v in AGENT_VERSIONS}
@@ -132,7 +134,7 @@ def _run_agents(bootstrap: str, model_dir: Path, config: DemoConfig) -> dict[str
                         version = AGENT_VERSIONS[k % len(AGENT_VERSIONS)]
                         spec = AgentSpec(harness_version=version)
                         rewards[version].append(run_rollout(
-                            clients[version], llm, task_id=f"demo-task-{task}", rollout_id=f"demo-{task}-{k}",
+                            clients[version], llm, tokenizer, task_id=f"demo-task-{task}", rollout_id=f"demo-{task}-{k}",
                             spec=spec, seed=config.seed * 1000 + task * 10 + k))
             finally:
                 for client in clients.values():

@@ -1,24 +1,37 @@
 """The demo's toy agent: a real OpenAI-client harness that talks through the gateway.
 
 Each rollout asks the model a question, "runs" a calculator tool on the
-answer, feeds the result back (so the next prompt extends the previous one),
-and scores the final answer. Tool events, the reward and start/finish go
-through the harness SDK; the LLM calls are recorded by the gateway.
+answer, feeds the result back, and scores the final answer. Tool events, the
+reward and start/finish go through the harness SDK; the LLM calls are
+recorded by the gateway.
+
+Two harness versions show that the harness is part of the policy:
+
+- ``1.0`` (messages in, text out) sends chat messages; the engine re-renders
+  the history with the chat template and re-tokenizes the model's own answers,
+  which rarely gives back the ids it sampled, so merged samples break
+  (``retokenization``).
+- ``1.1`` (tokens in, tokens out) keeps the exact ids: each prompt is the
+  previous prompt + the sampled ids + the tokenized tool observation, sent to
+  ``/v1/completions``, so every call extends the rollout's sample.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
 from openai import OpenAI
 
-from ingest.sdk import TrajectoryClient
+from ingest.sdk import RolloutContext, TrajectoryClient
 
 QUESTIONS = (
     "Add 17 and 25.", "What is 9 times 7?", "Subtract 13 from 50.", "Divide 144 by 12.",
     "Square 11.", "What is 2 to the power 10?",
 )
+SYSTEM = "You are a careful calculator agent."
+TOKENS_IN = "1.1"
 
 
 @dataclass(frozen=True)
@@ -34,36 +47,50 @@ def letter_share(text: str) -> float:
 
 
 def run_rollout(
-    client: TrajectoryClient, llm: OpenAI, *, task_id: str, rollout_id: str, spec: AgentSpec, seed: int
+    client: TrajectoryClient, llm: OpenAI, tokenizer: Any, *, task_id: str, rollout_id: str, spec: AgentSpec, seed: int
 ) -> float:
     """One rollout of the toy agent; returns its reward."""
     rng = random.Random(seed)
     question = QUESTIONS[int(task_id.rsplit("-", 1)[1]) % len(QUESTIONS)]
-    messages: list[dict] = [
-        {"role": "system", "content": "You are a careful calculator agent."},
-        {"role": "user", "content": question},
-    ]
+    messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
     headers = {
         "X-Trajlake-Task-Id": task_id, "X-Trajlake-Rollout-Id": rollout_id,
         "X-Trajlake-Harness": "demo-agent", "X-Trajlake-Harness-Version": spec.harness_version,
     }
+    prompt_ids: list[int] = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                           return_dict=False)
     answer = ""
     with client.rollout(task_id, rollout_id=rollout_id, policy_version="tiny-v0") as rollout:
         for turn in range(spec.turns):
-            reply = llm.chat.completions.create(
-                model="tiny", messages=messages, max_tokens=spec.max_tokens, temperature=1.0,
-                seed=seed * 100 + turn, extra_headers=headers,
-            )
-            answer = reply.choices[0].message.content or ""
-            messages.append({"role": "assistant", "content": answer})
+            options = dict(model="tiny", max_tokens=spec.max_tokens, temperature=1.0, seed=seed * 100 + turn,
+                           extra_headers=headers)
+            if spec.harness_version == TOKENS_IN:
+                reply = llm.completions.create(prompt=prompt_ids, extra_body={"return_token_ids": True}, **options)
+                answer, sampled = reply.choices[0].text, reply.choices[0].model_extra["token_ids"]
+            else:
+                reply = llm.chat.completions.create(messages=messages, **options)
+                answer, sampled = reply.choices[0].message.content or "", []
             if turn == spec.turns - 1:
                 break
-            call_id = rollout.tool_call("calculator", {"expression": answer[:40]})
-            result = str(rng.randint(0, 999))
-            rollout.tool_result(call_id, "calculator", result, duration_ms=rng.uniform(1, 20),
-                                state_changed=rng.random() < 0.5)
-            messages.append({"role": "tool", "content": result, "tool_call_id": call_id})
+            result = _run_calculator(rollout, answer, rng)
+            messages += [{"role": "assistant", "content": answer}, {"role": "tool", "content": result}]
+            prompt_ids = prompt_ids + sampled + _observation_ids(tokenizer, result, sampled)
         reward = letter_share(answer)
         rollout.reward("letter_share", reward, source="demo-grader")
         rollout.set_status("succeeded" if reward >= 0.5 else "failed")
     return reward
+
+
+def _run_calculator(rollout: RolloutContext, answer: str, rng: random.Random) -> str:
+    call_id = rollout.tool_call("calculator", {"expression": answer[:40]})
+    result = str(rng.randint(0, 999))
+    rollout.tool_result(call_id, "calculator", result, duration_ms=rng.uniform(1, 20), state_changed=rng.random() < 0.5)
+    return result
+
+
+def _observation_ids(tokenizer: Any, result: str, sampled: list[int]) -> list[int]:
+    """The tool turn in the chat template's own markup, after the model's answer, as token ids."""
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    closing = "" if sampled and sampled[-1] == end else "<|im_end|>"
+    text = f"{closing}\n<|im_start|>tool\n{result}<|im_end|>\n<|im_start|>assistant\n"
+    return tokenizer(text, add_special_tokens=False)["input_ids"]

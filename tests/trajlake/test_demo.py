@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+from pipelines import read_dataset
 from store.lake import Lake
 from store.sql import run_query
 
@@ -27,6 +28,9 @@ def test_demo_runs_end_to_end_and_leaves_a_traceable_checkpoint(tmp_path):
     calls = run_query(lake, "SELECT count(*) AS n, count(response_token_ids) AS with_ids FROM llm_calls "
                             "WHERE harness_name = 'demo-agent'").to_pylist()[0]
     assert calls["n"] == 2 * 2 * 3 and calls["with_ids"] == calls["n"]  # 3 turns per rollout, all token-exact
+    samples = read_dataset(lake, "demo", columns=["rollout_id", "start_reason"]).to_pylist()
+    tokens_in = [s for s in samples if s["rollout_id"].endswith("-1")]  # rollout k=1: harness 1.1, tokens in/out
+    assert sorted(s["rollout_id"] for s in tokens_in) == ["demo-0-1", "demo-1-1"]  # one merged sample each
     checkpoints = lake.read("checkpoints", columns=["checkpoint_id", "dataset"]).to_pylist()
     assert {c["dataset"] for c in checkpoints} == {"demo", "nightly"}
     assert (workdir / "checkpoints").is_dir()
