@@ -22,9 +22,7 @@ import json
 import signal
 import socket
 import threading
-from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 import typer
 from pydantic import Field, ValidationError
@@ -33,16 +31,13 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from pipelines import BuildConfig, EmptyDataset, Selection, SourceMissing, build_dataset, get_manifest
-from pipelines.registry import DatasetNotFound, check_name
 from store.compact import compact
 from store.lake import Lake
 from store.retention import apply_retention
 from store.runs import RunRecord, RunsTable
-from store.scheduler import Job, Scheduler, Window
+from store.scheduler import Job, Scheduler
 from store.storage import open_lake
-from trainer.config import TrainConfig
-from trainer.records import list_checkpoints
+from trainer.nightly import NightlyConfig, nightly_job
 from trajlake.commands.ops import LAKE_OPTION, OpsSettings, fail
 from trajlake.tiny_model import build_tiny_model, default_model_dir
 
@@ -82,7 +77,12 @@ def build_jobs(lake: Lake, settings: SchedulerSettings) -> list[Job]:
     options = {"max_attempts": settings.scheduler_max_attempts, "backoff": timedelta(seconds=settings.scheduler_backoff_s)}
     jobs = []
     if settings.scheduler_cron:
-        jobs.append(Job("nightly", settings.scheduler_cron, run=nightly_run(lake, settings), **options))
+        nightly = NightlyConfig(
+            dataset=settings.scheduler_dataset, lag=timedelta(hours=settings.scheduler_lag_h),
+            train=settings.scheduler_train, train_out=settings.train_out,
+            base_model=lambda: settings.train_model or str(build_tiny_model(default_model_dir())),
+        )
+        jobs.append(Job("nightly", settings.scheduler_cron, run=nightly_job(lake, nightly), **options))
     policy = settings.policy()
     if settings.retention_cron and policy.days:
         jobs.append(Job("retention", settings.retention_cron, run=lambda w: {
@@ -92,48 +92,6 @@ def build_jobs(lake: Lake, settings: SchedulerSettings) -> list[Job]:
         jobs.append(Job("compact", settings.compact_cron, run=lambda w: {
             "files_removed": sum(r.files_removed for r in compact(lake, vacuum_retention=retention))}, **options))
     return jobs
-
-
-def nightly_run(lake: Lake, settings: SchedulerSettings) -> Callable[[Window], dict[str, Any]]:
-    """Build the window's dataset version, then train it."""
-    name = check_name(settings.scheduler_dataset)
-
-    lag = timedelta(hours=settings.scheduler_lag_h)
-
-    def run(window: Window) -> dict[str, Any]:
-        since, until = window.start - lag, window.end - lag
-        version = _version_built_for(lake, name, since, until)
-        if version is None:
-            try:
-                version = build_dataset(lake, name, BuildConfig(selection=Selection(since=since, until=until))).version
-            except (EmptyDataset, SourceMissing) as exc:
-                return {"dataset": name, "skipped": str(exc)}
-        results: dict[str, Any] = {"dataset": name, "dataset_version": version}
-        if settings.scheduler_train:
-            from trainer.loop import train_dataset  # torch loads only when a job trains
-
-            parents = list_checkpoints(lake, dataset=name)
-            base = parents[-1].hf_path if parents else settings.train_model or str(build_tiny_model(default_model_dir()))
-            config = TrainConfig(model=base, out=settings.train_out)
-            record = train_dataset(lake, name, version, config,
-                                   parent_checkpoint_id=parents[-1].checkpoint_id if parents else None)
-            results |= {"checkpoint": record.checkpoint_id, "steps": record.steps, "hf_path": record.hf_path}
-        return results
-
-    return run
-
-
-def _version_built_for(lake: Lake, name: str, since: datetime, until: datetime) -> int | None:
-    """The latest version of ``name`` when it was built for exactly this range (a retry)."""
-    try:
-        manifest = get_manifest(lake, name)
-    except DatasetNotFound:
-        return None
-    filters = manifest.get("filters", {})
-    built = [filters.get("since"), filters.get("until")]
-    wanted = [since, until]
-    same = all(b is not None and datetime.fromisoformat(b.replace("Z", "+00:00")) == w for b, w in zip(built, wanted))
-    return int(manifest["version"]) if same else None
 
 
 def scheduler_command(
