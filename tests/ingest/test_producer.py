@@ -6,7 +6,6 @@ import json
 from collections import defaultdict
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
 
 from ingest.broker import EmbeddedBroker, free_port
 from ingest.producer import CODECS, BrokerUnreachable, EventProducer, encode_event
@@ -14,6 +13,7 @@ from ingest.workload import WorkloadConfig, generate_events
 from schemas.errors import InvalidEvent
 from schemas.events import Harness
 from schemas.versions import validate_event
+from tests.kafka_reading import consume
 
 
 def reward_event(rollout_id: str = "r-1", seq: int = 0, **payload) -> dict:
@@ -22,22 +22,6 @@ def reward_event(rollout_id: str = "r-1", seq: int = 0, **payload) -> dict:
         "ts": "2026-01-01T00:00:00Z", "task_id": "t-1", "rollout_id": rollout_id, "seq": seq,
         "payload": {"name": "correctness", "value": 1.0, **payload},
     }
-
-
-def consume(bootstrap: str, topic: str, count: int) -> list:
-    """Every message of ``topic`` (assigned partitions, no group join), until ``count`` arrived."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False)
-    try:
-        consumer.assign([TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)])
-        messages: list = []
-        for _ in range(100):
-            for batch in consumer.poll(timeout_ms=200).values():
-                messages.extend(batch)
-            if len(messages) >= count:
-                break
-        return messages
-    finally:
-        consumer.close()
 
 
 def test_dicts_and_models_arrive_keyed_by_rollout_as_compact_json(broker, topic):

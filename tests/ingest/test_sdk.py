@@ -13,7 +13,6 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
 
 from ingest.broker import EmbeddedBroker, free_port
 from ingest.ids import rfc3339, uuid7
@@ -21,6 +20,7 @@ from ingest.producer import BrokerUnreachable, encode_event
 from ingest.sdk import Harness, SdkSettings, TrajectoryClient, harness_identity
 from schemas.errors import InvalidEvent
 from schemas.versions import validate_event
+from tests.kafka_reading import consume
 
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS = Harness(name="test-agent", version="0.3.1", config_hash="sha256:abc")
@@ -51,21 +51,6 @@ def recorded() -> tuple[TrajectoryClient, RecordingProducer]:
     client = TrajectoryClient(tenant="acme", harness=HARNESS, producer=producer)
     yield client, producer
     client.close()
-
-
-def consume(bootstrap: str, topic: str, count: int) -> list:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False)
-    try:
-        consumer.assign([TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)])
-        messages: list = []
-        for _ in range(100):
-            for batch in consumer.poll(timeout_ms=200).values():
-                messages.extend(batch)
-            if len(messages) >= count:
-                break
-        return sorted(messages, key=lambda m: (m.partition, m.offset))
-    finally:
-        consumer.close()
 
 
 def test_a_rollout_arrives_keyed_stamped_and_in_seq_order(broker, topic):
