@@ -77,7 +77,7 @@ def run_rollout(
             prompt_ids = prompt_ids + sampled + _observation_ids(tokenizer, result, sampled)
         reward = letter_share(answer)
         rollout.reward("letter_share", reward, source="demo-grader")
-        rollout.set_status("succeeded" if reward >= 0.5 else "failed")
+        rollout.set_status("succeeded" if reward >= 0.5 else "failed", steps=spec.turns)
     return reward
 
 
