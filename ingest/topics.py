@@ -9,7 +9,7 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 def topic_partitions(bootstrap_servers: str, topic: str) -> int | None:
     """Number of partitions of ``topic``, None when it does not exist."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, request_timeout_ms=10_000)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False, request_timeout_ms=10_000)
     try:
         parts = consumer.partitions_for_topic(topic)
         return len(parts) if parts else None
