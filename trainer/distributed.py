@@ -9,8 +9,10 @@ first ``import deepspeed`` anywhere in the process.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -52,7 +54,9 @@ def init_distributed() -> Dist:
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
         # Alone, rendezvous through a file: a port picked now can be taken by any
         # outgoing connection (Kafka, HTTP) before the store binds it.
-        init_method = f"file://{tempfile.mkdtemp(prefix='trajlake-dist-')}/rendezvous"
+        folder = tempfile.mkdtemp(prefix="trajlake-dist-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        init_method = f"file://{folder}/rendezvous"
     import deepspeed
     import deepspeed.comm.torch  # noqa: F401  (the name resolves to torch itself: use sys.modules)
 
