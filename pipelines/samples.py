@@ -123,6 +123,8 @@ class SampleStream:
                 self.samples_per_rollout[rollout_id] = len(written)
                 rows.extend(written)
             yield self._record_batch(rows)
+            del tokens, rows
+            pa.default_memory_pool().release_unused()
             done += len(batch)
             if self._progress is not None:
                 self._progress(done, len(plan.rollout_ids))
