@@ -19,7 +19,8 @@ call_id). Each call gets one status, decided here and nowhere else:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import duckdb
@@ -136,6 +137,30 @@ def read_batch(con: duckdb.DuckDBPyConnection, tables: TokenTables, rollout_ids:
         columns=["event_id", "response_token_ids", "logprobs", "policy_version"], filter=in_range
     )
     return BatchTokens(calls, requests, responses)
+
+
+def read_ahead(
+    con: duckdb.DuckDBPyConnection, tables: TokenTables, batches: Iterable[list[str]]
+) -> Iterator[tuple[list[str], BatchTokens]]:
+    """Each batch of rollout ids with its tokens, the next batch read on a worker thread meanwhile.
+
+    Arrow's Parquet decode releases the GIL, so reading batch n+1 overlaps
+    merging and writing batch n: at most one batch more in memory. ``con``
+    must not be used by the caller until the iteration ends.
+    """
+    batches = iter(batches)
+    current = next(batches, None)
+    if current is None:
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajlake-token-read") as pool:
+        reading = pool.submit(read_batch, con, tables, current)
+        for following in batches:
+            tokens = reading.result()
+            reading = pool.submit(read_batch, con, tables, following)
+            yield current, tokens
+            del tokens
+            current = following
+        yield current, reading.result()
 
 
 def iter_batches(rollout_ids: list[str], read_tokens: list[int], batch_tokens: int) -> Iterator[list[str]]:

@@ -41,7 +41,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from pipelines.calls import TokenTables, iter_batches, read_batch
+from pipelines.calls import TokenTables, iter_batches, read_ahead
 from pipelines.merging import merge_calls
 from pipelines.samples import calls_by_rollout
 
@@ -59,8 +59,8 @@ def observed_tokens_per_rollout(
     index = {rollout_id: i for i, rollout_id in enumerate(rollout_ids)}
     counts = np.zeros(len(rollout_ids), dtype=np.int64)
     done = 0
-    for batch in iter_batches(rollout_ids, read_tokens, batch_tokens):
-        for rollout_id, calls in calls_by_rollout(read_batch(con, tables, batch)):
+    for batch, tokens in read_ahead(con, tables, iter_batches(rollout_ids, read_tokens, batch_tokens)):
+        for rollout_id, calls in calls_by_rollout(tokens):
             counts[index[rollout_id]] = sum(s.n_observed for s in merge_calls(calls))
         done += len(batch)
         if progress is not None:

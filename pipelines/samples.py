@@ -21,7 +21,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from pipelines.calls import BatchTokens, TokenTables, iter_batches, read_batch
+from pipelines.calls import BatchTokens, TokenTables, iter_batches, read_ahead
 from pipelines.config import BuildConfig
 from pipelines.merging import MISMATCH_CLASSES, Call, Sample, merge_calls
 from schemas.tables import SAMPLES
@@ -111,8 +111,8 @@ class SampleStream:
 
     def _batches(self) -> Iterator[pa.RecordBatch]:
         plan, done = self._plan, 0
-        for batch in iter_batches(plan.rollout_ids, plan.read_tokens.tolist(), self._config.batch_tokens):
-            tokens = read_batch(self._con, self._tables, batch)
+        batches = iter_batches(plan.rollout_ids, plan.read_tokens.tolist(), self._config.batch_tokens)
+        for batch, tokens in read_ahead(self._con, self._tables, batches):
             rows: list[tuple[int, int, Sample]] = []
             for rollout_id, calls in calls_by_rollout(tokens):
                 i = self._index[rollout_id]
