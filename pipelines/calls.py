@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 
 from pipelines.sources import Snapshot
 from store.lake import Lake
@@ -101,7 +102,7 @@ class BatchTokens:
 
 
 class TokenTables:
-    """The pinned ``llm_requests`` / ``llm_responses`` as Arrow datasets.
+    """The pinned ``llm_requests`` / ``llm_responses``, read by rollout_id range.
 
     Token lists are read with Arrow's own Parquet reader: DuckDB decodes as
     fast but converting its lists to Arrow measured ~3x the CPU of a direct
@@ -109,8 +110,45 @@ class TokenTables:
     """
 
     def __init__(self, lake: Lake, snapshot: Snapshot) -> None:
-        self.requests = lake.table("llm_requests", version=snapshot.versions["llm_requests"]).to_pyarrow_dataset()
-        self.responses = lake.table("llm_responses", version=snapshot.versions["llm_responses"]).to_pyarrow_dataset()
+        self.requests = DecodedFiles(
+            lake.table("llm_requests", version=snapshot.versions["llm_requests"]).to_pyarrow_dataset(),
+            ["event_id", "span_id", "tokenizer", "chat_template_hash", "prompt_token_ids"],
+        )
+        self.responses = DecodedFiles(
+            lake.table("llm_responses", version=snapshot.versions["llm_responses"]).to_pyarrow_dataset(),
+            ["event_id", "response_token_ids", "logprobs", "policy_version"],
+        )
+
+
+class DecodedFiles:
+    """Rows of a rollout_id range; a file is decoded once while ranges advance through sorted ids.
+
+    A file holds a span of rollout ids that several batches share: filtering
+    the dataset per batch decoded it once per batch (a build with
+    ``batch_tokens`` 200k took 3.7x as long as one with 4M). A decoded file is
+    kept only while a later range can still need it.
+    """
+
+    def __init__(self, dataset: ds.Dataset, columns: list[str]) -> None:
+        self._dataset, self._columns = dataset, columns
+        self._decoded: dict[str, pa.Table] = {}
+
+    def read(self, first: str, last: str) -> pa.Table:
+        """Rows with ``first <= rollout_id <= last``, in file order; cheapest when called with ascending ranges."""
+        in_range = (pc.field("rollout_id") >= first) & (pc.field("rollout_id") <= last)
+        pieces, kept = [], {}
+        for fragment in self._dataset.get_fragments(filter=in_range):
+            table = self._decoded.get(fragment.path)
+            if table is None:
+                table = fragment.to_table(schema=self._dataset.schema, columns=["rollout_id", *self._columns])
+            pieces.append(table.filter(in_range).select(self._columns))
+            highest = pc.max(table["rollout_id"]).as_py()
+            if highest is not None and highest > last:
+                kept[fragment.path] = table
+        self._decoded = kept
+        if not pieces:
+            return self._dataset.schema.empty_table().select(self._columns)
+        return pa.concat_tables(pieces)
 
 
 def read_batch(con: duckdb.DuckDBPyConnection, tables: TokenTables, rollout_ids: list[str]) -> BatchTokens:
@@ -129,14 +167,8 @@ def read_batch(con: duckdb.DuckDBPyConnection, tables: TokenTables, rollout_ids:
         ).to_arrow_table()
     finally:
         con.unregister("batch_ids")
-    in_range = (pc.field("rollout_id") >= rollout_ids[0]) & (pc.field("rollout_id") <= rollout_ids[-1])
-    requests = tables.requests.to_table(
-        columns=["event_id", "span_id", "tokenizer", "chat_template_hash", "prompt_token_ids"], filter=in_range
-    )
-    responses = tables.responses.to_table(
-        columns=["event_id", "response_token_ids", "logprobs", "policy_version"], filter=in_range
-    )
-    return BatchTokens(calls, requests, responses)
+    first, last = rollout_ids[0], rollout_ids[-1]
+    return BatchTokens(calls, tables.requests.read(first, last), tables.responses.read(first, last))
 
 
 def read_ahead(
