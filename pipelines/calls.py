@@ -140,7 +140,8 @@ class DecodedFiles:
         for fragment in self._dataset.get_fragments(filter=in_range):
             table = self._decoded.get(fragment.path)
             if table is None:
-                table = fragment.to_table(schema=self._dataset.schema, columns=["rollout_id", *self._columns])
+                wanted = ["rollout_id", *(c for c in self._columns if c != "rollout_id")]
+                table = fragment.to_table(schema=self._dataset.schema, columns=wanted)
             pieces.append(table.filter(in_range).select(self._columns))
             highest = pc.max(table["rollout_id"]).as_py()
             if highest is not None and highest > last:
