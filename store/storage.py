@@ -39,11 +39,6 @@ def storage_options(root: str, env: Mapping[str, str] | None = None) -> dict[str
     return options
 
 
-def open_lake(root: str, env: Mapping[str, str] | None = None) -> Lake:
-    """A ``Lake`` at ``root`` carrying the storage options from the environment."""
-    return Lake(root, storage_options=storage_options(root, env))
-
-
 def list_tables(lake: Lake) -> list[str]:
     """Names of the Delta tables in the lake, one folder level deep (``events``, ``datasets/nightly``)."""
     if lake.is_local:

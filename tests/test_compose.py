@@ -146,7 +146,8 @@ def test_dockerfile_installs_the_pinned_cpu_torch_then_the_project() -> None:
 
 
 def test_storage_options_come_from_the_environment_for_object_store_lakes() -> None:
-    from store.storage import list_tables, open_lake, storage_options
+    from store.lake import Lake
+    from store.storage import list_tables, storage_options
 
     env = {"AWS_ENDPOINT_URL": "http://minio:9000", "AWS_ALLOW_HTTP": "true", "HOME": "/root", "TRAJLAKE_LAKE": "x"}
     assert storage_options("./lake", env) == {}
@@ -155,5 +156,4 @@ def test_storage_options_come_from_the_environment_for_object_store_lakes() -> N
     locked = storage_options("s3://b/l", {"AWS_S3_LOCKING_PROVIDER": "dynamodb"})
     assert "aws_conditional_put" not in locked
     assert storage_options("az://c/l", {"AZURE_STORAGE_ACCOUNT_NAME": "a"}) == {"AZURE_STORAGE_ACCOUNT_NAME": "a"}
-    assert open_lake("s3://trajlake/lake", env).storage_options["AWS_ENDPOINT_URL"] == "http://minio:9000"
-    assert list_tables(open_lake(str(ROOT / "no-such-lake"))) == []
+    assert list_tables(Lake(str(ROOT / "no-such-lake"))) == []

@@ -20,7 +20,7 @@ from pipelines.api.errors import install_error_handlers
 from pipelines.api.limits import BodyLimit
 from pipelines.api.routes import datasets, health, lineage, rollouts, sql, viewer
 from pipelines.api.services import PageLimits, QueryService
-from store.storage import open_lake
+from store.lake import Lake
 from store.tenant_sql import SandboxLimits
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ def build_service(settings: QueryApiConfig) -> QueryService:
                            memory_limit=settings.query_memory_limit, threads=settings.query_threads,
                            max_result_bytes=settings.max_result_bytes)
     return QueryService(
-        open_lake(settings.lake), limits=limits,
+        Lake(settings.lake), limits=limits,
         pages=PageLimits(default=settings.default_page_rows, cap=settings.max_page_rows),
         snapshot_ttl_s=settings.snapshot_ttl_s, max_concurrent=settings.max_concurrent_queries,
     )

@@ -48,9 +48,9 @@ def show(console: Console, result: Any) -> None:
     from trainer.records import CheckpointRecord
     from trajlake.commands.datasets import render_manifest
     from trajlake.commands.lineage import render as render_lineage
-    from trajlake.commands.scheduler import _render_runs
+    from trajlake.commands.scheduler import render_runs
     from trajlake.commands.sql import print_table
-    from trajlake.commands.train import _summary as checkpoint_summary
+    from trajlake.commands.train import checkpoint_summary
     from trajlake.commands.workbench import render_comparison
 
     if isinstance(result, BuildResult):
@@ -64,7 +64,7 @@ def show(console: Console, result: Any) -> None:
     elif isinstance(result, Comparison):
         render_comparison(console, result)
     elif isinstance(result, list):
-        _render_runs(console, result, title="runs of this pass")
+        render_runs(console, result, title="runs of this pass")
     elif isinstance(result, dict) and result and all(isinstance(v, pa.Table) for v in result.values()):
         for question, answer in result.items():
             console.print(f"[bold]{question}[/]")

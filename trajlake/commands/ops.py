@@ -15,9 +15,8 @@ from rich.text import Text
 
 from store.compact import Compacted, compact
 from store.forget import ForgetReport, ForgetRequest, forget
-from store.retention import DEFAULT_KEY, RetentionPolicy, apply_retention, expired_rollouts
 from store.lake import Lake
-from store.storage import open_lake
+from store.retention import DEFAULT_KEY, RetentionPolicy, apply_retention, expired_rollouts
 from trainer.records import list_checkpoints
 from trajlake.settings import CommonSettings
 
@@ -66,7 +65,7 @@ def forget_command(
     what = _describe(request)
     if not yes and not typer.confirm(f"permanently delete {what} from {settings.lake}?"):
         raise typer.Exit(code=1)
-    store = open_lake(settings.lake)
+    store = Lake(settings.lake)
     report = forget(store, request)
     _render_forget(Console(), report, what, store)
 
@@ -77,7 +76,7 @@ def retention_show(
 ) -> None:
     """Show the retention policy and how many rollouts each tenant has past it."""
     settings, parsed = _policy(policy, lake)
-    expired = expired_rollouts(open_lake(settings.lake), parsed, now=datetime.now(timezone.utc))
+    expired = expired_rollouts(Lake(settings.lake), parsed, now=datetime.now(timezone.utc))
     if not parsed.days:
         Console().print("no retention policy: every rollout is kept (set TRAJLAKE_RETENTION_DAYS or --policy)")
         return
@@ -95,7 +94,7 @@ def retention_apply(
 ) -> None:
     """Forget every rollout older than its tenant's retention (audited as kind=retention)."""
     settings, parsed = _policy(policy, lake)
-    store = open_lake(settings.lake)
+    store = Lake(settings.lake)
     reports = apply_retention(store, parsed)
     console = Console()
     for report in reports:
@@ -111,7 +110,7 @@ def compact_command(
 ) -> None:
     """Rewrite small files into few z-ordered ones (task_id, rollout_id), then vacuum; safe during ingestion."""
     settings = settings_from(lake=lake, compact_vacuum_hours=vacuum_hours)
-    results = compact(open_lake(settings.lake), tables=table or None,
+    results = compact(Lake(settings.lake), tables=table or None,
                       vacuum_retention=timedelta(hours=settings.compact_vacuum_hours))
     _render_compacted(Console(), results)
 

@@ -11,8 +11,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from store.lake import Lake
 from store.sql import LakeMissing
-from store.storage import open_lake
 from store.trajectory import (
     EXCERPT_CHARS,
     AmbiguousRollout,
@@ -44,7 +44,7 @@ def show(
     """Print one rollout in order: start, LLM calls (tokens, latency, finish), tools, rewards, finish."""
     settings = build_settings(lake)
     try:
-        trajectory = load_trajectory(open_lake(settings.lake), rollout_id, tenant=tenant, excerpt_chars=excerpt_chars)
+        trajectory = load_trajectory(Lake(settings.lake), rollout_id, tenant=tenant, excerpt_chars=excerpt_chars)
     except (RolloutNotFound, AmbiguousRollout, LakeMissing) as e:
         raise fail(str(e)) from None
     if as_json:

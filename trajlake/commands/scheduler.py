@@ -36,7 +36,6 @@ from store.lake import Lake
 from store.retention import apply_retention
 from store.runs import RunRecord, RunsTable
 from store.scheduler import Job, Scheduler
-from store.storage import open_lake
 from trainer.nightly import NightlyConfig, nightly_job
 from trajlake.commands.ops import LAKE_OPTION, OpsSettings, fail
 from trajlake.tiny_model import build_tiny_model, default_model_dir
@@ -102,7 +101,7 @@ def scheduler_command(
 ) -> None:
     """Run jobs on their cron windows, each window once across restarts and scheduler instances."""
     settings = _settings(lake)
-    store = open_lake(settings.lake)
+    store = Lake(settings.lake)
     try:
         jobs = [j for j in build_jobs(store, settings) if not job or j.name in job]
     except ValueError as exc:
@@ -114,7 +113,7 @@ def scheduler_command(
     console = Console()
     since = backfill.replace(tzinfo=backfill.tzinfo or timezone.utc) if backfill else None
     if once or since:
-        _render_runs(console, scheduler.run_pending(backfill_from=since), title="runs finished by this pass")
+        render_runs(console, scheduler.run_pending(backfill_from=since), title="runs finished by this pass")
         if once:
             return
     stop = threading.Event()
@@ -134,7 +133,7 @@ def runs_command(
 ) -> None:
     """List scheduled runs: window, status, attempts, dataset version, checkpoint, error."""
     settings = _settings(lake)
-    runs = RunsTable(open_lake(settings.lake))
+    runs = RunsTable(Lake(settings.lake))
     records = runs.history() if history else list(runs.current().values())
     records = sorted((r for r in records if job is None or r.job == job), key=lambda r: (r.window_end, r.recorded_at))
     records = records[-limit:][::-1]
@@ -142,7 +141,7 @@ def runs_command(
         for r in records:
             print(json.dumps(r.to_row(), default=str, sort_keys=True))
         return
-    _render_runs(Console(), records, title="scheduled runs (newest first)")
+    render_runs(Console(), records, title="scheduled runs (newest first)")
 
 
 def _settings(lake: str | None) -> SchedulerSettings:
@@ -157,7 +156,7 @@ def _settings(lake: str | None) -> SchedulerSettings:
         raise fail(f"{exc}: JSON settings (TRAJLAKE_RETENTION_DAYS) must be valid JSON objects") from None
 
 
-def _render_runs(console: Console, records: list[RunRecord], *, title: str) -> None:
+def render_runs(console: Console, records: list[RunRecord], *, title: str) -> None:
     if not records:
         console.print("no runs")
         return

@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from store.lake import Lake
 from store.sql import LakeMissing, QueryError, describe_views, export, run_query
-from store.storage import open_lake
 from store.trajectory import excerpt
 from trajlake.settings import CommonSettings
 
@@ -71,7 +71,7 @@ def sql(
         raise fail("--format parquet needs --output FILE")
     limit = settings.sql_max_rows if format is OutputFormat.table and max_rows is None else max_rows
     try:
-        result = run_query(open_lake(settings.lake), query, max_rows=None if limit is None else limit + 1)
+        result = run_query(Lake(settings.lake), query, max_rows=None if limit is None else limit + 1)
     except (QueryError, LakeMissing) as e:
         raise fail(str(e)) from None
     more = limit is not None and result.num_rows > limit
@@ -170,7 +170,7 @@ def tables(lake: str | None = LAKE_OPTION) -> None:
     """List the views `trajlake sql` can query, with row counts and Delta versions."""
     settings = build_settings(lake)
     try:
-        views = describe_views(open_lake(settings.lake))
+        views = describe_views(Lake(settings.lake))
     except (QueryError, LakeMissing) as e:
         raise fail(str(e)) from None
     table = Table(box=box.SIMPLE_HEAVY, show_edge=False, title=f"lake {settings.lake}", title_justify="left")

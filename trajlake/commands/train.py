@@ -111,7 +111,7 @@ def _train_once(lake: Lake, config: TrainConfig, ref: DatasetRef, console: Conso
     with _progress(console) as (progress, on_step):
         record = train_dataset(lake, ref.name, ref.version, config, on_step=on_step)
         progress.stop()
-    console.print(_summary(record))
+    console.print(checkpoint_summary(record))
 
 
 def _follow(lake: Lake, config: TrainConfig, s: TrainSettings, ref: DatasetRef | None, kafka: str | None,
@@ -128,7 +128,7 @@ def _follow(lake: Lake, config: TrainConfig, s: TrainSettings, ref: DatasetRef |
         follow(
             lake, config, stop_event=stop, bootstrap_servers=kafka, control_topic=s.control_topic,
             datasets=[ref.name] if ref else None, poll_interval_s=s.follow_poll_s, on_step=on_step,
-            on_checkpoint=lambda rec: console.print(_summary(rec)),
+            on_checkpoint=lambda rec: console.print(checkpoint_summary(rec)),
         )  # fmt: skip
     console.print("follower stopped")
 
@@ -158,7 +158,7 @@ class _progress:
         self.progress.__exit__(*exc)
 
 
-def _summary(rec: CheckpointRecord) -> Table:
+def checkpoint_summary(rec: CheckpointRecord) -> Table:
     m = rec.metrics
     table = Table(show_header=False, box=None, padding=(0, 2), title=f"checkpoint {rec.checkpoint_id}")
     table.add_row("dataset", f"{rec.dataset}@{rec.dataset_version}  {rec.n_samples:,} samples  {rec.n_tokens:,} tokens")

@@ -31,8 +31,8 @@ from pipelines.failures import (
 )
 from pipelines.outcomes import SuccessRule
 from pipelines.selection import BadFilter
+from store.lake import Lake
 from store.sql import LakeMissing
-from store.storage import open_lake
 from trajlake.commands.sql import LAKE_OPTION, fail
 from trajlake.settings import CommonSettings
 
@@ -123,7 +123,7 @@ def failures(
         )
     except (ValidationError, ValueError) as exc:
         raise fail(_first_error(exc)) from None
-    lake_ = open_lake(settings.lake)
+    lake_ = Lake(settings.lake)
     try:
         with Progress(TextColumn("reading failed rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=Console(stderr=True), transient=True) as bar:
@@ -225,7 +225,7 @@ def compare_command(
     except (ValidationError, ValueError) as exc:
         raise fail(_first_error(exc)) from None
     try:
-        result = compare(open_lake(settings.lake), arm_a, arm_b, config)
+        result = compare(Lake(settings.lake), arm_a, arm_b, config)
     except (LakeMissing, CompareError, BadFilter) as exc:
         raise fail(str(exc)) from None
     if as_json:
