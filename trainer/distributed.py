@@ -13,10 +13,11 @@ import atexit
 import logging
 import os
 import shutil
-import socket
 import sys
 import tempfile
 from dataclasses import dataclass
+
+from ingest.broker import free_port
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +36,6 @@ class Dist:
         return self.rank == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_distributed() -> Dist:
     """Set up (once) the process group and return this rank's place in it."""
     import torch
@@ -51,7 +46,7 @@ def init_distributed() -> Dist:
     init_method = None
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
         # Alone, rendezvous through a file: a port picked now can be taken by any
         # outgoing connection (Kafka, HTTP) before the store binds it.
         folder = tempfile.mkdtemp(prefix="trajlake-dist-")
