@@ -10,6 +10,7 @@ import pytest
 
 from ingest.broker import EmbeddedBroker
 from store.lake import Lake
+from tests.object_store import S3Server
 
 
 @pytest.fixture(scope="module")
@@ -48,3 +49,24 @@ def tiny_model_dir() -> Path:
     from trajlake.tiny_model import build_tiny_model, default_model_dir
 
     return build_tiny_model(default_model_dir())
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A real S3-compatible server (moto) on a free loopback port, shared by the session."""
+    with S3Server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The ``AWS_*`` settings of the test S3 server, exported for this test (and its subprocesses)."""
+    for key, value in s3_server.env.items():
+        monkeypatch.setenv(key, value)
+    return dict(s3_server.env)
+
+
+@pytest.fixture
+def s3_lake(s3_server: S3Server, s3_env: dict[str, str]) -> Lake:
+    """An empty lake at ``s3://<fresh bucket>/lake`` on the test S3 server."""
+    return Lake(f"s3://{s3_server.new_bucket()}/lake")
