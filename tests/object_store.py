@@ -18,7 +18,6 @@ import sys
 import time
 import urllib.request
 import uuid
-from pathlib import Path
 
 from ingest.broker import free_port
 
@@ -45,9 +44,8 @@ class S3Server:
         }
 
     def start(self) -> "S3Server":
-        moto = Path(sys.executable).parent / "moto_server"
         self._proc = subprocess.Popen(
-            [str(moto), "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **self.env},
         )
         deadline = time.monotonic() + 30
