@@ -38,6 +38,7 @@ from pipelines import (
 )
 from schemas.control import CONTROL_TOPIC
 from store.lake import Lake
+from trajlake.options import LAKE_OPTION, TIME_HELP, parse_time
 from trajlake.settings import CommonSettings
 
 
@@ -55,7 +56,6 @@ class DatasetSettings(CommonSettings):
         return "bootstrap_servers" in self.model_fields_set
 
 
-LAKE_OPTION = typer.Option(None, "--lake", help="Lake root (default: TRAJLAKE_LAKE, else ./lake).")
 datasets_app = typer.Typer(help="Versioned training datasets: list, show, diff, export.", no_args_is_help=True)
 
 
@@ -70,8 +70,8 @@ def _settings(**flags: Any) -> DatasetSettings:
 
 def build_dataset_command(
     name: str = typer.Argument(..., help="Dataset name: the table datasets/NAME gets a new version."),
-    since: str | None = typer.Option(None, help="Rollouts started at or after (RFC 3339, e.g. 2026-11-01T00:00:00Z)."),
-    until: str | None = typer.Option(None, help="Rollouts started before (RFC 3339)."),
+    since: str | None = typer.Option(None, help=f"Rollouts started at or after this time ({TIME_HELP})."),
+    until: str | None = typer.Option(None, help=f"Rollouts started before this time ({TIME_HELP})."),
     task: list[str] = typer.Option([], help="Task id (repeatable)."),
     tenant: list[str] = typer.Option([], help="Tenant (repeatable)."),
     harness: list[str] = typer.Option([], help="Harness name or name@version (repeatable)."),
@@ -98,7 +98,7 @@ def build_dataset_command(
     settings = _settings(lake=lake, bootstrap_servers=bootstrap_servers, build_batch_tokens=batch_tokens)
     try:
         config = BuildConfig(
-            selection=Selection(since=since, until=until, tasks=tuple(task), tenants=tuple(tenant),
+            selection=Selection(since=since and parse_time(since, "--since"), until=until and parse_time(until, "--until"), tasks=tuple(task), tenants=tuple(tenant),
                                 harnesses=tuple(harness), policy_versions=tuple(policy_version),
                                 statuses=tuple(status), include_unfinished=include_unfinished, where=where),
             reward_rule=RewardRule.parse(reward_rule), advantage=advantage, group_by=group_by,

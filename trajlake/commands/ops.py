@@ -18,9 +18,9 @@ from store.forget import ForgetReport, ForgetRequest, forget
 from store.lake import Lake
 from store.retention import DEFAULT_KEY, RetentionPolicy, apply_retention, expired_rollouts
 from trainer.records import list_checkpoints
+from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings
 
-LAKE_OPTION = typer.Option(None, "--lake", help="Lake root (default: TRAJLAKE_LAKE, else ./lake).")
 
 
 class OpsSettings(CommonSettings):

@@ -21,6 +21,7 @@ from rich.text import Text
 from store.lake import Lake
 from store.sql import LakeMissing, QueryError, describe_views, export, run_query
 from store.trajectory import excerpt
+from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings
 
 CELL_CHARS = 60
@@ -41,7 +42,6 @@ class OutputFormat(str, Enum):
     parquet = "parquet"
 
 
-LAKE_OPTION = typer.Option(None, "--lake", help="Lake root (default: TRAJLAKE_LAKE, else ./lake).")
 
 
 def build_settings(lake: str | None) -> SqlSettings:
