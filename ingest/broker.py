@@ -107,24 +107,31 @@ def check_storage(url: str) -> None:
     tansu starts on a missing bucket and then fails every request with an
     undecodable answer; checking first gives an error that names the setting.
     """
+    from store.health import LakeUnreachable, check_bucket
+
     scheme = url.partition("://")[0]
     if scheme == "memory":
         return
     if scheme != "s3":
         raise BrokerError(f"broker storage {url!r}: use memory:// (lost on restart) or s3://BUCKET/ "
                           "(kept in an object store; the bundled tansu has no other engine)")
-    import pyarrow.fs as pafs
-
-    bucket = url.removeprefix("s3://").split("/", 1)[0]
     try:
-        filesystem, _ = pafs.FileSystem.from_uri(f"s3://{bucket}/")
-        found = filesystem.get_file_info(bucket).type != pafs.FileType.NotFound
-    except (OSError, ValueError) as exc:
-        raise BrokerError(f"broker storage {url}: the object store is not reachable ({exc}); check AWS_ENDPOINT_URL, "
-                          "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and AWS_REGION") from None
-    if not found:
-        raise BrokerError(f"broker storage {url}: bucket {bucket!r} does not exist at "
-                          f"{os.environ.get('AWS_ENDPOINT_URL', 'AWS S3')}; create it first")
+        check_bucket(url)
+    except LakeUnreachable as exc:
+        raise BrokerError(f"broker storage {exc}") from None
+
+
+def probe_broker(bootstrap_servers: str, timeout_s: float = 3.0) -> None:
+    """Raise ``OSError`` fast when no bootstrap server accepts a TCP connection (kafka-python retries ~30 s)."""
+    errors = []
+    for server in bootstrap_servers.split(","):
+        host, _, port = server.strip().rpartition(":")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+            return
+        except (OSError, ValueError) as exc:
+            errors.append(f"{server.strip()}: {exc}")
+    raise OSError("; ".join(errors))
 
 
 @dataclass

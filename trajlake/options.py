@@ -18,7 +18,7 @@ TIME_HELP = "RFC 3339, e.g. 2026-11-01T00:00:00Z; no offset = UTC"
 
 EXIT_CODES = (
     "Exit codes: 0 done, or stopped cleanly by SIGTERM / Ctrl-C (services); "
-    "1 did not do its job, the error is on stderr; "
+    "1 did not do its job, bad input included: the error on stderr says what to fix; "
     "2 bad flags or settings, nothing was started; "
     "128+N killed by signal N before finishing (one-shot commands)."
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 import typer
@@ -67,3 +68,10 @@ def test_lake_option_has_one_wording(path: str):
     [lake] = [p for p in all_commands()[path].params if "--lake" in getattr(p, "opts", [])] or [None]
     if lake is not None:
         assert lake.help == "Lake root: a folder or s3://bucket/prefix (default: TRAJLAKE_LAKE, else ./lake).", path
+
+
+@pytest.mark.parametrize("path", sorted(all_commands()))
+def test_no_help_text_is_eaten_as_rich_markup(path: str):
+    """Typer renders help with rich markup: '[default: 1]' would vanish from the screen."""
+    for param in all_commands()[path].params:
+        assert not re.search(r"\[[a-z#/@][^\[\]]*\]", getattr(param, "help", None) or ""), (path, param.name)

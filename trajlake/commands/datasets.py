@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from ingest.broker import probe_broker
 from ingest.topics import ensure_topic
 from pipelines import (
     BadFilter,
@@ -130,26 +130,13 @@ def build_dataset_command(
 
 def _producer(settings: DatasetSettings, console: Console) -> KafkaProducer | None:
     try:
-        _probe(settings.bootstrap_servers)
+        probe_broker(settings.bootstrap_servers)
         ensure_topic(settings.bootstrap_servers, settings.control_topic, partitions=1)
         return KafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all", request_timeout_ms=10_000)
     except (KafkaError, RuntimeError, OSError) as exc:
         console.print(f"[yellow]broker {settings.bootstrap_servers} unreachable ({exc}): building without "
                       "publishing dataset.version[/]")
         return None
-
-
-def _probe(bootstrap_servers: str, timeout_s: float = 3.0) -> None:
-    """Fail fast (OSError) when no bootstrap server accepts a connection; kafka-python would retry for ~30 s."""
-    errors = []
-    for server in bootstrap_servers.split(","):
-        host, _, port = server.strip().rpartition(":")
-        try:
-            socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
-            return
-        except (OSError, ValueError) as exc:
-            errors.append(f"{server}: {exc}")
-    raise OSError("; ".join(errors))
 
 
 def _render_publish(console: Console, result: BuildResult, settings: DatasetSettings, *, asked: bool) -> None:

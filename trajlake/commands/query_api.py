@@ -11,6 +11,7 @@ from rich.console import Console
 
 from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings
+from trajlake.signals import exit_cleanly_on_stop_signals
 
 
 class QueryApiSettings(CommonSettings):
@@ -51,6 +52,7 @@ def query_api(
     keys_file: Optional[Path] = typer.Option(None, help="File of key=tenant lines (TRAJLAKE_QUERY_API_KEYS_FILE)."),
 ) -> None:
     """Serve read-only SQL, rollouts, datasets and lineage over HTTP; each API key sees only its tenant's rows."""
+    exit_cleanly_on_stop_signals()
     import uvicorn
 
     from ingest.gateway.auth import KeyConfigError, KeyRing

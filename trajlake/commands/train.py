@@ -53,7 +53,7 @@ def _is_main_rank() -> bool:
 
 
 def train(
-    dataset: str | None = typer.Option(None, help="NAME[@VERSION] to train (latest version when none); with --follow: only this dataset."),
+    dataset: str | None = typer.Option(None, help="NAME or NAME@VERSION to train (latest version when none); with --follow: only this dataset."),
     model: str | None = typer.Option(None, help="Base HF model folder (TRAJLAKE_TRAIN_MODEL; default: the tiny demo model)."),
     mode: str = typer.Option("pg", help="pg: clipped policy gradient; sft: NLL over positive rollouts."),
     deepspeed_config: Path | None = typer.Option(None, help="DeepSpeed JSON (ZeRO stage, bf16, accumulation, optimizer...)."),
