@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -188,6 +189,11 @@ def render_manifest(console: Console, manifest: dict[str, Any]) -> None:
     console.print(table)
 
 
+def _json_value(value: Any) -> str:
+    """Times as RFC 3339 text; anything else JSON does not know as its string."""
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
 def _first_error(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         err = exc.errors()[0]
@@ -199,9 +205,14 @@ def _first_error(exc: Exception) -> str:
 def list_command(
     name: str | None = typer.Argument(None, help="Only this dataset."),
     lake: str | None = LAKE_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON lines, one object per version."),
 ) -> None:
     """Every registered dataset version, oldest first."""
     rows = list_versions(Lake(_settings(lake=lake).lake), name).to_pylist()
+    if as_json:
+        for r in rows:
+            print(json.dumps(r, default=_json_value, sort_keys=True))
+        return
     if not rows:
         Console().print("no dataset versions yet: run trajlake build-dataset NAME")
         return
@@ -237,12 +248,16 @@ def diff_command(
     a: str = typer.Argument(..., help="NAME@VERSION (or NAME: latest)."),
     b: str = typer.Argument(..., help="NAME@VERSION (or NAME: latest)."),
     lake: str | None = LAKE_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print the diff as one JSON object (changes as [old, new])."),
 ) -> None:
     """What changed between two dataset versions: content, config, sources, counts, rollouts, rewards."""
     try:
         d = diff_versions(Lake(_settings(lake=lake).lake), parse_ref(a), parse_ref(b))
     except (DatasetNotFound, ValueError) as exc:
         raise fail(str(exc)) from None
+    if as_json:
+        print(json.dumps(dataclasses.asdict(d), default=_json_value, indent=2, sort_keys=True))
+        return
     console = Console()
     console.print(f"{d.a} -> {d.b}: " + ("[green]same content[/]" if d.same_content else "[yellow]content differs[/]"))
     for title, changes in (("config", d.config_changes), ("sources", d.source_changes), ("counts", d.count_changes)):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -166,13 +167,20 @@ def utc_text(ts: datetime) -> str:
     return text + ("Z" if ts.tzinfo is not None else "")
 
 
-def tables(lake: str | None = LAKE_OPTION) -> None:
+def tables(
+    lake: str | None = LAKE_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON lines, one object per view."),
+) -> None:
     """List the views `trajlake sql` can query, with row counts and Delta versions."""
     settings = build_settings(lake)
     try:
         views = describe_views(Lake(settings.lake))
     except (QueryError, LakeMissing) as e:
         raise fail(str(e)) from None
+    if as_json:
+        for v in views:
+            print(json.dumps(dataclasses.asdict(v), sort_keys=True))
+        return
     table = Table(box=box.SIMPLE_HEAVY, show_edge=False, title=f"lake {settings.lake}", title_justify="left")
     for name, justify in (("view", "left"), ("kind", "left"), ("rows", "right"), ("version", "right"), ("table", "left")):
         table.add_column(name, justify=justify)
