@@ -30,7 +30,8 @@ def configure_logging(level_name: str) -> None:
     if not isinstance(level, int):
         raise ValueError(f"TRAJLAKE_LOG_LEVEL={level_name!r}: use DEBUG, INFO, WARNING or ERROR")
     debug = level <= logging.DEBUG
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s %(message)s", force=True)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger().setLevel(level if debug else max(level, logging.WARNING))
     for name in OWN_PACKAGES:
         logging.getLogger(name).setLevel(level)
@@ -77,7 +78,15 @@ def main() -> None:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    build_app()()
+    try:
+        build_app()()
+    except Exception as exc:  # the one error handler: an error no command anticipated, as one line and exit 1
+        if logging.getLogger("trajlake").isEnabledFor(logging.DEBUG):
+            raise
+        first_line = str(exc).strip().partition("\n")[0]
+        print(f"error: {type(exc).__name__}: {first_line}\n"
+              "(unexpected: trajlake --debug shows where it happened; please report it)", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import re
+import subprocess
+import sys
 
 import pytest
 import typer
 from typer.testing import CliRunner
 
-from trajlake.cli import build_app, configure_logging
+from trajlake.cli import OWN_PACKAGES, SILENT_LIBRARIES, build_app, configure_logging
 
 
 def all_commands() -> dict[str, typer.main.click.Command]:
@@ -29,8 +31,11 @@ def all_commands() -> dict[str, typer.main.click.Command]:
 
 @pytest.fixture(autouse=True)
 def restore_logging():
+    names = ["", *OWN_PACKAGES, *SILENT_LIBRARIES]
+    levels = {name: logging.getLogger(name).level for name in names}
     yield
-    configure_logging("WARNING")
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
 
 
 def test_library_logs_stay_quiet_unless_debug():
@@ -75,3 +80,15 @@ def test_no_help_text_is_eaten_as_rich_markup(path: str):
     """Typer renders help with rich markup: '[default: 1]' would vanish from the screen."""
     for param in all_commands()[path].params:
         assert not re.search(r"\[[a-z#/@][^\[\]]*\]", getattr(param, "help", None) or ""), (path, param.name)
+
+
+def test_an_unexpected_error_is_one_line_and_exit_1_and_debug_shows_the_traceback(tmp_path):
+    log = tmp_path / "lake" / "rollout_starts" / "_delta_log"
+    log.mkdir(parents=True)
+    (log / "00000000000000000000.json").write_text("garbage\n")
+    command = [sys.executable, "-m", "trajlake.cli", "compact", "--lake", str(tmp_path / "lake")]
+    quiet = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 1 and "Traceback" not in quiet.stderr
+    assert quiet.stderr.startswith("error: DeltaError: ") and "trajlake --debug" in quiet.stderr
+    loud = subprocess.run([*command[:3], "--debug", *command[3:]], capture_output=True, text=True, timeout=120)
+    assert loud.returncode == 1 and "Traceback" in loud.stderr
