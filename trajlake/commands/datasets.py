@@ -248,7 +248,7 @@ def diff_command(
     a: str = typer.Argument(..., help="NAME@VERSION (or NAME: latest)."),
     b: str = typer.Argument(..., help="NAME@VERSION (or NAME: latest)."),
     lake: str | None = LAKE_OPTION,
-    as_json: bool = typer.Option(False, "--json", help="Print the diff as one JSON object (changes as [old, new])."),
+    as_json: bool = typer.Option(False, "--json", help="Print the diff as one JSON object (each change as a pair: old, new)."),
 ) -> None:
     """What changed between two dataset versions: content, config, sources, counts, rollouts, rewards."""
     try:
