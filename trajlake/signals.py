@@ -11,10 +11,10 @@ def exit_cleanly_on_stop_signals() -> None:
 
     uvicorn takes both signals over while it serves, shuts down gracefully
     (lifespan shutdown: the gateway closes its emitter, unsent events stay in
-    its spool), then
-    raises the signal again: it lands here and the process exits 0 instead of
-    dying by the signal (-15) or printing "Aborted!" (1). Before the server
-    runs (e.g. while a model loads), the same handler stops the start at once.
+    its spool), then raises the signal again: it lands here and the process
+    exits 0 instead of dying by the signal (-15) or printing "Aborted!" (1).
+    Before the server runs (e.g. while a model loads), the same handler stops
+    the start at once.
     """
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _exit_0)
