@@ -139,9 +139,11 @@ class EmbeddedBroker:
     """A tansu process on loopback. Use as a context manager or start()/stop().
 
     Storage is in memory unless ``storage_url`` says otherwise (``s3://bucket/``
-    with AWS_* variables in the environment or ``env`` for a broker that keeps
-    its log across restarts; restart it with the same ``cluster_id``). The
-    tansu process dies with the process that started it, whatever kills that.
+    with the AWS_* variables of this process for a broker that keeps its log
+    across restarts; restart it with the same ``cluster_id``; ``env`` adds
+    variables for tansu only, the bucket check before the start does not see
+    them). The tansu process dies with the process that started it, whatever
+    kills that.
 
     >>> with EmbeddedBroker() as broker:  # doctest: +SKIP
     ...     broker.create_topic("trajlake.events", partitions=4)

@@ -148,8 +148,9 @@ class Scheduler:
     ) -> list[RunRecord]:
         """One pass: run every due window this instance manages to take; their final rows.
 
-        Once ``stop`` is set, no further window starts and a run waiting for its retry stops waiting: its
-        ``failed`` row (with ``retry_at``) is returned and a later pass or another instance retries it.
+        Once ``stop`` is set, no further window starts and a run waiting for its retry stops waiting (give the
+        scheduler ``sleep=stop.wait``): its ``failed`` row (with ``retry_at``) is returned and a later pass or
+        another instance retries it.
         """
         now = self.clock()
         trigger = "backfill" if backfill_from else "schedule"

@@ -99,7 +99,8 @@ def build_dataset_command(
     settings = _settings(lake=lake, bootstrap_servers=bootstrap_servers, build_batch_tokens=batch_tokens)
     try:
         config = BuildConfig(
-            selection=Selection(since=since and parse_time(since, "--since"), until=until and parse_time(until, "--until"), tasks=tuple(task), tenants=tuple(tenant),
+            selection=Selection(since=since and parse_time(since, "--since"),
+                                until=until and parse_time(until, "--until"), tasks=tuple(task), tenants=tuple(tenant),
                                 harnesses=tuple(harness), policy_versions=tuple(policy_version),
                                 statuses=tuple(status), include_unfinished=include_unfinished, where=where),
             reward_rule=RewardRule.parse(reward_rule), advantage=advantage, group_by=group_by,

@@ -23,7 +23,6 @@ from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings
 
 
-
 class OpsSettings(CommonSettings):
     """Settings of the operations commands (TRAJLAKE_* variables; flags win)."""
 

@@ -43,8 +43,6 @@ class OutputFormat(str, Enum):
     parquet = "parquet"
 
 
-
-
 def build_settings(lake: str | None) -> SqlSettings:
     return SqlSettings(**({"lake": lake} if lake else {}))
 
