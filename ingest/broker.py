@@ -7,13 +7,16 @@ Apache Kafka instead and never starts one of these.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,12 +65,85 @@ def wait_for_port(host: str, port: int, *, timeout_s: float) -> None:
             time.sleep(0.02)
 
 
+def tansu_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with the object-store names tansu reads added from the lake's.
+
+    The lake reads ``AWS_ENDPOINT_URL`` and ``AWS_REGION``; tansu's s3 engine
+    reads ``AWS_ENDPOINT`` and ``AWS_DEFAULT_REGION``. Names already set win.
+
+    >>> tansu_env({"AWS_ENDPOINT_URL": "http://minio:9000", "AWS_REGION": "eu-west-1"})["AWS_ENDPOINT"]
+    'http://minio:9000'
+    """
+    out = dict(env)
+    for theirs, ours in (("AWS_ENDPOINT", "AWS_ENDPOINT_URL"), ("AWS_DEFAULT_REGION", "AWS_REGION")):
+        if ours in out and theirs not in out:
+            out[theirs] = out[ours]
+    return out
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGKILL when its parent dies (Linux), else None.
+
+    Without it, a ``trajlake broker`` killed with SIGKILL leaves tansu running
+    and holding the port. Linux ties the child to the *thread* that started
+    it: start brokers from a thread that lives as long as they should.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    parent = os.getpid()
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def preexec() -> None:
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl: nobody will signal us
+            os._exit(1)
+
+    return preexec
+
+
+def check_storage(url: str) -> None:
+    """Refuse a storage URL tansu 0.6 cannot use, or an ``s3://`` bucket that is not there.
+
+    tansu starts on a missing bucket and then fails every request with an
+    undecodable answer; checking first gives an error that names the setting.
+    """
+    from store.health import LakeUnreachable, check_bucket
+
+    scheme = url.partition("://")[0]
+    if scheme == "memory":
+        return
+    if scheme != "s3":
+        raise BrokerError(f"broker storage {url!r}: use memory:// (lost on restart) or s3://BUCKET/ "
+                          "(kept in an object store; the bundled tansu has no other engine)")
+    try:
+        check_bucket(url)
+    except LakeUnreachable as exc:
+        raise BrokerError(f"broker storage {exc}") from None
+
+
+def probe_broker(bootstrap_servers: str, timeout_s: float = 3.0) -> None:
+    """Raise ``OSError`` fast when no bootstrap server accepts a TCP connection (kafka-python retries ~30 s)."""
+    errors = []
+    for server in bootstrap_servers.split(","):
+        host, _, port = server.strip().rpartition(":")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+            return
+        except (OSError, ValueError) as exc:
+            errors.append(f"{server.strip()}: {exc}")
+    raise OSError("; ".join(errors))
+
+
 @dataclass
 class EmbeddedBroker:
     """A tansu process on loopback. Use as a context manager or start()/stop().
 
-    Storage is in memory unless ``storage_url`` says otherwise (``s3://...``
-    with AWS_* variables in ``env`` for a broker that survives restarts).
+    Storage is in memory unless ``storage_url`` says otherwise (``s3://bucket/``
+    with the AWS_* variables of this process for a broker that keeps its log
+    across restarts; restart it with the same ``cluster_id``; ``env`` adds
+    variables for tansu only, the bucket check before the start does not see
+    them). The tansu process dies with the process that started it, whatever
+    kills that.
 
     >>> with EmbeddedBroker() as broker:  # doctest: +SKIP
     ...     broker.create_topic("trajlake.events", partitions=4)
@@ -97,6 +173,7 @@ class EmbeddedBroker:
             self.port = free_port()
         elif not port_is_free(self.port):
             raise BrokerError(f"port {self.port} is already in use: pick another with --port")
+        check_storage(self.storage_url)
         url = f"tcp://127.0.0.1:{self.port}"
         cmd = [
             broker_binary(), "broker",
@@ -107,8 +184,8 @@ class EmbeddedBroker:
         ]
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self._proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
-            start_new_session=True,
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=tansu_env({**os.environ, **self.env}),
+            start_new_session=True, preexec_fn=_die_with_parent(),
         )
         try:
             wait_for_port("127.0.0.1", self.port, timeout_s=timeout_s)

@@ -143,26 +143,37 @@ class Scheduler:
         self.clock = clock
         self.sleep = sleep
 
-    def run_pending(self, *, backfill_from: datetime | None = None) -> list[RunRecord]:
-        """One pass: run every due window this instance manages to take; their final rows."""
+    def run_pending(
+        self, *, backfill_from: datetime | None = None, stop: threading.Event | None = None,
+    ) -> list[RunRecord]:
+        """One pass: run every due window this instance manages to take; their final rows.
+
+        Once ``stop`` is set, no further window starts and a run waiting for its retry stops waiting (give the
+        scheduler ``sleep=stop.wait``): its ``failed`` row (with ``retry_at``) is returned and a later pass or
+        another instance retries it.
+        """
         now = self.clock()
         trigger = "backfill" if backfill_from else "schedule"
         finished = []
         for job in self.jobs:
             done = {key for (_, key), r in self.runs.current(job=job.name).items() if r.status in FINAL_STATUSES}
             for window in job.due_windows(now, backfill_from=backfill_from):
+                if stop is not None and stop.is_set():
+                    return finished
                 if window.key in done:
                     continue
-                record = self.run_window(job, window, trigger=trigger)
+                record = self.run_window(job, window, trigger=trigger, stop=stop)
                 if record is not None:
                     finished.append(record)
         return finished
 
-    def run_window(self, job: Job, window: Window, *, trigger: str = "schedule") -> RunRecord | None:
+    def run_window(
+        self, job: Job, window: Window, *, trigger: str = "schedule", stop: threading.Event | None = None,
+    ) -> RunRecord | None:
         """Take and run one window; None when it is done, held elsewhere, or was lost."""
         try:
             running = self._take(job, window, trigger)
-            return self._attempts(job, window, running) if running else None
+            return self._attempts(job, window, running, stop) if running else None
         except ClaimLost as exc:
             log.warning("run.claim_lost job=%s window=%s owner=%s reason=%r", job.name, window.key, self.owner, str(exc))
             return None
@@ -171,7 +182,7 @@ class Scheduler:
         """Run pending windows until ``stop`` is set, waking at fire times and every ``poll``."""
         while not stop.is_set():
             try:
-                self.run_pending()
+                self.run_pending(stop=stop)
             except Exception:  # the lake or the store is unreachable: log, wait, try again
                 log.exception("scheduler.pass_failed owner=%s", self.owner)
             now = self.clock()
@@ -205,7 +216,7 @@ class Scheduler:
             return row if row.status is RunStatus.RUNNING else None
         return None
 
-    def _attempts(self, job: Job, window: Window, running: RunRecord) -> RunRecord:
+    def _attempts(self, job: Job, window: Window, running: RunRecord, stop: threading.Event | None) -> RunRecord:
         while True:
             with _Heartbeat(self, running) as heartbeat:
                 try:
@@ -229,7 +240,9 @@ class Scheduler:
             failed = running.evolve(status=RunStatus.FAILED, ended_at=now, recorded_at=now, error=error,
                                     retry_at=now + delay, lease_until=now + delay + self.lease)
             self.runs.record(failed)
-            self.sleep(delay.total_seconds())
+            self.sleep(delay.total_seconds())  # give the scheduler sleep=stop.wait to wake it on stop
+            if stop is not None and stop.is_set():
+                return failed
             now = self.clock()
             running = failed.evolve(status=RunStatus.RUNNING, attempt=failed.attempt + 1, started_at=now,
                                     recorded_at=now, ended_at=None, error=None, retry_at=None,

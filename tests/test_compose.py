@@ -1,12 +1,14 @@
 """docker-compose.yml and Dockerfile: valid structure, real commands, configuration keys the code reads.
 
-No Docker engine runs here; ``docker compose config`` is used when the compose
-plugin exists, and the structure is checked by hand either way.
+No Docker engine runs here: Debian's ``docker-compose config`` validates the
+file (CI installs it; elsewhere the test skips), and the structure is checked
+by hand either way.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import re
 import shutil
@@ -49,17 +51,30 @@ def settings_keys() -> set[str]:
     return keys
 
 
-def test_docker_compose_config_accepts_the_file_when_the_client_exists() -> None:
+def compose_client() -> list[str] | None:
+    """Debian's ``docker-compose`` (validates without a Docker engine), else the ``docker compose`` plugin."""
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
     docker = shutil.which("docker")
-    if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:
-        pytest.skip("no docker compose client here; the structural tests below stand in for it")
-    result = subprocess.run([docker, "compose", "-f", str(ROOT / "docker-compose.yml"), "config", "--quiet"],
-                            capture_output=True, text=True)
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        return [docker, "compose"]
+    return None
+
+
+def test_docker_compose_config_accepts_the_file() -> None:
+    client = compose_client()
+    if client is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must validate docker-compose.yml: .ci/run installs Debian's docker-compose")
+        pytest.skip("no docker-compose here (apt-get install docker-compose); CI runs this check")
+    result = subprocess.run([*client, "-f", str(ROOT / "docker-compose.yml"), "config", "--quiet"],
+                            capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
 
 
 def test_stack_has_every_service_of_the_design() -> None:
-    assert {"kafka", "kafka-init", "minio", "minio-init", "gateway", "ingester", "scheduler", "query-api", "trainer"} <= set(SERVICES)
+    assert {"kafka", "kafka-init", "minio", "minio-init", "gateway", "gateway-lb", "ingester", "scheduler", "query-api",
+            "trainer"} <= set(SERVICES)
     for name, service in SERVICES.items():
         assert "image" in service or "build" in service, name
         assert set(service) <= COMPOSE_SERVICE_KEYS, (name, set(service) - COMPOSE_SERVICE_KEYS)
@@ -67,7 +82,7 @@ def test_stack_has_every_service_of_the_design() -> None:
 
 COMPOSE_SERVICE_KEYS = {
     "image", "build", "command", "entrypoint", "environment", "depends_on", "ports", "volumes", "deploy",
-    "profiles", "healthcheck", "restart",
+    "profiles", "healthcheck", "restart", "stop_grace_period",
 }
 
 
@@ -89,6 +104,41 @@ def test_dependencies_exist_and_wait_for_topics_and_bucket() -> None:
         assert SERVICES[name]["depends_on"]["kafka-init"]["condition"] == "service_completed_successfully"
         assert SERVICES[name]["depends_on"]["minio-init"]["condition"] == "service_completed_successfully"
     assert "mc mb --ignore-existing lake/trajlake" in SERVICES["minio-init"]["command"][0]
+    assert SERVICES["gateway"]["depends_on"]["model"]["condition"] == "service_healthy"
+    assert SERVICES["gateway-lb"]["depends_on"]["gateway"]["condition"] == "service_healthy"
+
+
+LONG_RUNNING = sorted(name for name, s in SERVICES.items() if s.get("restart") != "no")
+
+
+@pytest.mark.parametrize("service", LONG_RUNNING)
+def test_every_long_running_service_has_a_health_check(service: str) -> None:
+    check = SERVICES[service]["healthcheck"]
+    assert check["test"][0] in {"CMD", "CMD-SHELL"} and check["retries"] >= 3, service
+    if check["test"][1] == "trajlake":  # a real command with real flags
+        commands = cli_commands()
+        name, flags = check["test"][2], [a for a in check["test"][3:] if a.startswith("--")]
+        assert name in commands
+        assert set(flags) <= {o for p in commands[name].params for o in getattr(p, "opts", [])}
+
+
+def test_probes_match_what_each_service_serves() -> None:
+    probe = {name: " ".join(SERVICES[name]["healthcheck"]["test"]) for name in LONG_RUNNING}
+    assert "/readyz" in probe["gateway"] and "/healthz" in probe["query-api"] and "/v1/models" in probe["model"]
+    assert probe["ingester"].endswith("trajlake health --broker")  # a lake read and the topic
+    assert probe["scheduler"].endswith("trajlake health") and probe["trainer"].endswith("trajlake health")
+
+
+def test_gateways_scale_behind_one_port_with_a_spool_each() -> None:
+    gateway, lb = SERVICES["gateway"], SERVICES["gateway-lb"]
+    assert gateway["deploy"]["replicas"] >= 2 and "ports" not in gateway  # no fixed host port to fight over
+    spool = gateway["environment"]["TRAJLAKE_SPOOL_DIR"]
+    assert gateway["volumes"] == [spool]  # an anonymous volume: one per replica, never shared
+    assert lb["ports"] == ["8080:8080"]
+    [mount] = lb["volumes"]
+    conf = (ROOT / mount.split(":")[0]).read_text()
+    assert "resolver 127.0.0.11" in conf and "set $gateway http://gateway:8080;" in conf
+    assert "proxy_buffering off;" in conf and "proxy_read_timeout 600s;" in conf
 
 
 def test_lake_lives_in_the_minio_bucket_with_safe_concurrent_commits() -> None:

@@ -55,7 +55,7 @@ def test_build_show_list_diff_export_lineage(cli, tmp_path):
     [
         (["build-dataset", "ds", "--advantage", "ppo"], "advantage"),
         (["build-dataset", "ds", "--since", "yesterday"], "since"),
-        (["build-dataset", "ds", "--since", "2026-01-01T00:00:00"], "UTC offset"),
+        (["build-dataset", "ds", "--until", "soon"], "not an RFC 3339 time"),
         (["build-dataset", "ds", "--reward-rule", "weighted:a"], "NAME=NUMBER"),
         (["build-dataset", "ds", "--where", "nope = 1"], "Columns you can use"),
         (["build-dataset", "ds", "--where", "x" * 3000], "where"),

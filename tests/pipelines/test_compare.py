@@ -278,7 +278,7 @@ def test_cli_json_is_reproducible(app: typer.Typer, ab_lake: Lake) -> None:
     (["swe@1.0", "swe@2.0", "--by", "model"], "--by 'model'"),
     (["swe@1.0", "swe@2.0", "--confidence", "7"], "confidence"),
     (["swe@1.0", "swe@2.0", "--success", "reward"], "success rule"),
-    (["swe@1.0", "swe@2.0", "--until", "soon"], "not an ISO 8601 time"),
+    (["swe@1.0", "swe@2.0", "--until", "soon"], "not an RFC 3339 time"),
 ])
 def test_cli_bad_input_exits_with_a_message(app: typer.Typer, ab_lake: Lake, args: list[str], message: str) -> None:
     result = run(app, "compare", *args, "--lake", ab_lake.root)

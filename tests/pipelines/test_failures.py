@@ -284,7 +284,7 @@ def test_cli_writes_jsonl_and_the_table(fresh_lake: Lake, tmp_path: Path) -> Non
 @pytest.mark.parametrize(("args", "message"), [
     (["--harness", "nope"], "no finished rollout"),
     (["--success", "reward>"], "success rule"),
-    (["--since", "yesterday"], "not an ISO 8601 time"),
+    (["--since", "yesterday"], "not an RFC 3339 time"),
     (["--where", "1; DROP TABLE x"], "one SQL predicate"),
     (["--json", "--output", "-"], "both write to stdout"),
 ])

@@ -343,8 +343,9 @@ def test_serve_survives_a_pass_that_fails(lake: Lake) -> None:
             self.passes += 1
             if self.passes == 1:
                 raise OSError("object store unreachable")
-            stop.set()
-            return super().run_pending(**options)
+            finished = super().run_pending(**options)
+            stop.set()  # after the pass: a pass that sees stop set starts no window
+            return finished
 
     scheduler = UnreachableOnce(lake, [writing_job(lake, cron="* * * * *")])
     thread = threading.Thread(target=scheduler.serve, args=(stop,), kwargs={"poll": timedelta(seconds=0.01)})

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from ingest.broker import probe_broker
 from ingest.topics import ensure_topic
 from pipelines import (
     BadFilter,
@@ -38,6 +39,7 @@ from pipelines import (
 )
 from schemas.control import CONTROL_TOPIC
 from store.lake import Lake
+from trajlake.options import LAKE_OPTION, TIME_HELP, parse_time
 from trajlake.settings import CommonSettings
 
 
@@ -55,7 +57,6 @@ class DatasetSettings(CommonSettings):
         return "bootstrap_servers" in self.model_fields_set
 
 
-LAKE_OPTION = typer.Option(None, "--lake", help="Lake root (default: TRAJLAKE_LAKE, else ./lake).")
 datasets_app = typer.Typer(help="Versioned training datasets: list, show, diff, export.", no_args_is_help=True)
 
 
@@ -70,8 +71,8 @@ def _settings(**flags: Any) -> DatasetSettings:
 
 def build_dataset_command(
     name: str = typer.Argument(..., help="Dataset name: the table datasets/NAME gets a new version."),
-    since: str | None = typer.Option(None, help="Rollouts started at or after (RFC 3339, e.g. 2026-11-01T00:00:00Z)."),
-    until: str | None = typer.Option(None, help="Rollouts started before (RFC 3339)."),
+    since: str | None = typer.Option(None, help=f"Rollouts started at or after this time ({TIME_HELP})."),
+    until: str | None = typer.Option(None, help=f"Rollouts started before this time ({TIME_HELP})."),
     task: list[str] = typer.Option([], help="Task id (repeatable)."),
     tenant: list[str] = typer.Option([], help="Tenant (repeatable)."),
     harness: list[str] = typer.Option([], help="Harness name or name@version (repeatable)."),
@@ -98,7 +99,8 @@ def build_dataset_command(
     settings = _settings(lake=lake, bootstrap_servers=bootstrap_servers, build_batch_tokens=batch_tokens)
     try:
         config = BuildConfig(
-            selection=Selection(since=since, until=until, tasks=tuple(task), tenants=tuple(tenant),
+            selection=Selection(since=since and parse_time(since, "--since"),
+                                until=until and parse_time(until, "--until"), tasks=tuple(task), tenants=tuple(tenant),
                                 harnesses=tuple(harness), policy_versions=tuple(policy_version),
                                 statuses=tuple(status), include_unfinished=include_unfinished, where=where),
             reward_rule=RewardRule.parse(reward_rule), advantage=advantage, group_by=group_by,
@@ -130,26 +132,13 @@ def build_dataset_command(
 
 def _producer(settings: DatasetSettings, console: Console) -> KafkaProducer | None:
     try:
-        _probe(settings.bootstrap_servers)
+        probe_broker(settings.bootstrap_servers)
         ensure_topic(settings.bootstrap_servers, settings.control_topic, partitions=1)
         return KafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all", request_timeout_ms=10_000)
     except (KafkaError, RuntimeError, OSError) as exc:
         console.print(f"[yellow]broker {settings.bootstrap_servers} unreachable ({exc}): building without "
                       "publishing dataset.version[/]")
         return None
-
-
-def _probe(bootstrap_servers: str, timeout_s: float = 3.0) -> None:
-    """Fail fast (OSError) when no bootstrap server accepts a connection; kafka-python would retry for ~30 s."""
-    errors = []
-    for server in bootstrap_servers.split(","):
-        host, _, port = server.strip().rpartition(":")
-        try:
-            socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
-            return
-        except (OSError, ValueError) as exc:
-            errors.append(f"{server}: {exc}")
-    raise OSError("; ".join(errors))
 
 
 def _render_publish(console: Console, result: BuildResult, settings: DatasetSettings, *, asked: bool) -> None:
@@ -201,6 +190,11 @@ def render_manifest(console: Console, manifest: dict[str, Any]) -> None:
     console.print(table)
 
 
+def _json_value(value: Any) -> str:
+    """Times as RFC 3339 text; anything else JSON does not know as its string."""
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
 def _first_error(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         err = exc.errors()[0]
@@ -212,9 +206,14 @@ def _first_error(exc: Exception) -> str:
 def list_command(
     name: str | None = typer.Argument(None, help="Only this dataset."),
     lake: str | None = LAKE_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON lines, one object per version."),
 ) -> None:
     """Every registered dataset version, oldest first."""
     rows = list_versions(Lake(_settings(lake=lake).lake), name).to_pylist()
+    if as_json:
+        for r in rows:
+            print(json.dumps(r, default=_json_value, sort_keys=True))
+        return
     if not rows:
         Console().print("no dataset versions yet: run trajlake build-dataset NAME")
         return
@@ -250,12 +249,16 @@ def diff_command(
     a: str = typer.Argument(..., help="NAME@VERSION (or NAME: latest)."),
     b: str = typer.Argument(..., help="NAME@VERSION (or NAME: latest)."),
     lake: str | None = LAKE_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print the diff as one JSON object (each change as a pair: old, new)."),
 ) -> None:
     """What changed between two dataset versions: content, config, sources, counts, rollouts, rewards."""
     try:
         d = diff_versions(Lake(_settings(lake=lake).lake), parse_ref(a), parse_ref(b))
     except (DatasetNotFound, ValueError) as exc:
         raise fail(str(exc)) from None
+    if as_json:
+        print(json.dumps(dataclasses.asdict(d), default=_json_value, indent=2, sort_keys=True))
+        return
     console = Console()
     console.print(f"{d.a} -> {d.b}: " + ("[green]same content[/]" if d.same_content else "[yellow]content differs[/]"))
     for title, changes in (("config", d.config_changes), ("sources", d.source_changes), ("counts", d.count_changes)):

@@ -8,7 +8,9 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from trajlake.options import BOOTSTRAP_SERVERS_OPTION, TOPIC_OPTION
 from trajlake.settings import CommonSettings
+from trajlake.signals import exit_cleanly_on_stop_signals
 
 
 class GatewaySettings(CommonSettings):
@@ -59,8 +61,14 @@ def gateway(
     policy_version: Optional[str] = typer.Option(None, help="Policy version recorded on every response."),
     keys_file: Optional[Path] = typer.Option(None, help="File of key=tenant lines."),
     redaction_rules: Optional[Path] = typer.Option(None, help="Redaction rules file (.json/.toml)."),
+    bootstrap_servers: Optional[str] = BOOTSTRAP_SERVERS_OPTION,
+    topic: Optional[str] = TOPIC_OPTION,
 ) -> None:
-    """Run the capture gateway: point any OpenAI client's base URL here and every call lands in the lake."""
+    """Run the capture gateway: point any OpenAI client's base URL here and every call lands in the lake.
+
+    SIGTERM or Ctrl-C: in-flight calls finish, events still unsent stay in the spool for the next start; exit 0.
+    """
+    exit_cleanly_on_stop_signals()
     import uvicorn
 
     from ingest.gateway import create_gateway_app
@@ -70,10 +78,11 @@ def gateway(
     overrides = {
         "upstream_url": upstream, "tokenizer": tokenizer, "spool_dir": spool_dir,
         "policy_version": policy_version, "gateway_keys_file": keys_file, "redaction_rules": redaction_rules,
+        "bootstrap_servers": bootstrap_servers, "topic": topic,
     }
-    settings = GatewaySettings(**{k: v for k, v in overrides.items() if v is not None})
     console = Console(stderr=True)
     try:
+        settings = GatewaySettings(**{k: v for k, v in overrides.items() if v is not None})
         app = create_gateway_app(settings)
     except (KeyConfigError, SpoolLocked, ValueError) as exc:
         console.print(f"[red]gateway not started:[/] {exc}")

@@ -18,6 +18,7 @@ from ingest.redaction import RedactionConfigError, load_redactor
 from schemas.versions import MAX_EVENT_BYTES
 from store.lake import Lake, TableMissing
 from store.rebuild import RebuildRaced, rebuild_typed_tables
+from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings
 
 
@@ -44,7 +45,7 @@ def _settings(**flags: object) -> IngestSettings:
 
 
 def ingest(
-    lake: str | None = typer.Option(None, help="Lake root (default: TRAJLAKE_LAKE, else ./lake)."),
+    lake: str | None = LAKE_OPTION,
     bootstrap_servers: str | None = typer.Option(None, help="Kafka bootstrap servers (TRAJLAKE_BOOTSTRAP_SERVERS)."),
     topic: str | None = typer.Option(None, help="Events topic (TRAJLAKE_TOPIC, default trajlake.events)."),
     group: str | None = typer.Option(None, help="Consumer group (default trajlake-ingest)."),
@@ -113,7 +114,7 @@ def _summary(st: IngestStats) -> Table:
 
 
 def rebuild(
-    lake: str | None = typer.Option(None, help="Lake root (default: TRAJLAKE_LAKE, else ./lake)."),
+    lake: str | None = LAKE_OPTION,
     group: str | None = typer.Option(None, help="Ingest group whose markers the typed tables take over (default trajlake-ingest)."),
 ) -> None:
     """Re-derive the typed tables from the events table (one Delta version each). Stop the ingesters first."""

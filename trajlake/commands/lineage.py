@@ -11,12 +11,13 @@ from rich.tree import Tree
 
 from pipelines import DatasetNotFound, Lineage, LineageNotFound, get_manifest, lineage, run_event
 from store.lake import Lake
+from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings
 
 
 def lineage_command(
     ref: str = typer.Argument(..., help="NAME@VERSION, checkpoint id, rollout id, event id, or dataset NAME."),
-    lake: str | None = typer.Option(None, "--lake", help="Lake root (default: TRAJLAKE_LAKE, else ./lake)."),
+    lake: str | None = LAKE_OPTION,
     limit: int = typer.Option(10, min=0, help="Rollouts and events to list by id (all are counted)."),
     as_json: bool = typer.Option(False, "--json", help="Print the lineage as JSON (every id)."),
     openlineage: bool = typer.Option(False, "--openlineage", help="For a dataset version: print its build as an OpenLineage RunEvent."),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -18,9 +19,8 @@ from store.forget import ForgetReport, ForgetRequest, forget
 from store.lake import Lake
 from store.retention import DEFAULT_KEY, RetentionPolicy, apply_retention, expired_rollouts
 from trainer.records import list_checkpoints
+from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings
-
-LAKE_OPTION = typer.Option(None, "--lake", help="Lake root (default: TRAJLAKE_LAKE, else ./lake).")
 
 
 class OpsSettings(CommonSettings):
@@ -73,10 +73,16 @@ def forget_command(
 def retention_show(
     policy: Path | None = typer.Option(None, exists=True, dir_okay=False, help="Policy file (default: TRAJLAKE_RETENTION_POLICY / _DAYS)."),
     lake: str | None = LAKE_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON lines: tenant ('*': any other), days, expired_rollouts."),
 ) -> None:
     """Show the retention policy and how many rollouts each tenant has past it."""
     settings, parsed = _policy(policy, lake)
     expired = expired_rollouts(Lake(settings.lake), parsed, now=datetime.now(timezone.utc))
+    if as_json:
+        for tenant in sorted(set(expired) | set(parsed.days)):
+            print(json.dumps({"tenant": tenant, "days": parsed.days_for(tenant),
+                              "expired_rollouts": len(expired.get(tenant, []))}))
+        return
     if not parsed.days:
         Console().print("no retention policy: every rollout is kept (set TRAJLAKE_RETENTION_DAYS or --policy)")
         return

@@ -9,7 +9,9 @@ import typer
 from pydantic import Field
 from rich.console import Console
 
+from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings
+from trajlake.signals import exit_cleanly_on_stop_signals
 
 
 class QueryApiSettings(CommonSettings):
@@ -46,10 +48,11 @@ class QueryApiSettings(CommonSettings):
 def query_api(
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
     port: int = typer.Option(8090, min=1, max=65535, help="Port to listen on."),
-    lake: Optional[str] = typer.Option(None, "--lake", help="Lake root (default: TRAJLAKE_LAKE, else ./lake)."),
+    lake: Optional[str] = LAKE_OPTION,
     keys_file: Optional[Path] = typer.Option(None, help="File of key=tenant lines (TRAJLAKE_QUERY_API_KEYS_FILE)."),
 ) -> None:
     """Serve read-only SQL, rollouts, datasets and lineage over HTTP; each API key sees only its tenant's rows."""
+    exit_cleanly_on_stop_signals()
     import uvicorn
 
     from ingest.gateway.auth import KeyConfigError, KeyRing

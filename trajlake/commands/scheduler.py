@@ -34,10 +34,11 @@ from rich.table import Table
 from store.compact import compact
 from store.lake import Lake
 from store.retention import apply_retention
-from store.runs import RunRecord, RunsTable
+from store.runs import RunRecord, RunsTable, RunStatus
 from store.scheduler import Job, Scheduler
 from trainer.nightly import NightlyConfig, nightly_job
-from trajlake.commands.ops import LAKE_OPTION, OpsSettings, fail
+from trajlake.commands.ops import OpsSettings, fail
+from trajlake.options import LAKE_OPTION, TIME_HELP, parse_time
 from trajlake.tiny_model import build_tiny_model, default_model_dir
 
 
@@ -94,31 +95,44 @@ def build_jobs(lake: Lake, settings: SchedulerSettings) -> list[Job]:
 
 
 def scheduler_command(
-    once: bool = typer.Option(False, "--once", help="Run the due windows once and exit (for cron / CI)."),
-    backfill: datetime | None = typer.Option(None, help="Also run every missed window since this UTC time (e.g. 2026-11-01)."),
+    once: bool = typer.Option(False, "--once", help="Run the due windows once and exit (for cron / CI): exit 1 when "
+                              "a window failed or gave up."),
+    backfill: str | None = typer.Option(None, help=f"Also run every missed window since this time ({TIME_HELP})."),
     job: list[str] = typer.Option([], help="Only these jobs (repeatable): nightly, retention, compact."),
     lake: str | None = LAKE_OPTION,
 ) -> None:
-    """Run jobs on their cron windows, each window once across restarts and scheduler instances."""
+    """Run jobs on their cron windows, each window once across restarts and scheduler instances.
+
+    SIGTERM or Ctrl-C: no new window starts, a run waiting for its retry stops waiting (a later pass or another
+    instance retries it), a running job finishes first; then the scheduler exits 0.
+    """
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     settings = _settings(lake)
-    store = Lake(settings.lake)
     try:
+        since = parse_time(backfill, "--backfill") if backfill else None
+        store = Lake(settings.lake)
         jobs = [j for j in build_jobs(store, settings) if not job or j.name in job]
     except ValueError as exc:
         raise fail(str(exc)) from None
     if not jobs:
         raise fail(f"no job to run (asked for {job or 'all'}; a job with an empty cron expression is off)")
     scheduler = Scheduler(store, jobs, owner=f"{socket.gethostname()}-{threading.get_native_id()}",
-                          lease=timedelta(seconds=settings.scheduler_lease_s))
+                          lease=timedelta(seconds=settings.scheduler_lease_s), sleep=stop.wait)
     console = Console()
-    since = backfill.replace(tzinfo=backfill.tzinfo or timezone.utc) if backfill else None
     if once or since:
-        render_runs(console, scheduler.run_pending(backfill_from=since), title="runs finished by this pass")
-        if once:
+        try:
+            finished = scheduler.run_pending(backfill_from=since, stop=stop)
+        except Exception as exc:  # the lake is unreachable or broken: one line, exit 1 (serve() logs and retries)
+            raise fail(f"scheduler pass on {settings.lake} failed: {type(exc).__name__}: {exc}") from None
+        render_runs(console, finished, title="runs finished by this pass")
+        unfinished = [r for r in finished if r.status is not RunStatus.SUCCEEDED]
+        if unfinished and not stop.is_set() or any(r.status is RunStatus.GAVE_UP for r in unfinished):
+            raise fail(f"{len(unfinished)} window(s) did not succeed: " + ", ".join(
+                f"{r.job} {r.window_key} {r.status}" for r in unfinished) + " (details: trajlake runs --history)")
+        if once or stop.is_set():
             return
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     console.print(f"scheduler {scheduler.owner} running " + ", ".join(f"{j.name} ({j.cron})" for j in jobs))
     scheduler.serve(stop, poll=timedelta(seconds=settings.scheduler_poll_s))
     console.print("scheduler stopped")
@@ -169,7 +183,7 @@ def render_runs(console: Console, records: list[RunRecord], *, title: str) -> No
         table.add_row(
             r.job, _clock(r.window_end), f"[{style[r.status]}]{r.status}[/]", str(r.attempt),
             "" if r.dataset_version is None else str(r.dataset_version), r.checkpoint or "",
-            (r.error or r.results.get("skipped") or "")[:200],
+            (r.error or r.results.get("skipped") or "").partition("\n")[0][:200],
         )
     console.print(table)
 

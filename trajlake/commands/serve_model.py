@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from rich.console import Console
 
+from trajlake.signals import exit_cleanly_on_stop_signals
 from trajlake.tiny_model import build_tiny_model, default_model_dir
 
 
@@ -36,15 +37,16 @@ class ServeModelSettings(BaseSettings):
 
 def serve_model(
     model: Path | None = typer.Option(None, "--model", help="HF model folder (save_pretrained). Default: tiny model."),
-    host: str | None = typer.Option(None, help="Interface to bind [default: 127.0.0.1]."),
-    port: int | None = typer.Option(None, min=0, max=65535, help="Port to listen on [default: 8000]."),
-    served_name: str | None = typer.Option(None, help="Model name clients send [default: folder name]."),
-    policy_version: str | None = typer.Option(None, help="Policy version to report [default: served name]."),
-    max_new_tokens: int | None = typer.Option(None, min=1, help="Cap on max_tokens [default: 512]."),
-    seed: int | None = typer.Option(None, help="Seed for requests without one [default: 0]."),
-    threads: int | None = typer.Option(None, min=1, help="Torch threads per generation [default: 1]."),
+    host: str | None = typer.Option(None, help="Interface to bind (default: 127.0.0.1)."),
+    port: int | None = typer.Option(None, min=0, max=65535, help="Port to listen on (default: 8000)."),
+    served_name: str | None = typer.Option(None, help="Model name clients send (default: folder name)."),
+    policy_version: str | None = typer.Option(None, help="Policy version to report (default: served name)."),
+    max_new_tokens: int | None = typer.Option(None, min=1, help="Cap on max_tokens (default: 512)."),
+    seed: int | None = typer.Option(None, help="Seed for requests without one (default: 0)."),
+    threads: int | None = typer.Option(None, min=1, help="Torch threads per generation (default: 1)."),
 ) -> None:
     """Serve a causal LM over an OpenAI-compatible API with vLLM-style token ids and logprobs."""
+    exit_cleanly_on_stop_signals()
     import uvicorn
 
     from trainer.serve import create_serve_app  # torch/transformers: only when serving

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -21,6 +22,7 @@ from rich.text import Text
 from store.lake import Lake
 from store.sql import LakeMissing, QueryError, describe_views, export, run_query
 from store.trajectory import excerpt
+from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings
 
 CELL_CHARS = 60
@@ -39,9 +41,6 @@ class OutputFormat(str, Enum):
     csv = "csv"
     json = "json"
     parquet = "parquet"
-
-
-LAKE_OPTION = typer.Option(None, "--lake", help="Lake root (default: TRAJLAKE_LAKE, else ./lake).")
 
 
 def build_settings(lake: str | None) -> SqlSettings:
@@ -166,13 +165,20 @@ def utc_text(ts: datetime) -> str:
     return text + ("Z" if ts.tzinfo is not None else "")
 
 
-def tables(lake: str | None = LAKE_OPTION) -> None:
+def tables(
+    lake: str | None = LAKE_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON lines, one object per view."),
+) -> None:
     """List the views `trajlake sql` can query, with row counts and Delta versions."""
     settings = build_settings(lake)
     try:
         views = describe_views(Lake(settings.lake))
     except (QueryError, LakeMissing) as e:
         raise fail(str(e)) from None
+    if as_json:
+        for v in views:
+            print(json.dumps(dataclasses.asdict(v), sort_keys=True))
+        return
     table = Table(box=box.SIMPLE_HEAVY, show_edge=False, title=f"lake {settings.lake}", title_justify="left")
     for name, justify in (("view", "left"), ("kind", "left"), ("rows", "right"), ("version", "right"), ("table", "left")):
         table.add_column(name, justify=justify)

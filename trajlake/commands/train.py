@@ -27,6 +27,7 @@ from trainer.config import TrainConfig, load_deepspeed_json
 from trainer.dataset import DatasetRef
 from trainer.errors import TrainerError
 from trainer.records import CheckpointRecord, list_checkpoints
+from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings
 from trajlake.tiny_model import build_tiny_model, default_model_dir
 
@@ -52,7 +53,7 @@ def _is_main_rank() -> bool:
 
 
 def train(
-    dataset: str | None = typer.Option(None, help="NAME[@VERSION] to train (latest version when none); with --follow: only this dataset."),
+    dataset: str | None = typer.Option(None, help="NAME or NAME@VERSION to train (latest version when none); with --follow: only this dataset."),
     model: str | None = typer.Option(None, help="Base HF model folder (TRAJLAKE_TRAIN_MODEL; default: the tiny demo model)."),
     mode: str = typer.Option("pg", help="pg: clipped policy gradient; sft: NLL over positive rollouts."),
     deepspeed_config: Path | None = typer.Option(None, help="DeepSpeed JSON (ZeRO stage, bf16, accumulation, optimizer...)."),
@@ -68,7 +69,7 @@ def train(
     save_every: int = typer.Option(50, min=1, help="Optimizer steps between restart points."),
     seed: int = typer.Option(0, help="Seed of the batch order."),
     out: str | None = typer.Option(None, help="Checkpoint folder (TRAJLAKE_TRAIN_OUT, default ./checkpoints)."),
-    lake: str | None = typer.Option(None, help="Lake root (TRAJLAKE_LAKE, default ./lake)."),
+    lake: str | None = LAKE_OPTION,
     follow_mode: bool = typer.Option(False, "--follow", help="Keep running: train each new dataset version once."),
     bootstrap_servers: str | None = typer.Option(None, help="Kafka for --follow (TRAJLAKE_BOOTSTRAP_SERVERS)."),
     no_kafka: bool = typer.Option(False, "--no-kafka", help="--follow by registry polling only."),
@@ -173,7 +174,7 @@ def checkpoint_summary(rec: CheckpointRecord) -> Table:
 
 def checkpoints(
     dataset: str | None = typer.Option(None, help="Only this dataset's checkpoints."),
-    lake: str | None = typer.Option(None, help="Lake root (TRAJLAKE_LAKE, default ./lake)."),
+    lake: str | None = LAKE_OPTION,
     as_json: bool = typer.Option(False, "--json", help="One JSON object per line instead of a table."),
 ) -> None:
     """List trained checkpoints with their dataset version and final metrics, oldest first."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from pipelines.selection import BadFilter
 from store.lake import Lake
 from store.sql import LakeMissing
 from trajlake.commands.sql import LAKE_OPTION, fail
+from trajlake.options import TIME_HELP, parse_time
 from trajlake.settings import CommonSettings
 
 PACKET_ID_SHOWN = 11
@@ -57,14 +58,13 @@ def _settings(**flags: Any) -> WorkbenchSettings:
 
 
 def _utc(text: str | None, flag: str) -> datetime | None:
-    """ISO 8601 text as a UTC datetime; without an offset it is taken as UTC."""
+    """RFC 3339 text as a UTC datetime; without an offset it is taken as UTC."""
     if text is None:
         return None
     try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise fail(f"{flag} {text!r} is not an ISO 8601 time, e.g. 2026-01-01 or 2026-01-01T06:00:00Z") from None
-    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+        return parse_time(text, flag)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
 
 
 def _selection(*, since: str | None, until: str | None, task: list[str], tenant: list[str],
@@ -81,8 +81,8 @@ def _first_error(exc: Exception) -> str:
     return str(exc)
 
 
-SINCE = typer.Option(None, help="Rollouts started at or after this time (ISO 8601; no offset = UTC).")
-UNTIL = typer.Option(None, help="Rollouts started before this time (ISO 8601; no offset = UTC).")
+SINCE = typer.Option(None, help=f"Rollouts started at or after this time ({TIME_HELP}).")
+UNTIL = typer.Option(None, help=f"Rollouts started before this time ({TIME_HELP}).")
 TASK = typer.Option([], "--task", help="Task id of the task set (repeatable; default: every task).")
 TENANT = typer.Option([], "--tenant", help="Tenant (repeatable).")
 WHERE = typer.Option(None, help='Extra SQL predicate over rollout columns, e.g. "steps > 2".')

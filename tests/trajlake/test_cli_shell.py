@@ -1,0 +1,94 @@
+"""The CLI shell: logging levels, the exit-code epilog on every command, shared option wording."""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from trajlake.cli import OWN_PACKAGES, SILENT_LIBRARIES, build_app, configure_logging
+
+
+def all_commands() -> dict[str, typer.main.click.Command]:
+    """'datasets list' -> click command, for every command and sub-command."""
+    found = {}
+    pending = [("", typer.main.get_command(build_app()))]
+    while pending:
+        prefix, group = pending.pop()
+        for name, command in group.commands.items():
+            path = f"{prefix} {name}".strip()
+            if hasattr(command, "commands"):
+                pending.append((path, command))
+            else:
+                found[path] = command
+    return found
+
+
+@pytest.fixture(autouse=True)
+def restore_logging():
+    names = ["", *OWN_PACKAGES, *SILENT_LIBRARIES]
+    levels = {name: logging.getLogger(name).level for name in names}
+    yield
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+
+
+def test_library_logs_stay_quiet_unless_debug():
+    configure_logging("INFO")
+    assert logging.getLogger("ingest.ingester").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+    assert logging.getLogger("httpx").isEnabledFor(logging.WARNING)
+    assert not logging.getLogger("kafka.net.manager").isEnabledFor(logging.ERROR)  # our code says it in one line
+    configure_logging("DEBUG")
+    assert logging.getLogger("kafka.net.manager").isEnabledFor(logging.DEBUG)
+    assert logging.getLogger("httpx").isEnabledFor(logging.DEBUG)
+
+
+def test_debug_flag_turns_library_logs_on():
+    configure_logging("WARNING")
+    result = CliRunner().invoke(build_app(), ["--debug", "broker", "--help"])
+    assert result.exit_code == 0
+    assert logging.getLogger("kafka").isEnabledFor(logging.DEBUG)
+
+
+def test_a_bad_log_level_is_refused_by_name():
+    with pytest.raises(ValueError, match="TRAJLAKE_LOG_LEVEL='loud'"):
+        configure_logging("loud")
+
+
+@pytest.mark.parametrize("path", sorted(all_commands()))
+def test_every_help_ends_with_the_exit_codes(path: str):
+    result = CliRunner().invoke(build_app(), [*path.split(), "--help"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert "Exit codes: 0 done" in result.output and "2 bad flags or settings" in result.output
+
+
+@pytest.mark.parametrize("path", sorted(all_commands()))
+def test_lake_option_has_one_wording(path: str):
+    [lake] = [p for p in all_commands()[path].params if "--lake" in getattr(p, "opts", [])] or [None]
+    if lake is not None:
+        assert lake.help == "Lake root: a folder or s3://bucket/prefix (default: TRAJLAKE_LAKE, else ./lake).", path
+
+
+@pytest.mark.parametrize("path", sorted(all_commands()))
+def test_no_help_text_is_eaten_as_rich_markup(path: str):
+    """Typer renders help with rich markup: '[default: 1]' would vanish from the screen."""
+    for param in all_commands()[path].params:
+        assert not re.search(r"\[[a-z#/@][^\[\]]*\]", getattr(param, "help", None) or ""), (path, param.name)
+
+
+def test_an_unexpected_error_is_one_line_and_exit_1_and_debug_shows_the_traceback(tmp_path):
+    log = tmp_path / "lake" / "rollout_starts" / "_delta_log"
+    log.mkdir(parents=True)
+    (log / "00000000000000000000.json").write_text("garbage\n")
+    command = [sys.executable, "-m", "trajlake.cli", "compact", "--lake", str(tmp_path / "lake")]
+    quiet = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 1 and "Traceback" not in quiet.stderr
+    assert quiet.stderr.startswith("error: DeltaError: ") and "trajlake --debug" in quiet.stderr
+    loud = subprocess.run([*command[:3], "--debug", *command[3:]], capture_output=True, text=True, timeout=120)
+    assert loud.returncode == 1 and "Traceback" in loud.stderr

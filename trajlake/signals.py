@@ -1,0 +1,24 @@
+"""Clean stops: a service that SIGTERM or Ctrl-C stops exits 0, whenever the signal comes."""
+
+from __future__ import annotations
+
+import signal
+from types import FrameType
+
+
+def exit_cleanly_on_stop_signals() -> None:
+    """SIGTERM and SIGINT raise ``SystemExit(0)`` in the main thread from now on.
+
+    uvicorn takes both signals over while it serves, shuts down gracefully
+    (lifespan shutdown: the gateway closes its emitter, unsent events stay in
+    its spool), then raises the signal again: it lands here and the process
+    exits 0 instead of dying by the signal (-15) or printing "Aborted!" (1).
+    Before the server runs (e.g. while a model loads), the same handler stops
+    the start at once.
+    """
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_0)
+
+
+def _exit_0(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
