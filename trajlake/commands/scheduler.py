@@ -36,6 +36,7 @@ from store.lake import Lake
 from store.retention import apply_retention
 from store.runs import RunRecord, RunsTable
 from store.scheduler import Job, Scheduler
+from store.scheduler_metrics import serve_metrics as serve_scheduler_metrics
 from trainer.nightly import NightlyConfig, nightly_job
 from trajlake.commands.ops import LAKE_OPTION, OpsSettings, fail
 from trajlake.tiny_model import build_tiny_model, default_model_dir
@@ -98,6 +99,7 @@ def scheduler_command(
     backfill: datetime | None = typer.Option(None, help="Also run every missed window since this UTC time (e.g. 2026-11-01)."),
     job: list[str] = typer.Option([], help="Only these jobs (repeatable): nightly, retention, compact."),
     lake: str | None = LAKE_OPTION,
+    metrics_port: int | None = typer.Option(None, min=1, max=65535, help="Serve Prometheus metrics on this port (/metrics)."),
 ) -> None:
     """Run jobs on their cron windows, each window once across restarts and scheduler instances."""
     settings = _settings(lake)
@@ -110,6 +112,11 @@ def scheduler_command(
         raise fail(f"no job to run (asked for {job or 'all'}; a job with an empty cron expression is off)")
     scheduler = Scheduler(store, jobs, owner=f"{socket.gethostname()}-{threading.get_native_id()}",
                           lease=timedelta(seconds=settings.scheduler_lease_s))
+    if metrics_port:
+        try:
+            serve_scheduler_metrics(store, jobs=[j.name for j in jobs], port=metrics_port)
+        except OSError as exc:
+            raise fail(f"metrics port {metrics_port}: {exc.strerror}") from None
     console = Console()
     since = backfill.replace(tzinfo=backfill.tzinfo or timezone.utc) if backfill else None
     if once or since:
