@@ -31,6 +31,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from pipelines.openlineage import open_lineage
 from store.compact import compact
 from store.lake import Lake
 from store.retention import apply_retention
@@ -76,13 +77,15 @@ def build_jobs(lake: Lake, settings: SchedulerSettings) -> list[Job]:
     """The configured jobs (those with a cron expression)."""
     options = {"max_attempts": settings.scheduler_max_attempts, "backoff": timedelta(seconds=settings.scheduler_backoff_s)}
     jobs = []
+    lineage = open_lineage(settings)  # LineageConfigError (a ValueError) for unusable transport settings
     if settings.scheduler_cron:
         nightly = NightlyConfig(
             dataset=settings.scheduler_dataset, lag=timedelta(hours=settings.scheduler_lag_h),
             train=settings.scheduler_train, train_out=settings.train_out,
             base_model=lambda: settings.train_model or str(build_tiny_model(default_model_dir())),
         )
-        jobs.append(Job("nightly", settings.scheduler_cron, run=nightly_job(lake, nightly), **options))
+        jobs.append(Job("nightly", settings.scheduler_cron, run=lineage.scheduled("nightly", nightly_job(lake, nightly)),
+                        **options))
     policy = settings.policy()
     if settings.retention_cron and policy.days:
         jobs.append(Job("retention", settings.retention_cron, run=lambda w: {

@@ -22,11 +22,13 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
+from pipelines.openlineage import Lineage, LineageConfigError, open_lineage
 from store.lake import Lake
 from trainer.config import TrainConfig, load_deepspeed_json
 from trainer.dataset import DatasetRef
 from trainer.errors import TrainerError
 from trainer.records import CheckpointRecord, list_checkpoints
+from trainer.train_lineage import traced_train
 from trainer.train_metrics import TrainMetrics, serve_metrics
 from trajlake.settings import CommonSettings
 from trajlake.tiny_model import build_tiny_model, default_model_dir
@@ -104,21 +106,20 @@ def train(
         if follow_mode:
             _follow(Lake(s.lake), config, s, ref, None if no_kafka else s.bootstrap_servers, console, metrics)
         else:
-            _train_once(Lake(s.lake), config, ref, console, metrics)
-    except TrainerError as exc:
+            with (open_lineage(s) if _is_main_rank() else Lineage(None)).active():  # rank 0 reports lineage
+                _train_once(Lake(s.lake), config, ref, console, metrics)
+    except (TrainerError, LineageConfigError) as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(code=1) from None
 
 
 def _train_once(lake: Lake, config: TrainConfig, ref: DatasetRef, console: Console,
                 metrics: TrainMetrics | None) -> None:
-    from trainer.loop import train_dataset
-
     console.print(f"training [bold]{ref.name}@{ref.version if ref.version is not None else 'latest'}[/] "
                   f"from {escape(config.model)} ({config.mode})")  # fmt: skip
     with _progress(console) as (progress, on_step):
-        record = train_dataset(lake, ref.name, ref.version, config,
-                               on_step=metrics.feeding(on_step) if metrics else on_step)
+        record = traced_train(lake, ref.name, ref.version, config,
+                              on_step=metrics.feeding(on_step) if metrics else on_step)
         progress.stop()
     console.print(checkpoint_summary(record))
 
