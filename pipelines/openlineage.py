@@ -2,24 +2,26 @@
 
 Runs: dataset builds (``build-dataset.<name>``; inputs: the source tables at
 the Delta versions the build pinned; output: ``datasets/<name>`` at its new
-version), training runs (``train.<dataset>``; input: the dataset version;
-output: the checkpoint) and scheduled jobs (``scheduler.<job>``, the parent
-of the build and training runs it starts). Each run sends START, then
-COMPLETE or FAIL (with the error), through the ``openlineage-python``
-client's transports: ``http`` (a Marquez-compatible ``/api/v1/lineage``),
-``file`` (one JSON event per line) or ``console``; ``none`` sends nothing.
+version), training runs (``train.<dataset>``, ``trainer.train_lineage``; input:
+the dataset version; output: the checkpoint) and scheduled jobs
+(``scheduler.<job>``, the parent of the builds and trainings it starts). Each
+run sends START, then COMPLETE or FAIL (with the error), through the
+``openlineage-python`` client's transports: ``http`` (a Marquez-compatible
+``/api/v1/lineage``), ``file`` (one JSON event per line) or ``console``;
+``none`` sends nothing. The client is imported only when lineage is on
+(``pipelines._lineage_events``).
 
 Dataset ids follow the OpenLineage naming spec: a local lake is namespace
 ``file`` with the absolute path as name; ``s3://bucket/prefix`` is namespace
-``s3://bucket`` with ``prefix/<table>`` as name. Lineage is never allowed to
-fail the work it describes: a transport error is logged and the run goes on.
+``s3://bucket`` with ``prefix/<table>`` as name. Lineage never fails the work
+it describes: a transport error is logged and the run goes on.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -28,24 +30,11 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from openlineage.client import OpenLineageClient
-from openlineage.client.event_v2 import InputDataset, Job, OutputDataset, Run, RunEvent, RunState
-from openlineage.client.generated.dataset_version_dataset import DatasetVersionDatasetFacet
-from openlineage.client.generated.error_message_run import ErrorMessageRunFacet
-from openlineage.client.generated.nominal_time_run import NominalTimeRunFacet
-from openlineage.client.generated.parent_run import Job as ParentJob
-from openlineage.client.generated.parent_run import ParentRunFacet
-from openlineage.client.generated.parent_run import Run as ParentRun
-from openlineage.client.serde import Serde
-from openlineage.client.transport import get_default_factory
-
 from pipelines.build import BuildResult, build_dataset
 from pipelines.config import BuildConfig
 from store.lake import Lake
 
 log = logging.getLogger(__name__)
-_ACTIVE: ContextVar[tuple[Lineage, RunScope | None] | None] = ContextVar("trajlake_openlineage", default=None)
-"""The lineage of the work in progress and its innermost run: runs started inside it become children."""
 
 PRODUCER = "https://github.com/trajlake/trajlake"
 TRANSPORTS = ("none", "http", "file", "console")
@@ -66,6 +55,15 @@ class LineageConfigError(ValueError):
     """Transport settings that cannot work; says which setting to fix."""
 
 
+@dataclass(frozen=True)
+class LineageDataset:
+    """A dataset of a run: (namespace, name) per the naming spec, and its version (a Delta version, a checkpoint id)."""
+
+    namespace: str
+    name: str
+    version: str | None = None
+
+
 def dataset_id(uri: str) -> tuple[str, str]:
     """(namespace, name) of a table or folder per the OpenLineage naming spec.
 
@@ -81,41 +79,20 @@ def dataset_id(uri: str) -> tuple[str, str]:
     return "file", str(Path(path).resolve())
 
 
-def table_dataset(lake_root: str, table: str, version: int | None, *, output: bool = False
-                  ) -> InputDataset | OutputDataset:
-    """A lake table at a Delta version, as an input (or output) dataset."""
-    namespace, name = dataset_id(f"{lake_root.rstrip('/')}/{table}")
-    facets = {"version": DatasetVersionDatasetFacet(datasetVersion=str(version))} if version is not None else {}
-    cls = OutputDataset if output else InputDataset
-    return cls(namespace=namespace, name=name, facets=facets)
+def uri_dataset(uri: str, version: object | None) -> LineageDataset:
+    """The table or folder at ``uri`` at ``version``."""
+    return LineageDataset(*dataset_id(uri), version=None if version is None else str(version))
 
 
-def build_datasets(manifest: Mapping[str, Any], *, lake_root: str) -> tuple[list[InputDataset], list[OutputDataset]]:
+def lake_dataset(lake_root: str, table: str, version: int | None) -> LineageDataset:
+    """A lake table (``datasets/NAME`` style names nest) at a Delta version."""
+    return uri_dataset(f"{lake_root.rstrip('/')}/{table}", version)
+
+
+def build_datasets(manifest: Mapping[str, Any], *, lake_root: str) -> tuple[list[LineageDataset], list[LineageDataset]]:
     """Inputs (source tables at the pinned versions) and output (the dataset version) of a build."""
-    inputs = [table_dataset(lake_root, t, v) for t, v in sorted(manifest["sources"].items())]
-    output = table_dataset(lake_root, f"datasets/{manifest['dataset']}", manifest["version"], output=True)
-    return inputs, [output]
-
-
-def run_event(manifest: dict[str, Any], *, namespace: str) -> dict[str, Any]:
-    """The COMPLETE RunEvent (as JSON) of the build that made ``manifest``'s version; ``namespace`` is the
-    lake root. The run id derives from (dataset, version, content hash): the same version, the same event.
-
-    >>> run_event(get_manifest(lake, "nightly", 3), namespace=lake.root)["eventType"]  # doctest: +SKIP
-    'COMPLETE'
-    """
-    inputs, outputs = build_datasets(manifest, lake_root=namespace)
-    event = RunEvent(
-        eventType=RunState.COMPLETE, eventTime=manifest["built_at"], producer=PRODUCER,
-        run=Run(runId=str(build_run_id(manifest))), job=Job(namespace="trajlake", name=build_job(manifest["dataset"])),
-        inputs=inputs, outputs=outputs,
-    )
-    return Serde.to_dict(event)
-
-
-def build_run_id(manifest: Mapping[str, Any]) -> uuid.UUID:
-    return uuid.uuid5(uuid.NAMESPACE_URL, f"trajlake:{manifest['dataset']}@{manifest['version']}:"
-                                          f"{manifest['content_hash']}")
+    inputs = [lake_dataset(lake_root, t, v) for t, v in sorted(manifest["sources"].items())]
+    return inputs, [lake_dataset(lake_root, f"datasets/{manifest['dataset']}", manifest["version"])]
 
 
 def build_job(dataset: str) -> str:
@@ -128,25 +105,44 @@ class RunScope:
 
     job: str
     run_id: str
-    inputs: list[InputDataset] = field(default_factory=list)
-    outputs: list[OutputDataset] = field(default_factory=list)
-    facets: dict[str, Any] = field(default_factory=dict)
+    inputs: list[LineageDataset] = field(default_factory=list)
+    outputs: list[LineageDataset] = field(default_factory=list)
+    parent: tuple[str, str] | None = None
+    """(run id, job name) of the run that started this one."""
+    window: tuple[str, str] | None = None
+    """Nominal start and end (RFC 3339) of a scheduled run."""
+    error: str | None = None
 
-    def parent_facet(self, namespace: str) -> ParentRunFacet:
-        """The facet that makes another run this one's child."""
-        return ParentRunFacet(run=ParentRun(runId=self.run_id), job=ParentJob(namespace=namespace, name=self.job))
+
+def run_event(manifest: dict[str, Any], *, namespace: str) -> dict[str, Any]:
+    """The COMPLETE RunEvent (as JSON) of the build that made ``manifest``'s version; ``namespace`` is the
+    lake root. The run id derives from (dataset, version, content hash): the same version, the same event.
+
+    >>> run_event(get_manifest(lake, "nightly", 3), namespace=lake.root)["eventType"]  # doctest: +SKIP
+    'COMPLETE'
+    """
+    from pipelines import _lineage_events
+
+    run_id = uuid.uuid5(uuid.NAMESPACE_URL, f"trajlake:{manifest['dataset']}@{manifest['version']}:"
+                                            f"{manifest['content_hash']}")
+    inputs, outputs = build_datasets(manifest, lake_root=namespace)
+    scope = RunScope(job=build_job(manifest["dataset"]), run_id=str(run_id), inputs=inputs, outputs=outputs)
+    event = _lineage_events.run_event(scope, "COMPLETE", event_time=manifest["built_at"], namespace="trajlake",
+                                      producer=PRODUCER)
+    return _lineage_events.as_json(event)
+
+
+_ACTIVE: ContextVar[tuple[Lineage, RunScope | None] | None] = ContextVar("trajlake_openlineage", default=None)
+"""The lineage of the work in progress and its innermost run: runs started inside it become children."""
 
 
 class Lineage:
     """Sends run events through one OpenLineage client (``None``: lineage off, every call a no-op)."""
 
-    def __init__(self, client: OpenLineageClient | None, *, namespace: str = "trajlake") -> None:
+    def __init__(self, client: Any | None, *, namespace: str = "trajlake") -> None:
         self.client = client
+        """An ``openlineage.client.OpenLineageClient``, or None."""
         self.namespace = namespace
-
-    @property
-    def enabled(self) -> bool:
-        return self.client is not None
 
     @contextmanager
     def active(self) -> Iterator[Lineage]:
@@ -158,34 +154,30 @@ class Lineage:
             _ACTIVE.reset(token)
 
     @contextmanager
-    def run(self, job: str, *, inputs: Sequence[InputDataset] = (),
-            window: tuple[datetime, datetime] | None = None) -> Iterator[RunScope]:
+    def run(self, job: str, *, window: tuple[datetime, datetime] | None = None) -> Iterator[RunScope]:
         """START now, then COMPLETE (with the scope's datasets) or FAIL (with the error, re-raised).
         A run started inside another (same context) is its child (``ParentRunFacet``).
 
         >>> with lineage.run("train.nightly") as run:  # doctest: +SKIP
-        ...     run.outputs.append(table_dataset(root, "checkpoints/ck-1", None, output=True))
+        ...     run.outputs.append(uri_dataset("/ckpt/ck-1/hf", "ck-1"))
         """
-        scope = RunScope(job=job, run_id=str(uuid.uuid4()), inputs=list(inputs))
+        scope = RunScope(job=job, run_id=str(uuid.uuid4()))
         active = _ACTIVE.get()
-        parent = active[1] if active is not None and active[0] is self else None
-        if parent is not None:
-            scope.facets["parent"] = parent.parent_facet(self.namespace)
+        if active is not None and active[0] is self and active[1] is not None:
+            scope.parent = (active[1].run_id, active[1].job)
         if window is not None:
-            scope.facets["nominalTime"] = NominalTimeRunFacet(nominalStartTime=_time(window[0]),
-                                                             nominalEndTime=_time(window[1]))
-        self._emit(scope, RunState.START)
+            scope.window = (_time(window[0]), _time(window[1]))
+        self._emit(scope, "START")
         token = _ACTIVE.set((self, scope))
         try:
             yield scope
         except BaseException as exc:
-            scope.facets["errorMessage"] = ErrorMessageRunFacet(message=f"{type(exc).__name__}: {exc}",
-                                                               programmingLanguage="python")
-            self._emit(scope, RunState.FAIL)
+            scope.error = f"{type(exc).__name__}: {exc}"
+            self._emit(scope, "FAIL")
             raise
         finally:
             _ACTIVE.reset(token)
-        self._emit(scope, RunState.COMPLETE)
+        self._emit(scope, "COMPLETE")
 
     def scheduled(self, job: str, run: Callable[[Any], Mapping[str, Any] | None]) -> Callable[[Any], Any]:
         """A scheduler job's ``run(window)`` as the run ``scheduler.<job>`` (nominal time: the window);
@@ -197,22 +189,17 @@ class Lineage:
 
         return traced
 
-    def _emit(self, scope: RunScope, state: RunState) -> None:
+    def _emit(self, scope: RunScope, state: str) -> None:
         if self.client is None:
             return
-        event = RunEvent(
-            eventType=state, eventTime=_time(datetime.now(timezone.utc)), producer=PRODUCER,
-            run=Run(runId=scope.run_id, facets=dict(scope.facets)), job=Job(namespace=self.namespace, name=scope.job),
-            inputs=list(scope.inputs), outputs=list(scope.outputs),
-        )
+        from pipelines import _lineage_events
+
+        event = _lineage_events.run_event(scope, state, event_time=_time(datetime.now(timezone.utc)),
+                                          namespace=self.namespace, producer=PRODUCER)
         try:
             self.client.emit(event)
         except Exception as exc:  # noqa: BLE001 - any transport failure: lineage never fails the run it describes
-            log.warning("openlineage.emit_failed job=%s state=%s error=%r", scope.job, state.value, str(exc))
-
-    def close(self) -> None:
-        if self.client is not None:
-            self.client.close(timeout=5)
+            log.warning("openlineage.emit_failed job=%s state=%s error=%r", scope.job, state, str(exc))
 
 
 @contextmanager
@@ -253,8 +240,9 @@ def open_lineage(config: LineageConfig) -> Lineage:
         if not config.openlineage_file:
             raise LineageConfigError("the file transport needs TRAJLAKE_OPENLINEAGE_FILE (a path)")
         spec |= {"log_file_path": config.openlineage_file, "append": True}
-    client = OpenLineageClient(transport=get_default_factory().create(spec))
-    return Lineage(client, namespace=config.openlineage_namespace)
+    from pipelines import _lineage_events
+
+    return Lineage(_lineage_events.client(spec), namespace=config.openlineage_namespace)
 
 
 def _time(moment: datetime) -> str:
