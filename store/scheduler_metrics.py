@@ -79,7 +79,10 @@ def _per_job(family: CounterMetricFamily | GaugeMetricFamily, values: dict[str, 
 
 
 def serve_metrics(lake: Lake, *, jobs: Iterable[str], port: int, host: str = "0.0.0.0") -> CollectorRegistry:
-    """Serve the scheduler's metrics on ``http://host:port/metrics`` (daemon thread); ``OSError`` if the port is taken."""
+    """Serve the scheduler's metrics on ``http://host:port/metrics`` (daemon thread).
+
+    Raises ``OSError`` when the port cannot be bound.
+    """
     registry = CollectorRegistry()
     registry.register(SchedulerCollector(lake, jobs=jobs))
     start_http_server(port, addr=host, registry=registry)

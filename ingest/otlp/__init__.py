@@ -2,7 +2,7 @@
 
 ``wire`` reads an OTLP/HTTP export request (protobuf or JSON, gzip or not)
 into plain ``Span`` records; ``genai`` turns each span that follows the GenAI
-semantic conventions (or OpenLLMetry's indexed attributes) into
+semantic conventions (or OpenLLMetry's or OpenInference's attributes) into
 ``llm.request``/``llm.response``/``tool.call``/``tool.result`` events. The
 gateway's ``POST /v1/traces`` route ties them to its keys, tenancy and emitter.
 """

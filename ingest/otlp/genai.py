@@ -1,7 +1,8 @@
 """GenAI spans -> trajlake events (pure; no I/O).
 
 Operation (``gen_ai.operation.name``, else OpenLLMetry's ``llm.request.type``
-/ ``traceloop.span.kind``):
+/ ``traceloop.span.kind``, else OpenInference's ``openinference.span.kind``
+LLM / TOOL / AGENT; its other kinds, CHAIN, RETRIEVER..., are structure and ignored):
 
 - ``chat`` / ``generate_content`` / ``text_completion``: ``llm.request`` at the
   span's start and ``llm.response`` at its end;
@@ -48,6 +49,7 @@ ROLLOUT_ATTRIBUTES = {
 _PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "frequency_penalty", "presence_penalty", "seed",
            "stop_sequences", "choice.count")
 _OPENLLMETRY_KINDS = {"chat": "chat", "completion": "text_completion"}
+_OPENINFERENCE_KINDS = {"LLM": "chat", "TOOL": "execute_tool", "AGENT": "invoke_agent"}
 _IDS = uuid.UUID("5d1c0f3e-8a2b-4c6d-9e7f-0a1b2c3d4e5f")
 
 
@@ -88,6 +90,8 @@ def operation(span: Span) -> str | None:
         op = _OPENLLMETRY_KINDS.get(attrs.get("llm.request.type"))
     if op is None:
         op = {"tool": "execute_tool", "agent": "invoke_agent"}.get(attrs.get("traceloop.span.kind"))
+    if op is None:
+        op = _OPENINFERENCE_KINDS.get(attrs.get("openinference.span.kind"))
     if op is None and any(k.startswith("gen_ai.") for k in attrs):
         raise SpanError("GenAI span without gen_ai.operation.name: set it (chat, text_completion, execute_tool, "
                         "invoke_agent)")
@@ -166,11 +170,15 @@ def _llm(span: Span, envelope: _Envelope, *, kind: str) -> list[Event]:
         prompt = next((m.get("content") for m in messages or [] if isinstance(m.get("content"), str)), None)
         messages = None
     params = {p.replace(".", "_"): attrs[f"gen_ai.request.{p}"] for p in _PARAMS if f"gen_ai.request.{p}" in attrs}
+    if not params and "llm.invocation_parameters" in attrs:  # OpenInference: the call's parameters as JSON
+        params = json_attribute(attrs["llm.invocation_parameters"], "llm.invocation_parameters")
+        if not isinstance(params, dict):
+            raise SpanError("llm.invocation_parameters must be a JSON object")
     answer = output(span)
     response_ids = attrs.get("trajlake.response_token_ids")
     request = {
         "call_id": call_id,
-        "model": attrs.get("gen_ai.request.model") or attrs.get("gen_ai.response.model"),
+        "model": attrs.get("gen_ai.request.model") or attrs.get("gen_ai.response.model") or attrs.get("llm.model_name"),
         "messages": messages,
         "prompt": prompt,
         "tools": _tools(attrs),
@@ -195,12 +203,12 @@ def _llm(span: Span, envelope: _Envelope, *, kind: str) -> list[Event]:
 
 def _tool(span: Span, envelope: _Envelope) -> list[Event]:
     attrs = span.attributes
-    name = attrs.get("gen_ai.tool.name") or attrs.get("traceloop.entity.name")
+    name = attrs.get("gen_ai.tool.name") or attrs.get("traceloop.entity.name") or attrs.get("tool.name")
     if not isinstance(name, str) or not name:
         raise SpanError("execute_tool span without gen_ai.tool.name: set the tool's name")
-    call_id = str(attrs.get("gen_ai.tool.call.id") or f"span-{span.span_id}")
-    arguments = loose_json(attrs.get("gen_ai.tool.call.arguments", attrs.get("traceloop.entity.input")))
-    result = loose_json(attrs.get("gen_ai.tool.call.result", attrs.get("traceloop.entity.output")))
+    call_id = str(attrs.get("gen_ai.tool.call.id") or attrs.get("tool_call.id") or f"span-{span.span_id}")
+    arguments = loose_json(_first(attrs, "gen_ai.tool.call.arguments", "traceloop.entity.input", "input.value"))
+    result = loose_json(_first(attrs, "gen_ai.tool.call.result", "traceloop.entity.output", "output.value"))
     return [
         envelope.event("tool.call", {"call_id": call_id, "name": name, "arguments": arguments}, at_end=False),
         envelope.event("tool.result", {"call_id": call_id, "name": name, "result": result, "error": span.error,
@@ -224,6 +232,10 @@ def _tools(attrs: Mapping[str, Any]) -> list[dict[str, Any]] | None:
         if not isinstance(tools, list):
             raise SpanError("gen_ai.tool.definitions must be a JSON list")
         return tools
+    schemas = sorted((int(k.split(".")[2]), v) for k, v in attrs.items()
+                     if k.startswith("llm.tools.") and k.endswith(".tool.json_schema") and k.split(".")[2].isdigit())
+    if schemas:  # OpenInference: one JSON tool definition per index
+        return [json_attribute(v, "llm.tools.N.tool.json_schema") for _, v in schemas]
     functions: dict[int, dict[str, Any]] = {}
     for key, value in attrs.items():
         parts = key.split(".")
@@ -240,11 +252,17 @@ def _tools(attrs: Mapping[str, Any]) -> list[dict[str, Any]] | None:
 
 
 def _usage(attrs: Mapping[str, Any]) -> dict[str, Any] | None:
-    prompt = attrs.get("gen_ai.usage.input_tokens", attrs.get("gen_ai.usage.prompt_tokens"))
-    completion = attrs.get("gen_ai.usage.output_tokens", attrs.get("gen_ai.usage.completion_tokens"))
+    prompt = _first(attrs, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt")
+    completion = _first(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens",
+                        "llm.token_count.completion")
     if prompt is None and completion is None:
         return None
     usage = {"prompt_tokens": prompt, "completion_tokens": completion}
     if isinstance(prompt, int) and isinstance(completion, int):
         usage["total_tokens"] = prompt + completion
     return usage
+
+
+def _first(attrs: Mapping[str, Any], *names: str) -> Any:
+    """The value of the first of ``names`` the span carries (conventions differ in naming), else None."""
+    return next((attrs[n] for n in names if n in attrs), None)

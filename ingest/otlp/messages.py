@@ -8,7 +8,8 @@ Three sources, first found wins:
   also found on a ``gen_ai.client.inference.operation.details`` span event;
 - span events ``gen_ai.{system,user,assistant,tool}.message`` and
   ``gen_ai.choice`` (the earlier event form of the conventions);
-- OpenLLMetry's indexed attributes ``gen_ai.prompt.N.*`` / ``gen_ai.completion.N.*``.
+- OpenLLMetry's indexed attributes ``gen_ai.prompt.N.*`` / ``gen_ai.completion.N.*``;
+- OpenInference's ``llm.input_messages.N.message.*`` / ``llm.output_messages.N.message.*``.
 
 Messages already in the OpenAI format (no ``parts``) are kept as they are.
 Anything unreadable raises ``SpanError`` naming the attribute.
@@ -30,6 +31,8 @@ _MESSAGE_EVENTS = {
 }
 _INDEXED = re.compile(r"gen_ai\.(prompt|completion)\.(\d+)\.(.+)")
 _TOOL_CALL_KEY = re.compile(r"tool_calls\.(\d+)\.(id|name|arguments)")
+_OPENINFERENCE = re.compile(r"llm\.(input|output)_messages\.(\d+)\.message\.(.+)")
+_OPENINFERENCE_CALL = re.compile(r"tool_calls\.(\d+)\.tool_call\.(id|function\.name|function\.arguments)")
 
 
 class SpanError(ValueError):
@@ -78,7 +81,7 @@ def input_messages(span: Span) -> list[dict[str, Any]] | None:
     from_events = [_event_message(e.name, e.attributes) for e in span.events if e.name in _MESSAGE_EVENTS]
     if from_events:
         return from_events
-    return _indexed(span.attributes, "prompt") or None
+    return _indexed(span.attributes, "prompt") or _openinference(span.attributes, "input") or None
 
 
 def output(span: Span) -> Output:
@@ -99,7 +102,7 @@ def output(span: Span) -> Output:
             raise SpanError("gen_ai.choice message must be a JSON object")
         return _answer([_openai({"role": "assistant", **message}, "gen_ai.choice")],
                        first.get("finish_reason") or default_reason)
-    completions = _indexed(span.attributes, "completion")
+    completions = _indexed(span.attributes, "completion") or _openinference(span.attributes, "output")
     reason = span.attributes.get("gen_ai.completion.0.finish_reason") or default_reason
     return _answer(completions[:1], reason)
 
@@ -183,6 +186,29 @@ def _indexed(attrs: dict[str, Any], kind: str) -> list[dict[str, Any]]:
         call = _TOOL_CALL_KEY.fullmatch(rest)
         if call:
             calls.setdefault((index, int(call.group(1))), {})[call.group(2)] = value
+        elif rest in ("role", "content", "tool_call_id"):
+            message[rest] = value
+    for (index, _), call in sorted(calls.items()):
+        messages[index].setdefault("tool_calls", []).append(
+            _tool_call(call.get("id"), call.get("name"), call.get("arguments"))
+        )
+    return [messages[i] for i in sorted(messages)]
+
+
+def _openinference(attrs: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    """OpenInference's ``llm.input_messages.N.message.role`` / ``.content`` / ``.tool_call_id`` /
+    ``.tool_calls.M.tool_call.{id,function.name,function.arguments}``."""
+    messages: dict[int, dict[str, Any]] = {}
+    calls: dict[tuple[int, int], dict[str, Any]] = {}
+    for key, value in attrs.items():
+        match = _OPENINFERENCE.fullmatch(key)
+        if not match or match.group(1) != kind:
+            continue
+        index, rest = int(match.group(2)), match.group(3)
+        message = messages.setdefault(index, {})
+        call = _OPENINFERENCE_CALL.fullmatch(rest)
+        if call:
+            calls.setdefault((index, int(call.group(1))), {})[call.group(2).rpartition(".")[2]] = value
         elif rest in ("role", "content", "tool_call_id"):
             message[rest] = value
     for (index, _), call in sorted(calls.items()):

@@ -127,7 +127,8 @@ def test_lineage_events_of_a_nightly_run_reach_an_http_receiver(rollouts_lake, t
         assert child.run.facets["parent"].run.runId == nightly.run.runId
         assert child.run.facets["parent"].job.name == "scheduler.nightly"
     root = str(Path(lake.root).resolve())
-    assert {(d.namespace, d.name) for d in build.inputs} >= {("file", f"{root}/llm_requests"), ("file", f"{root}/rewards")}
+    assert {(d.namespace, d.name) for d in build.inputs} >= {("file", f"{root}/llm_requests"),
+                                                             ("file", f"{root}/rewards")}
     assert all(d.facets["version"].datasetVersion.isdigit() for d in build.inputs)
     [dataset] = build.outputs
     assert (dataset.namespace, dataset.name, dataset.facets["version"].datasetVersion) == (

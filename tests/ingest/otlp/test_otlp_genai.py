@@ -124,3 +124,24 @@ def test_a_span_whose_events_break_the_contract_is_rejected_with_the_field():
     spans = read_export_request(raw.encode(), content_type=JSON, content_encoding=None, max_bytes=1 << 20)
     rejected = [o.rejected for o in span_events(spans, tenant="acme", default_task="_unattached") if o.rejected]
     assert any(r.startswith("attempt:") for r in rejected)
+
+
+def test_openinference_attributes():
+    got = outcomes("openinference.json")
+    root = by_type(got["c000000000000001"])
+    assert root["rollout.finished"].payload.status == "failed"
+    assert root["rollout.finished"].payload.reason == "step limit reached"
+    llm = by_type(got["c000000000000002"])
+    request, response = llm["llm.request"].payload, llm["llm.response"].payload
+    assert (llm["llm.request"].rollout_id, llm["llm.request"].task_id, llm["llm.request"].attempt) == (
+        "ro-oi", "task-oi", 2)
+    assert request.model == "gpt-4o-mini" and request.params == {"temperature": 0.1, "max_tokens": 128}
+    assert request.messages == [{"role": "user", "content": "weather in Paris?"}]
+    assert request.tools[0]["function"]["name"] == "get_weather"
+    assert response.tool_calls == [{"id": "call_oi", "type": "function", "function": {
+        "name": "get_weather", "arguments": '{"city": "Paris"}'}}]
+    assert response.usage == {"prompt_tokens": 40, "completion_tokens": 11, "total_tokens": 51}
+    tool = by_type(got["c000000000000003"])
+    assert tool["tool.call"].payload.call_id == "call_oi" and tool["tool.call"].payload.arguments == {"city": "Paris"}
+    assert tool["tool.result"].payload.result == {"sky": "clear", "temp_c": 21}
+    assert got["c000000000000004"].ignored  # a CHAIN span is structure
