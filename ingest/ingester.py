@@ -95,6 +95,8 @@ class IngestStats:
     commit_retries: int = 0
     """Commits retried after losing to a concurrent Delta delete (forget, retention) or compaction."""
     partitions: tuple[int, ...] = ()
+    last_commit_s: float = 0.0
+    """Wall time of the last batch's commit (decode + every table), for the commit latency metric."""
     rows: dict[str, int] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
 
@@ -243,6 +245,7 @@ class _Loop:
     def _commit_batch(self) -> None:
         if not self.batch:
             return
+        started = time.perf_counter()
         try:
             with _cyclic_gc_paused():
                 decoded = self.batch.decode(self.seen, max_event_bytes=self.config.max_event_bytes,
@@ -258,6 +261,7 @@ class _Loop:
         self.stats.bytes += self.batch.bytes
         self.stats.duplicates += decoded.duplicates
         self.stats.batches += 1
+        self.stats.last_commit_s = time.perf_counter() - started
         self.stats.commit_retries = sum(t.retries for t in self.tables.all)
         self.batch.clear()
         report_progress(self.consumer, self.config.topic, decoded.last_offsets)

@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from pipelines import BuildConfig, EmptyDataset, Selection, SourceMissing, build_dataset, get_manifest
+from pipelines import BuildConfig, EmptyDataset, Selection, SourceMissing, get_manifest
+from pipelines.openlineage import traced_build
 from pipelines.registry import DatasetNotFound, check_name
 from store.lake import Lake
 from store.scheduler import Window
 from trainer.config import TrainConfig
 from trainer.records import list_checkpoints
+from trainer.train_lineage import traced_train
 
 
 @dataclass(frozen=True)
@@ -42,17 +44,15 @@ def nightly_job(lake: Lake, config: NightlyConfig) -> Callable[[Window], dict[st
         version = version_built_for(lake, name, since, until)
         if version is None:
             try:
-                version = build_dataset(lake, name, BuildConfig(selection=Selection(since=since, until=until))).version
+                version = traced_build(lake, name, BuildConfig(selection=Selection(since=since, until=until))).version
             except (EmptyDataset, SourceMissing) as exc:
                 return {"dataset": name, "skipped": str(exc)}
         results: dict[str, Any] = {"dataset": name, "dataset_version": version}
         if config.train:
-            from trainer.loop import train_dataset  # torch loads only when a job trains
-
             parents = list_checkpoints(lake, dataset=name)
             base = parents[-1].hf_path if parents else config.base_model()
-            record = train_dataset(lake, name, version, TrainConfig(model=base, out=config.train_out),
-                                   parent_checkpoint_id=parents[-1].checkpoint_id if parents else None)
+            record = traced_train(lake, name, version, TrainConfig(model=base, out=config.train_out),
+                                  parent_checkpoint_id=parents[-1].checkpoint_id if parents else None)
             results |= {"checkpoint": record.checkpoint_id, "steps": record.steps, "hf_path": record.hf_path}
         return results
 

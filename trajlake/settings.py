@@ -22,3 +22,14 @@ class CommonSettings(BaseSettings):
     """Kafka bootstrap servers (comma-separated)."""
     topic: str = DEFAULT_TOPIC
     """Topic of trajectory events (key = rollout_id)."""
+    openlineage_transport: str = "none"
+    """Where OpenLineage run events go: none, http (Marquez-compatible), file or console."""
+    openlineage_url: str | None = None
+    """Lineage server for the http transport, e.g. http://marquez:5000."""
+    openlineage_endpoint: str = "api/v1/lineage"
+    openlineage_api_key: str | None = None
+    """Bearer key for the http transport, when the server wants one."""
+    openlineage_file: str | None = None
+    """File of the file transport (one JSON event per line, appended)."""
+    openlineage_namespace: str = "trajlake"
+    """Namespace of trajlake's jobs in the lineage server."""

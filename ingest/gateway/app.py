@@ -17,7 +17,7 @@ from ingest.gateway.idempotency import IdempotencyCache
 from ingest.gateway.metrics import GatewayMetrics
 from ingest.gateway.proxy import ProxyService
 from ingest.gateway.retokenize import Retokenizer
-from ingest.gateway.routes import completions, events, health, models
+from ingest.gateway.routes import completions, events, health, models, otlp
 from ingest.gateway.services import Services
 from ingest.gateway.upstream import Upstream, make_pool
 from ingest.redaction import Redactor, load_redactor
@@ -86,6 +86,6 @@ def create_gateway_app(settings: GatewayConfig, *, emitter: Emitter | None = Non
     async def gateway_error(request: Request, exc: GatewayError) -> Response:
         return Response(exc.body(), status_code=exc.status, media_type="application/json")
 
-    for module in (completions, models, events, health):
+    for module in (completions, models, events, otlp, health):
         app.include_router(module.router)
     return app

@@ -64,6 +64,17 @@ def _check(index: int, item: Any, tenant: str) -> Event | EventResult:
         return EventResult(index, "rejected", event_id, str(exc))
 
 
+async def emit_durably(events: list[Event], *, emitter: Emitter) -> None:
+    """Hand validated events to the emitter; return once they are durable, else raise ``EventsRefused``."""
+    if not events:
+        return
+    loop = asyncio.get_running_loop()
+    durable: asyncio.Future[bool] = loop.create_future()
+    emitter.submit(lambda: events, on_durable=lambda ok: loop.call_soon_threadsafe(durable.set_result, ok))
+    if not await durable:
+        raise EventsRefused("the gateway's event spool is full (broker unreachable for long): retry later")
+
+
 async def ingest_batch(raw: bytes, *, tenant: str, emitter: Emitter) -> BatchResult:
     """Validate each event, hand the valid ones to the emitter, wait until they are durable."""
     items = _items(raw)
@@ -78,11 +89,6 @@ async def ingest_batch(raw: bytes, *, tenant: str, emitter: Emitter) -> BatchRes
         else:
             valid.append(checked)
             results.append(EventResult(index, "accepted", checked.event_id))
-    if valid:
-        loop = asyncio.get_running_loop()
-        durable: asyncio.Future[bool] = loop.create_future()
-        emitter.submit(lambda: valid, on_durable=lambda ok: loop.call_soon_threadsafe(durable.set_result, ok))
-        if not await durable:
-            raise EventsRefused("the gateway's event spool is full (broker unreachable for long): retry later")
+    await emit_durably(valid, emitter=emitter)
     accepted = len(valid)
     return BatchResult(accepted=accepted, rejected=len(results) - accepted, results=results)

@@ -18,6 +18,7 @@ from pipelines.api.auth import TenantKeys
 from pipelines.api.config import QueryApiConfig
 from pipelines.api.errors import install_error_handlers
 from pipelines.api.limits import BodyLimit
+from pipelines.api.metrics import install_metrics
 from pipelines.api.routes import datasets, health, lineage, rollouts, sql, viewer
 from pipelines.api.services import PageLimits, QueryService
 from store.lake import Lake
@@ -65,4 +66,5 @@ def create_query_app(settings: QueryApiConfig, *, keys: TenantKeys) -> FastAPI:
     for router in ROUTERS:
         app.include_router(router)
     viewer.install(app, settings)
+    install_metrics(app)
     return app

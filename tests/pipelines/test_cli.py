@@ -46,7 +46,8 @@ def test_build_show_list_diff_export_lineage(cli, tmp_path):
     assert [d["version"] for d in as_json["datasets"]] == [0, 1]
     run = json.loads(cli("lineage", "ds@1", "--openlineage").output)
     assert run["eventType"] == "COMPLETE" and run["outputs"][0]["facets"]["version"]["datasetVersion"] == "1"
-    assert {i["name"] for i in run["inputs"]} >= {"llm_requests", "rewards"}
+    assert {i["name"].rsplit("/", 1)[-1] for i in run["inputs"]} >= {"llm_requests", "rewards"}
+    assert {i["namespace"] for i in run["inputs"]} == {"file"}  # the OpenLineage naming spec
     assert cli("lineage", "r1", "--openlineage").exit_code == 1
 
 

@@ -30,13 +30,13 @@ from pipelines import (
     Selection,
     ToolCredit,
     SourceMissing,
-    build_dataset,
     diff_versions,
     export_parquet,
     get_manifest,
     list_versions,
     parse_ref,
 )
+from pipelines.openlineage import LineageConfigError, open_lineage, traced_build
 from schemas.control import CONTROL_TOPIC
 from store.lake import Lake
 from trajlake.options import LAKE_OPTION, TIME_HELP, parse_time
@@ -111,13 +111,17 @@ def build_dataset_command(
     except (ValidationError, ValueError) as exc:
         raise fail(_first_error(exc)) from None
     console = Console(stderr=as_json)
+    try:
+        lineage = open_lineage(settings)
+    except LineageConfigError as exc:
+        raise fail(str(exc)) from None
     producer = _producer(settings, console) if publish and settings.broker_configured else None
     try:
-        with Progress(TextColumn("merging rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=Console(stderr=True), transient=True) as bar:
+        with lineage.active(), Progress(TextColumn("merging rollouts"), BarColumn(), MofNCompleteColumn(),
+                                        TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
             task_id = bar.add_task("merge", total=None)
-            result = build_dataset(Lake(settings.lake), name, config, producer=producer,
-                                   progress=lambda done, total: bar.update(task_id, completed=done, total=total))
+            result = traced_build(Lake(settings.lake), name, config, producer=producer,
+                                  progress=lambda done, total: bar.update(task_id, completed=done, total=total))
     except (SourceMissing, BadFilter, EmptyDataset, CorruptTable, ValueError) as exc:
         raise fail(str(exc)) from None
     finally:

@@ -13,7 +13,8 @@ from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
 from ingest.consumer import BrokerUnreachable
-from ingest.ingester import IngesterConfig, IngestStats, run_ingester
+from ingest.ingest_metrics import serve_metrics
+from ingest.ingester import IngesterConfig, IngestStats, OnProgress, run_ingester
 from ingest.redaction import RedactionConfigError, load_redactor
 from schemas.versions import MAX_EVENT_BYTES
 from store.lake import Lake, TableMissing
@@ -55,6 +56,7 @@ def ingest(
     partitions: str | None = typer.Option(None, help="Static assignment without a group, e.g. 0,1 (default: join the group)."),
     stop_after_idle_s: float | None = typer.Option(None, min=0.1, help="Exit once nothing arrived for this many seconds."),
     redaction_rules: Path | None = typer.Option(None, help="Redaction rules file (.json/.toml)."),
+    metrics_port: int | None = typer.Option(None, min=1, max=65535, help="Serve Prometheus metrics on this port (/metrics)."),
 ) -> None:
     """Consume trajectory events and append them to the lake's Delta tables, exactly once."""
     s = _settings(lake=lake, bootstrap_servers=bootstrap_servers, topic=topic, group=group,
@@ -72,6 +74,11 @@ def ingest(
         dedupe_max_ids=s.dedupe_max_ids, session_timeout_ms=s.session_timeout_ms,
         heartbeat_interval_ms=s.heartbeat_interval_ms, stop_after_idle_s=stop_after_idle_s, redactor=redactor,
     )
+    try:
+        metrics = serve_metrics(config, port=metrics_port) if metrics_port else None
+    except OSError as exc:
+        Console(stderr=True).print(f"[bold red]ingester not started:[/] metrics port {metrics_port}: {exc.strerror}")
+        raise typer.Exit(code=2) from None
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -82,7 +89,8 @@ def ingest(
                   + redacting)
     try:
         with Live(_summary(IngestStats()), console=console, refresh_per_second=2, transient=False) as live:
-            stats = run_ingester(config, stop, on_progress=lambda st: live.update(_summary(st)))
+            show: OnProgress = lambda st: live.update(_summary(st))  # noqa: E731
+            stats = run_ingester(config, stop, on_progress=metrics.feeding(show) if metrics else show)
             live.update(_summary(stats))
     except BrokerUnreachable as exc:
         Console(stderr=True).print(f"[bold red]error:[/] {exc}")

@@ -31,11 +31,13 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from pipelines.openlineage import open_lineage
 from store.compact import compact
 from store.lake import Lake
 from store.retention import apply_retention
 from store.runs import RunRecord, RunsTable, RunStatus
 from store.scheduler import Job, Scheduler
+from store.scheduler_metrics import serve_metrics as serve_scheduler_metrics
 from trainer.nightly import NightlyConfig, nightly_job
 from trajlake.commands.ops import OpsSettings, fail
 from trajlake.options import LAKE_OPTION, TIME_HELP, parse_time
@@ -76,13 +78,15 @@ def build_jobs(lake: Lake, settings: SchedulerSettings) -> list[Job]:
     """The configured jobs (those with a cron expression)."""
     options = {"max_attempts": settings.scheduler_max_attempts, "backoff": timedelta(seconds=settings.scheduler_backoff_s)}
     jobs = []
+    lineage = open_lineage(settings)  # LineageConfigError (a ValueError) for unusable transport settings
     if settings.scheduler_cron:
         nightly = NightlyConfig(
             dataset=settings.scheduler_dataset, lag=timedelta(hours=settings.scheduler_lag_h),
             train=settings.scheduler_train, train_out=settings.train_out,
             base_model=lambda: settings.train_model or str(build_tiny_model(default_model_dir())),
         )
-        jobs.append(Job("nightly", settings.scheduler_cron, run=nightly_job(lake, nightly), **options))
+        jobs.append(Job("nightly", settings.scheduler_cron, run=lineage.scheduled("nightly", nightly_job(lake, nightly)),
+                        **options))
     policy = settings.policy()
     if settings.retention_cron and policy.days:
         jobs.append(Job("retention", settings.retention_cron, run=lambda w: {
@@ -100,6 +104,7 @@ def scheduler_command(
     backfill: str | None = typer.Option(None, help=f"Also run every missed window since this time ({TIME_HELP})."),
     job: list[str] = typer.Option([], help="Only these jobs (repeatable): nightly, retention, compact."),
     lake: str | None = LAKE_OPTION,
+    metrics_port: int | None = typer.Option(None, min=1, max=65535, help="Serve Prometheus metrics on this port (/metrics)."),
 ) -> None:
     """Run jobs on their cron windows, each window once across restarts and scheduler instances.
 
@@ -120,6 +125,11 @@ def scheduler_command(
         raise fail(f"no job to run (asked for {job or 'all'}; a job with an empty cron expression is off)")
     scheduler = Scheduler(store, jobs, owner=f"{socket.gethostname()}-{threading.get_native_id()}",
                           lease=timedelta(seconds=settings.scheduler_lease_s), sleep=stop.wait)
+    if metrics_port:
+        try:
+            serve_scheduler_metrics(store, jobs=[j.name for j in jobs], port=metrics_port)
+        except OSError as exc:
+            raise fail(f"metrics port {metrics_port}: {exc.strerror}") from None
     console = Console()
     if once or since:
         try:

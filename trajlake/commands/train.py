@@ -22,12 +22,15 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
+from pipelines.openlineage import Lineage, LineageConfigError, open_lineage
 from store.lake import Lake
 from trainer.config import TrainConfig, load_deepspeed_json
 from trainer.dataset import DatasetRef
 from trainer.errors import TrainerError
 from trainer.records import CheckpointRecord, list_checkpoints
 from trajlake.options import LAKE_OPTION
+from trainer.train_lineage import traced_train
+from trainer.train_metrics import TrainMetrics, serve_metrics
 from trajlake.settings import CommonSettings
 from trajlake.tiny_model import build_tiny_model, default_model_dir
 
@@ -74,6 +77,7 @@ def train(
     bootstrap_servers: str | None = typer.Option(None, help="Kafka for --follow (TRAJLAKE_BOOTSTRAP_SERVERS)."),
     no_kafka: bool = typer.Option(False, "--no-kafka", help="--follow by registry polling only."),
     poll_s: float | None = typer.Option(None, min=0.1, help="Registry poll interval of --follow (default 30 s)."),
+    metrics_port: int | None = typer.Option(None, min=1, max=65535, help="Serve Prometheus metrics on this port (/metrics, rank 0)."),
 ) -> None:
     """Train on a dataset version with DeepSpeed and record the checkpoint and its lineage."""
     s = TrainSettings(**{k: v for k, v in dict(lake=lake, bootstrap_servers=bootstrap_servers, train_out=out,
@@ -95,28 +99,34 @@ def train(
         raise typer.Exit(code=2) from None
     console = Console(quiet=not _is_main_rank())
     try:
+        metrics = serve_metrics(Lake(s.lake), port=metrics_port) if metrics_port and _is_main_rank() else None
+    except OSError as exc:
+        err.print(f"[bold red]error:[/] metrics port {metrics_port}: {exc.strerror}")
+        raise typer.Exit(code=2) from None
+    try:
         if follow_mode:
-            _follow(Lake(s.lake), config, s, ref, None if no_kafka else s.bootstrap_servers, console)
+            _follow(Lake(s.lake), config, s, ref, None if no_kafka else s.bootstrap_servers, console, metrics)
         else:
-            _train_once(Lake(s.lake), config, ref, console)
-    except TrainerError as exc:
+            with (open_lineage(s) if _is_main_rank() else Lineage(None)).active():  # rank 0 reports lineage
+                _train_once(Lake(s.lake), config, ref, console, metrics)
+    except (TrainerError, LineageConfigError) as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(code=1) from None
 
 
-def _train_once(lake: Lake, config: TrainConfig, ref: DatasetRef, console: Console) -> None:
-    from trainer.loop import train_dataset
-
+def _train_once(lake: Lake, config: TrainConfig, ref: DatasetRef, console: Console,
+                metrics: TrainMetrics | None) -> None:
     console.print(f"training [bold]{ref.name}@{ref.version if ref.version is not None else 'latest'}[/] "
                   f"from {escape(config.model)} ({config.mode})")  # fmt: skip
     with _progress(console) as (progress, on_step):
-        record = train_dataset(lake, ref.name, ref.version, config, on_step=on_step)
+        record = traced_train(lake, ref.name, ref.version, config,
+                              on_step=metrics.feeding(on_step) if metrics else on_step)
         progress.stop()
     console.print(checkpoint_summary(record))
 
 
 def _follow(lake: Lake, config: TrainConfig, s: TrainSettings, ref: DatasetRef | None, kafka: str | None,
-            console: Console) -> None:  # fmt: skip
+            console: Console, metrics: TrainMetrics | None) -> None:  # fmt: skip
     from trainer.follow import follow
 
     stop = threading.Event()
@@ -128,7 +138,8 @@ def _follow(lake: Lake, config: TrainConfig, s: TrainSettings, ref: DatasetRef |
     with _progress(console) as (_, on_step):
         follow(
             lake, config, stop_event=stop, bootstrap_servers=kafka, control_topic=s.control_topic,
-            datasets=[ref.name] if ref else None, poll_interval_s=s.follow_poll_s, on_step=on_step,
+            datasets=[ref.name] if ref else None, poll_interval_s=s.follow_poll_s,
+            on_step=metrics.feeding(on_step) if metrics else on_step,
             on_checkpoint=lambda rec: console.print(checkpoint_summary(rec)),
         )  # fmt: skip
     console.print("follower stopped")
