@@ -7,8 +7,9 @@ That is monotonic per rollout across gateway restarts and replicas (as far as
 their clocks agree), which a per-process counter would not be.
 
 Event ids: random UUIDv7, except for a call with an idempotency key, whose
-request and successful response get ids derived from (tenant, key), so a
-retried call is stored once. Error answers always get fresh ids.
+request and successful response get ids derived from (tenant, key, request
+fingerprint), so a retried call is stored once. Error answers always get
+fresh ids.
 """
 
 from __future__ import annotations
@@ -90,8 +91,9 @@ class Recorder:
         return prompt_ids, self.retokenizer.response_ids(done.text), "retokenized"
 
     def _envelope(self, captured: CapturedCall, *, kind: str, seq: int, ts_ns: int, stable: bool) -> dict[str, Any]:
-        rollout, key = captured.rollout, captured.call.idempotency_key
-        event_id = stable_id(captured.tenant, key, kind) if (stable and key) else uuid7()
+        rollout, call = captured.rollout, captured.call
+        key = call.idempotency_key
+        event_id = stable_id(captured.tenant, key, call.fingerprint or "", kind) if (stable and key) else uuid7()
         return dict(
             event_id=event_id,
             type=kind,
