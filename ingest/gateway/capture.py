@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -135,6 +136,10 @@ class Recorder:
         logprobs = done.logprobs
         if logprobs is not None and (response_ids is None or len(logprobs) != len(response_ids)):
             log.warning("logprobs do not match tokens call_id=%s: logprobs not recorded", captured.call.call_id)
+            logprobs = None
+        elif logprobs is not None and not all(type(v) in (int, float) and math.isfinite(v) for v in logprobs):
+            # the contract takes finite numbers only; the call is still recorded, without them
+            log.warning("logprobs that are not finite numbers call_id=%s: logprobs not recorded", captured.call.call_id)
             logprobs = None
         payload = LlmResponse(
             call_id=captured.call.call_id,

@@ -193,3 +193,11 @@ def test_mismatched_logprobs_are_dropped_not_stored_wrong():
     answer["choices"][0]["logprobs"]["content"].pop()
     _, response = Recorder(policy_version=None, retokenizer=None).events(_captured(json.dumps(answer).encode()))
     assert response.payload.logprobs is None and len(response.payload.response_token_ids) == 16
+
+
+@pytest.mark.parametrize("bad", [float("-inf"), float("nan"), None])
+def test_logprobs_that_are_not_finite_numbers_are_dropped_and_the_call_still_recorded(bad):
+    answer = chat_answer({**CHAT, "logprobs": True}, ids=True)
+    answer["choices"][0]["logprobs"]["content"][3]["logprob"] = bad
+    _, response = Recorder(policy_version=None, retokenizer=None).events(_captured(json.dumps(answer).encode()))
+    assert response.payload.logprobs is None and len(response.payload.response_token_ids) == 16
