@@ -137,6 +137,7 @@ def test_engine_without_ids_is_retokenized_with_the_configured_tokenizer(setting
 def test_tool_call_streams_the_client_closes_at_done_are_recorded_complete(settings, tmp_path):
     """The openai client closes a stream on reading [DONE], often before the engine's end of stream reaches
     the gateway (always with ``fake-linger``): every call must still be recorded as complete."""
+    settings.upstream_timeout_s = 30.0  # a loaded machine must not turn one of the many calls into a 504
     emitter, sink = memory_emitter(tmp_path)
     messages = [{"role": "user", "content": "what is the weather in Paris"}]
     models = ["fake-linger"] * 5 + ["fake-model"] * 120
