@@ -100,7 +100,7 @@ def for_http_status(status: int, *, method: str, path: str) -> GatewayError:
         return NotFound(f"Invalid URL ({shown}): the gateway serves the OpenAI API under /v1 "
                         "(chat/completions, completions, models) and POST /v1/events")
     if status == 405:
-        return MethodNotAllowed(f"Method not allowed ({shown}): see the gateway's routes for the method to use")
+        return MethodNotAllowed(f"Method not allowed ({shown}): the Allow header lists the methods this URL takes")
     error = GatewayError(f"request refused with HTTP {status} ({shown})")
     error.status = status
     return error
