@@ -180,6 +180,9 @@ class BuildConfig(BaseModel):
     """State-change-conditioned credit for runs of one tool, added to the reward."""
     mask: MaskMode = "actions"
     """Which tokens the loss covers: sampled actions, or observations (see pipelines.observations)."""
+    tokenizers: tuple[str, ...] = ()
+    """Local tokenizer folders; calls recorded with one of them get their sample breaks classified by text
+    (``pipelines.merging``). Not in the identity: it changes only ``start_reason``, which the rows carry."""
 
     @model_validator(mode="after")
     def _observations_have_no_advantage(self) -> BuildConfig:
@@ -188,7 +191,7 @@ class BuildConfig(BaseModel):
         return self
 
     def identity(self) -> dict:
-        """The config as it enters the content hash (chunking and options left off excluded)."""
+        """The config as it enters the content hash (chunking, tokenizer folders and options left off excluded)."""
         defaults = BuildConfig.model_fields
         off = {name for name in ("tool_credit", "mask") if getattr(self, name) == defaults[name].default}
-        return json.loads(self.model_dump_json(exclude={"batch_tokens", *off}))
+        return json.loads(self.model_dump_json(exclude={"batch_tokens", "tokenizers", *off}))

@@ -16,24 +16,39 @@ context). Otherwise the call is compared with the sample of its span extended la
 (the one it should have extended) and the mismatch is classified:
 
 1. ``chat_template``: the tokenizer or chat-template hash changed.
-2. ``truncation`` (truncation or summarisation): after the first divergence
+2. ``retokenization``, by text: when a decoder for the call's tokenizer is
+   known (``tokenizer_decoders``), the sample's text is an exact prefix of the
+   prompt's text: the history is a text-identical re-render whose tokens
+   differ from what was sampled (an engine's non-canonical splits). The token
+   counts can differ a lot there (a re-render often takes fewer tokens), so
+   rule 3 must not judge this case.
+3. ``truncation`` (truncation or summarisation): after the first divergence
    the prompt holds fewer tokens than the sample, by more than 4 tokens and
    more than 1/8 of the sample's tokens there: whole messages were dropped or
    replaced by a summary (even counting the new observation appended).
-3. ``retokenization``: otherwise, when the first divergence lies after the
+4. ``retokenization``: otherwise, when the first divergence lies after the
    sample's first prompt, in the responses/observations it accumulated: the
    history was re-rendered from text and its tokens no longer match what was
    sampled (lengths stay about the same).
-4. ``other``: anything else (e.g. a rewritten system prompt).
+5. ``other``: anything else (e.g. a rewritten system prompt).
+
+Without a decoder rules 1, 3, 4, 5 apply as before, so samples of builds
+that know no tokenizer, or that never see a text-identical re-render, keep
+their break classes (and datasets their content hash).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 MISMATCH_CLASSES = ("chat_template", "retokenization", "truncation", "other")
+
+Decoder = Callable[[np.ndarray], str]
+"""Token ids -> their text, special tokens included (one tokenizer's ``decode``)."""
 
 
 @dataclass(frozen=True)
@@ -123,10 +138,12 @@ def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if len(diff) else n
 
 
-def classify_mismatch(sample: Sample, call: Call) -> str:
-    """Why ``call`` could not extend ``sample`` (rule in the module docstring)."""
+def classify_mismatch(sample: Sample, call: Call, *, decode: Decoder | None = None) -> str:
+    """Why ``call`` could not extend ``sample`` (rules in the module docstring); ``decode``: the call's tokenizer."""
     if _differs(sample.tokenizer, call.tokenizer) or _differs(sample.chat_template_hash, call.chat_template_hash):
         return "chat_template"
+    if decode is not None and decode(call.prompt).startswith(decode(sample.tokens)):
+        return "retokenization"
     diverge = common_prefix_length(sample.tokens, call.prompt)
     kept_after = len(call.prompt) - diverge
     had_after = len(sample.tokens) - diverge
@@ -141,8 +158,11 @@ def _differs(a: str | None, b: str | None) -> bool:
     return a is not None and b is not None and a != b
 
 
-def merge_calls(calls: list[Call]) -> list[Sample]:
-    """Merge one rollout's calls (in order) into samples, in the order they started."""
+def merge_calls(calls: list[Call], *, decoders: Mapping[str, Decoder] | None = None) -> list[Sample]:
+    """Merge one rollout's calls (in order) into samples, in the order they started.
+
+    ``decoders``: tokenizer identity -> decoder, used only to classify breaks (see ``tokenizer_decoders``).
+    """
     samples: list[Sample] = []
     for position, call in enumerate(calls):
         target = _longest_prefix(samples, call.prompt)
@@ -153,7 +173,7 @@ def merge_calls(calls: list[Call]) -> list[Sample]:
                 tokenizer=call.tokenizer,
                 chat_template_hash=call.chat_template_hash,
                 first_prompt_len=len(call.prompt),
-                start_reason=_start_reason(samples, call),
+                start_reason=_start_reason(samples, call, decoders or {}),
                 policy_version=call.policy_version,
             )
             samples.append(target)
@@ -170,6 +190,41 @@ def _longest_prefix(samples: list[Sample], prompt: np.ndarray) -> Sample | None:
     return best
 
 
-def _start_reason(samples: list[Sample], call: Call) -> str:
+def _start_reason(samples: list[Sample], call: Call, decoders: Mapping[str, Decoder]) -> str:
     same_span = [s for s in samples if s.span_id == call.span_id]
-    return classify_mismatch(max(same_span, key=lambda s: s.last_call), call) if same_span else "first"
+    if not same_span:
+        return "first"
+    decode = decoders.get(call.tokenizer) if call.tokenizer is not None else None
+    return classify_mismatch(max(same_span, key=lambda s: s.last_call), call, decode=decode)
+
+
+def tokenizer_decoders(folders: Sequence[str | Path]) -> dict[str, Decoder]:
+    """Decoders of local Hugging Face tokenizer folders, by tokenizer identity (what ``llm.request`` records).
+
+    Raises ``ValueError`` naming a folder that holds no loadable tokenizer.
+
+    >>> tokenizer_decoders(["models/qwen"])  # doctest: +SKIP
+    {'bpe-151643@4f1c09a2e7b3': <function ...>}
+    """
+    if not folders:
+        return {}
+    from transformers import AutoTokenizer
+
+    from schemas.tokenizer_identity import tokenizer_identity
+
+    out: dict[str, Decoder] = {}
+    for folder in folders:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"no tokenizer could be loaded from {folder}: {exc}; give a local Hugging Face "
+                             "tokenizer folder (tokenizer.json)") from None
+        out[tokenizer_identity(tokenizer)] = _decoder(tokenizer)
+    return out
+
+
+def _decoder(tokenizer) -> Decoder:  # noqa: ANN001  (any Hugging Face tokenizer)
+    def decode(ids: np.ndarray) -> str:
+        return tokenizer.decode(ids.tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    return decode

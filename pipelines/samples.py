@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from pipelines.calls import BatchTokens, TokenTables, iter_batches, read_ahead
 from pipelines.config import BuildConfig
-from pipelines.merging import MISMATCH_CLASSES, Call, Sample, merge_calls
+from pipelines.merging import MISMATCH_CLASSES, Call, Sample, merge_calls, tokenizer_decoders
 from schemas.tables import SAMPLES
 
 
@@ -76,6 +76,7 @@ class SampleStream:
         self._con, self._tables, self._plan, self._config, self._progress = con, tables, plan, config, progress
         self._index = {rollout_id: i for i, rollout_id in enumerate(plan.rollout_ids)}
         self._observations = config.mask == "observations"
+        self._decoders = tokenizer_decoders(config.tokenizers)
         self._hash = hashlib.sha256(json.dumps(config.identity(), sort_keys=True).encode())
         self.samples_per_rollout: dict[str, int] = {}
         self.start_reasons: Counter[str] = Counter()
@@ -116,7 +117,7 @@ class SampleStream:
             rows: list[tuple[int, int, Sample]] = []
             for rollout_id, calls in calls_by_rollout(tokens):
                 i = self._index[rollout_id]
-                samples = merge_calls(calls)
+                samples = merge_calls(calls, decoders=self._decoders)
                 self._check_counts(rollout_id, samples, int(plan.trained_tokens[i]))
                 written = [(i, k, s) for k, s in enumerate(samples) if not self._observations or s.n_observed]
                 self.n_without_observations += len(samples) - len(written)

@@ -9,7 +9,6 @@ every older version the ingester ever accepted.
 
 from __future__ import annotations
 
-import math
 import re
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal, Union
@@ -43,7 +42,7 @@ def _json_number(v: Any) -> Any:
 
 
 Number = Annotated[float, BeforeValidator(_json_number)]
-"""A float that must arrive as a number (not a string or a boolean)."""
+"""A float that must arrive as a number (not a string or a boolean); finite, as every float here (``_Model``)."""
 
 
 def _check_token_ids(ids: list[int] | None) -> list[int] | None:
@@ -55,7 +54,9 @@ def _check_token_ids(ids: list[int] | None) -> list[int] | None:
 class _Model(BaseModel):
     # Unknown fields are ignored so that an older reader accepts events that
     # carry optional fields added later (no schema_version bump for those).
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    # Every float field must be finite: NaN and +-Infinity (literals, or numbers
+    # such as 1e400 that overflow) are refused with the field named.
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
 
 class Harness(_Model):
@@ -166,13 +167,6 @@ class Reward(_Model):
     name: str = Field(min_length=1, max_length=200)
     value: Number
     source: str | None = None
-
-    @field_validator("value")
-    @classmethod
-    def _finite(cls, v: float) -> float:
-        if not math.isfinite(v):
-            raise ValueError("reward value must be a finite number")
-        return v
 
 
 # ---------------------------------------------------------------- envelope

@@ -7,15 +7,19 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import uvicorn
 
 
 @contextmanager
-def serve_in_thread(app, *, name: str = "uvicorn", timeout_s: float = 60.0) -> Iterator[str]:
-    """Serve ``app`` on a free loopback port (bound before start: no race); yields its base URL."""
+def serve_in_thread(app, *, name: str = "uvicorn", timeout_s: float = 60.0, **options: Any) -> Iterator[str]:
+    """Serve ``app`` on a free loopback port (bound before start: no race); yields its base URL.
+
+    ``options`` go to ``uvicorn.Config`` (e.g. ``http=`` the protocol class a server runs with).
+    """
     sock = socket.create_server(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", **options))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=name, daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s

@@ -7,12 +7,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
+from starlette.exceptions import HTTPException
 
 from ingest.gateway.auth import KeyRing
 from ingest.gateway.capture import Recorder
 from ingest.gateway.config import GatewayConfig
 from ingest.gateway.emitter import Emitter, KafkaSink
-from ingest.gateway.errors import GatewayError
+from ingest.gateway.errors import GatewayError, for_http_status
 from ingest.gateway.idempotency import IdempotencyCache
 from ingest.gateway.metrics import GatewayMetrics
 from ingest.gateway.proxy import ProxyService
@@ -85,6 +86,11 @@ def create_gateway_app(settings: GatewayConfig, *, emitter: Emitter | None = Non
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> Response:
         return Response(exc.body(), status_code=exc.status, media_type="application/json")
+
+    @app.exception_handler(HTTPException)
+    async def routing_error(request: Request, exc: HTTPException) -> Response:
+        error = for_http_status(exc.status_code, method=request.method, path=request.url.path)
+        return Response(error.body(), status_code=error.status, media_type="application/json", headers=exc.headers)
 
     for module in (completions, models, events, otlp, health):
         app.include_router(module.router)

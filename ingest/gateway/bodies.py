@@ -1,7 +1,13 @@
-"""Reading request bodies: size limit, JSON, and the few types the gateway relies on.
+"""Reading request bodies: size limit, nesting limit, JSON, and the few types the gateway relies on.
 
 Everything else in a completion request is the engine's business and is
 passed through untouched (the engine answers its own 400s).
+
+Nesting: a body nested deeper than ``MAX_NESTING`` levels of arrays/objects
+is a 400. Past ~250 levels pydantic can no longer serialize the event that
+records the call (and past ~1,000 Python's parser raises RecursionError), so
+the limit sits well below both. The precise walk runs only for bodies with
+more than ``MAX_NESTING`` brackets (a C-speed count), so common bodies pay ~nothing.
 """
 
 from __future__ import annotations
@@ -29,13 +35,36 @@ async def read_limited(chunks: AsyncIterator[bytes], *, content_length: str | No
     return b"".join(parts)
 
 
+MAX_NESTING = 200
+"""Deepest accepted nesting of arrays and objects in a request body (the body itself is level 1)."""
+
+
 def parse_object(raw: bytes) -> Any:
+    """The parsed JSON body; raises ``BadRequest`` for empty, invalid or too deeply nested bodies."""
     if not raw:
         raise BadRequest("request body is empty: send a JSON object")
+    too_deep = BadRequest(f"request body nests arrays/objects deeper than {MAX_NESTING} levels: flatten it")
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise too_deep from None
+    if raw.count(b"[") + raw.count(b"{") > MAX_NESTING and _deeper_than(body, MAX_NESTING):
+        raise too_deep
+    return body
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests arrays/objects more than ``limit`` levels (iterative: no recursion to overflow)."""
+    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
 
 
 def _expect(body: dict[str, Any], name: str, types: tuple[type, ...], what: str, *, required: bool = False) -> None:

@@ -7,14 +7,16 @@ That is monotonic per rollout across gateway restarts and replicas (as far as
 their clocks agree), which a per-process counter would not be.
 
 Event ids: random UUIDv7, except for a call with an idempotency key, whose
-request and successful response get ids derived from (tenant, key), so a
-retried call is stored once. Error answers always get fresh ids.
+request and successful response get ids derived from (tenant, key, request
+fingerprint), so a retried call is stored once. Error answers always get
+fresh ids.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -90,8 +92,9 @@ class Recorder:
         return prompt_ids, self.retokenizer.response_ids(done.text), "retokenized"
 
     def _envelope(self, captured: CapturedCall, *, kind: str, seq: int, ts_ns: int, stable: bool) -> dict[str, Any]:
-        rollout, key = captured.rollout, captured.call.idempotency_key
-        event_id = stable_id(captured.tenant, key, kind) if (stable and key) else uuid7()
+        rollout, call = captured.rollout, captured.call
+        key = call.idempotency_key
+        event_id = stable_id(captured.tenant, key, call.fingerprint or "", kind) if (stable and key) else uuid7()
         return dict(
             event_id=event_id,
             type=kind,
@@ -133,6 +136,10 @@ class Recorder:
         logprobs = done.logprobs
         if logprobs is not None and (response_ids is None or len(logprobs) != len(response_ids)):
             log.warning("logprobs do not match tokens call_id=%s: logprobs not recorded", captured.call.call_id)
+            logprobs = None
+        elif logprobs is not None and not all(type(v) in (int, float) and math.isfinite(v) for v in logprobs):
+            # the contract takes finite numbers only; the call is still recorded, without them
+            log.warning("logprobs that are not finite numbers call_id=%s: logprobs not recorded", captured.call.call_id)
             logprobs = None
         payload = LlmResponse(
             call_id=captured.call.call_id,

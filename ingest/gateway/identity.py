@@ -14,15 +14,20 @@ with task_id ``_unattached`` and rollout_id = the call id; a rollout id with no
 task id is recorded under task ``_unattached`` too.
 
 Idempotency: ``Idempotency-Key`` or, failing that, ``X-Client-Request-Id``.
-A keyed call gets a deterministic call id (and event ids), so a retry of it is
-recorded once even across gateway restarts (the ingester dedupes event ids).
+A keyed call gets a call id (and event ids) derived from the tenant, the key
+and the request's fingerprint, so a retry of it is recorded once even across
+gateway restarts (the ingester dedupes event ids), while another body sent
+under a reused key is never mistaken for it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ingest.gateway.errors import BadRequest
 from schemas.events import INT32_MAX, Harness
@@ -47,6 +52,8 @@ class RolloutIdentity:
 class CallIdentity:
     call_id: str
     idempotency_key: str | None
+    fingerprint: str | None = None
+    """``request_fingerprint`` of a keyed call (None without a key)."""
 
 
 def _pick(name: str, path: Mapping[str, str], headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
@@ -100,7 +107,14 @@ def rollout_identity(
     )
 
 
-def call_identity(*, tenant: str, headers: Mapping[str, str]) -> CallIdentity:
+def request_fingerprint(kind: str, body: Mapping[str, Any]) -> str:
+    """sha256 of the route and the body as canonical JSON: the same request, whatever its key order or spacing."""
+    canonical = json.dumps([kind, body], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def call_identity(*, tenant: str, headers: Mapping[str, str], kind: str, body: Mapping[str, Any]) -> CallIdentity:
+    """The call's id: random, or derived from (tenant, key, fingerprint) when an idempotency key is sent."""
     key = headers.get("idempotency-key") or headers.get("x-client-request-id")
     if key is None:
         # uuid4, not ingest.ids.uuid7: uuid7 takes a process-wide lock that the emitter thread
@@ -108,9 +122,11 @@ def call_identity(*, tenant: str, headers: Mapping[str, str]) -> CallIdentity:
         return CallIdentity(call_id=f"call-{uuid.uuid4()}", idempotency_key=None)
     if not key or len(key) > 200:
         raise BadRequest("Idempotency-Key must be 1-200 characters", param="idempotency_key")
-    return CallIdentity(call_id=f"call-{stable_id(tenant, key)}", idempotency_key=key)
+    fingerprint = request_fingerprint(kind, body)
+    return CallIdentity(call_id=f"call-{stable_id(tenant, key, fingerprint)}", idempotency_key=key,
+                        fingerprint=fingerprint)
 
 
 def stable_id(*parts: str) -> str:
-    """A deterministic UUID for ``parts`` (tenant, key, event kind): retries get the same id."""
+    """A deterministic UUID for ``parts`` (tenant, key, fingerprint, event kind): retries get the same id."""
     return str(uuid.uuid5(_NAMESPACE, "\x00".join(parts)))

@@ -40,6 +40,15 @@ class _EmitterCollector(Collector):
         yield GaugeMetricFamily("trajlake_gateway_broker_up", "1 when the last send reached Kafka", int(e.broker_up))
 
 
+_ROUTES = (("/chat/completions", "chat"), ("/completions", "completions"), ("/models", "models"),
+           ("/events", "events"))
+
+
+def route_label(path: str) -> str:
+    """The ``route`` label of a request path (rollout prefixes aside): chat, completions, models, events, other."""
+    return next((label for suffix, label in _ROUTES if path.endswith(suffix)), "other")
+
+
 class GatewayMetrics:
     def __init__(self, emitter: Emitter) -> None:
         self.registry = CollectorRegistry()
@@ -66,6 +75,10 @@ class GatewayMetrics:
     def observe(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route, str(status)).inc()
         self.latency.labels(route).observe(seconds)
+
+    def refused(self, path: str, status: int) -> None:
+        """Count a request refused before its route ran (401): ``requests_total`` only, no latency."""
+        self.requests.labels(route_label(path), str(status)).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

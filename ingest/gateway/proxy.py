@@ -12,7 +12,7 @@ from typing import Any
 
 from ingest.gateway.capture import CapturedCall, Recorder
 from ingest.gateway.emitter import Emitter
-from ingest.gateway.errors import GatewayError
+from ingest.gateway.errors import GatewayError, UpstreamFailure
 from ingest.gateway.http1 import Reply
 from ingest.gateway.idempotency import IdempotencyCache, StoredReply
 from ingest.gateway.identity import CallIdentity, RolloutIdentity
@@ -92,7 +92,7 @@ class ProxyService:
         """Answer one completion call (streaming when the body says so)."""
         key = call.idempotency_key
         if key is not None:
-            stored = self.idempotency.begin(tenant, key)
+            stored = self.idempotency.begin(tenant, key, call.fingerprint or "")
             if stored is not None:
                 self.metrics.idempotent_replays.inc()
                 return Answer(stored.status, stored.body, stored.content_type, {"idempotent-replayed": "true"})
@@ -104,6 +104,8 @@ class ProxyService:
                 return await self._stream(current, payload)
             return await self._whole(current, payload)
         except GatewayError as exc:
+            if isinstance(exc, UpstreamFailure):
+                current.retries = exc.retries
             self.metrics.upstream_errors.labels(exc.code or "error").inc()
             self._record(current.captured(error=exc.message))
             self._forget(current)
@@ -147,6 +149,9 @@ class ProxyService:
         return StreamAnswer(self._relay(current, response))
 
     async def _relay(self, current: _Call, response: Reply) -> AsyncIterator[bytes]:
+        """Relay the engine's SSE events. The call is complete once the engine sent ``[DONE]`` (or ended its
+        stream): a client that closes the connection after reading ``[DONE]`` (the openai client does, before
+        the engine's end of stream arrives) does not make it an error."""
         acc = StreamAccumulator(current.kind)
         sent: list[bytes] = []
         keep = current.call.idempotency_key is not None  # the stream is stored for replays of keyed calls
@@ -157,32 +162,37 @@ class ProxyService:
                 buffer += data
                 while (end := buffer.find(b"\n\n")) >= 0:
                     event, buffer = buffer[: end + 2], buffer[end + 2:]
-                    out = self._relay_event(event, acc, current.asked)
+                    out, done = self._relay_event(event, acc, current.asked)
                     if keep:
                         sent.append(out)
+                    if done:
+                        error = None
                     yield out
             if buffer.strip():
                 sent.append(buffer)
                 yield buffer
             error = None
         except (TimeoutError, ConnectionError) as exc:
-            error = f"upstream stream broke: {exc!r}"
-            self.metrics.upstream_errors.labels("stream_broken").inc()
-            yield _sse_error(error)
+            if error is not None:  # after [DONE] the answer is whole: a late break changes nothing
+                error = f"upstream stream broke: {exc!r}"
+                self.metrics.upstream_errors.labels("stream_broken").inc()
+                yield _sse_error(error)
         finally:
             # Record before awaiting anything: a cancelled task (client gone) may be cancelled again at any await.
             self._record(current.captured(completion=acc.result(), error=error, engine_headers=response.headers))
             self._remember(current, StoredReply(200, b"".join(sent), _SSE) if error is None else None)
             await response.aclose()
 
-    def _relay_event(self, event: bytes, acc: StreamAccumulator, asked: Asked) -> bytes:
+    def _relay_event(self, event: bytes, acc: StreamAccumulator, asked: Asked) -> tuple[bytes, bool]:
+        """The event as the client gets it, and whether it was the engine's ``[DONE]``."""
         lines = event.split(b"\n")
-        changed = False
+        changed = done = False
         for i, line in enumerate(lines):
             if not line.startswith(b"data:"):
                 continue
             data = line[5:].strip()
             if data == b"[DONE]":
+                done = True
                 continue
             try:
                 chunk = json.loads(data)
@@ -194,7 +204,7 @@ class ProxyService:
             if not asked.everything and strip(acc.kind, chunk, asked):
                 lines[i] = b"data: " + json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode()
                 changed = True
-        return b"\n".join(lines) if changed else event
+        return (b"\n".join(lines) if changed else event), done
 
     def _upstream_failed(self, current: _Call, status: int, body: bytes, content_type: str) -> Answer:
         """The engine answered an error: pass it through unchanged, record it, let a retry run."""
@@ -208,8 +218,9 @@ class ProxyService:
         self.emitter.submit(partial(self.recorder.events, captured))
 
     def _remember(self, current: _Call, reply: StoredReply | None) -> None:
-        if current.call.idempotency_key is not None:
-            self.idempotency.finish(current.tenant, current.call.idempotency_key, reply)
+        call = current.call
+        if call.idempotency_key is not None:
+            self.idempotency.finish(current.tenant, call.idempotency_key, call.fingerprint or "", reply)
 
     def _forget(self, current: _Call) -> None:
         self._remember(current, None)

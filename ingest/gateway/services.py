@@ -41,6 +41,7 @@ async def require_tenant(request: Request, services: ServicesDep) -> str:
     tenant = services.keys.tenant(key)
     if tenant is None:
         problem = "no API key" if key is None else "an unknown API key"
+        services.metrics.refused(request.url.path, Unauthorized.status)
         raise Unauthorized(f"{problem} was presented: send 'Authorization: Bearer <key>' with a gateway key")
     return tenant
 

@@ -48,9 +48,9 @@ class Upstream:
         try:
             content = await reply.read()
         except TimeoutError:
-            raise self.timed_out() from None
+            raise self.timed_out(retries=retries) from None
         except ConnectionError as exc:
-            raise UpstreamUnavailable(f"the upstream engine broke the connection: {exc}") from None
+            raise UpstreamUnavailable(f"the upstream engine broke the connection: {exc}", retries=retries) from None
         finally:
             await reply.aclose()
         return UpstreamReply(reply.status, content, reply.headers, retries)
@@ -59,10 +59,11 @@ class Upstream:
         """Open a streaming POST; the caller iterates ``iter_bytes()`` and must ``aclose()`` the reply."""
         return await self._send("POST", path, body)
 
-    def timed_out(self) -> UpstreamTimeout:
+    def timed_out(self, *, retries: int) -> UpstreamTimeout:
         return UpstreamTimeout(
             f"the upstream engine did not answer within {self.pool.read_timeout_s} s; "
-            "raise TRAJLAKE_UPSTREAM_TIMEOUT_S or ask for fewer tokens"
+            "raise TRAJLAKE_UPSTREAM_TIMEOUT_S or ask for fewer tokens",
+            retries=retries,
         )
 
     async def _send(self, method: str, path: str, body: bytes | None) -> tuple[Reply, int]:
@@ -74,10 +75,11 @@ class Upstream:
                 if last:
                     raise UpstreamUnavailable(
                         f"the upstream engine at {self.pool.base_url} is unreachable after "
-                        f"{attempt + 1} attempt(s): {exc}; check it runs and TRAJLAKE_UPSTREAM_URL"
+                        f"{attempt + 1} attempt(s): {exc}; check it runs and TRAJLAKE_UPSTREAM_URL",
+                        retries=attempt,
                     ) from None
             except TimeoutError:
-                raise self.timed_out() from None
+                raise self.timed_out(retries=attempt) from None
             else:
                 if reply.status not in _RETRY_STATUSES or last:
                     return reply, attempt

@@ -5,7 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipelines.merging import Call, classify_mismatch, common_prefix_length, is_prefix, merge_calls
+from pipelines import build_dataset
+from pipelines.config import BuildConfig
+from pipelines.merging import (
+    Call,
+    classify_mismatch,
+    common_prefix_length,
+    is_prefix,
+    merge_calls,
+    tokenizer_decoders,
+)
+from schemas.tokenizer_identity import tokenizer_identity
 
 SYSTEM = {"role": "system", "content": "the agent reads the file and runs the tests"}
 TASK = {"role": "user", "content": "fix the bug in parser module"}
@@ -21,9 +31,9 @@ def sampled(tok, text: str, *, finished: bool = True) -> list[int]:
 
 
 def call(call_id: str, prompt: list[int], response: list[int], *, span: str | None = None,
-         template: str = "chatml-1") -> Call:
+         template: str = "chatml-1", tokenizer: str = "tiny-bpe") -> Call:
     logprobs = -np.arange(1, len(response) + 1, dtype=np.float32) / 10
-    return Call(call_id, span, "tiny-bpe", template, np.array(prompt, np.int32), np.array(response, np.int32), logprobs)
+    return Call(call_id, span, tokenizer, template, np.array(prompt, np.int32), np.array(response, np.int32), logprobs)
 
 
 def turns(tok, n: int, history: list[dict] | None = None) -> tuple[list[Call], list[dict]]:
@@ -69,6 +79,40 @@ def test_retokenized_history_breaks_the_prefix(chat_tokenizer):
     samples = merge_calls([first, second])
     assert [s.start_reason for s in samples] == ["first", "retokenization"]
     assert [s.call_ids for s in samples] == [["c0"], ["c1"]]
+
+
+def byte_by_byte(tok, text: str) -> list[int]:
+    """A valid, maximally non-canonical split of ``text``: one token per byte-level character."""
+    return tok.convert_tokens_to_ids([c for t in tok.tokenize(text) for c in t])
+
+
+def test_a_text_identical_rerender_is_retokenization_when_the_tokenizer_is_known(chat_tokenizer, tmp_path):
+    """The engine sampled odd splits (many more tokens than the canonical re-render): by token counts alone this
+    looks like dropped history (truncation); by text the history is all there (retokenization)."""
+    tok = chat_tokenizer
+    tok.save_pretrained(tmp_path / "tok")
+    decoders = tokenizer_decoders([tmp_path / "tok"])
+    identity = tokenizer_identity(tok)
+    assert list(decoders) == [identity]
+    messages = [SYSTEM, TASK]
+    text = "the agent reads the file and runs the tests then fixes the bug in parser module"
+    first = call("c0", render(tok, messages), byte_by_byte(tok, text) + sampled(tok, ""), tokenizer=identity)
+    messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "tool result passed"}]
+    second = call("c1", render(tok, messages), sampled(tok, "fixes the bug"), tokenizer=identity)
+    assert len(first.response) > 2 * len(tok.encode(text))
+    assert [s.start_reason for s in merge_calls([first, second])] == ["first", "truncation"]  # no tokenizer known
+    assert [s.start_reason for s in merge_calls([first, second], decoders=decoders)] == ["first", "retokenization"]
+    # a real truncation stays one when the tokenizer is known
+    summary = [SYSTEM, {"role": "user", "content": "summary of previous steps: tests passed"}]
+    third = call("c2", render(tok, summary), sampled(tok, "the agent fixes the bug"), tokenizer=identity)
+    calls, _ = turns(tok, 3)
+    calls = [call(c.call_id, c.prompt.tolist(), c.response.tolist(), tokenizer=identity) for c in calls] + [third]
+    assert [s.start_reason for s in merge_calls(calls, decoders=decoders)] == ["first", "truncation"]
+
+
+def test_a_folder_without_a_tokenizer_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="no tokenizer could be loaded"):
+        tokenizer_decoders([tmp_path])
 
 
 def test_summarised_history_is_classified_truncation(chat_tokenizer):
@@ -153,3 +197,34 @@ def test_classification_of_an_empty_response_sample():
     sample = merge_calls([call("a", [1, 2, 3], [])])[0]
     assert sample.arrays()[1].sum() == 0
     assert classify_mismatch(sample, call("b", [1, 2, 4], [5])) == "other"
+
+
+def test_a_build_with_the_tokenizer_reclassifies_only_text_identical_rerenders(chat_tokenizer, lake, rows, tmp_path):
+    """``build_dataset`` with ``tokenizers``: the re-render's break becomes retokenization; a lake without one keeps
+    its content hash."""
+    tok = chat_tokenizer
+    tok.save_pretrained(tmp_path / "tok")
+    identity = tokenizer_identity(tok)
+    calls, _ = turns(tok, 3)
+    rows.rollout("plain", "t1")
+    for c in calls:
+        rows.call("plain", c.call_id, c.prompt.tolist(), c.response.tolist(), tokenizer=identity)
+    rows.reward("plain", 1.0)
+    rows.flush()
+    with_tokenizer = BuildConfig(tokenizers=(str(tmp_path / "tok"),))
+    before = build_dataset(lake, "plain")
+    assert build_dataset(lake, "plain", with_tokenizer).content_hash == before.content_hash
+
+    text = "the agent reads the file and runs the tests then fixes the bug in parser module"
+    messages = [SYSTEM, TASK]
+    rows.rollout("rerendered", "t1")
+    rows.call("rerendered", "r0", render(tok, messages), byte_by_byte(tok, text) + sampled(tok, ""), tokenizer=identity)
+    messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "tool result passed"}]
+    rows.call("rerendered", "r1", render(tok, messages), sampled(tok, "fixes the bug"), tokenizer=identity)
+    rows.reward("rerendered", 0.0)
+    rows.flush()
+    by_counts, by_text = build_dataset(lake, "a"), build_dataset(lake, "b", with_tokenizer)
+    assert by_counts.manifest["merge"]["mismatches"]["truncation"] == 1
+    assert by_text.manifest["merge"]["mismatches"] == {"chat_template": 0, "retokenization": 1, "truncation": 0,
+                                                       "other": 0}
+    assert by_text.content_hash != by_counts.content_hash

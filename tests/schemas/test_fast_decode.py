@@ -19,7 +19,7 @@ import annotated_types
 import msgspec
 import pytest
 from pydantic import BaseModel
-from test_wire_contract import CASES, PAYLOADS, event, mutate
+from test_wire_contract import CASES, FLOAT_FIELDS, NON_FINITE, PAYLOADS, event, mutate, with_number
 
 import schemas.versions as versions
 from ingest.batch import Batch
@@ -227,8 +227,8 @@ def invalid_events() -> list[bytes]:
     big = event("tool.result")
     big["payload"]["result"] = "x" * MAX_EVENT_BYTES
     out += [json.dumps(mismatched).encode(), json.dumps(engine).encode(), json.dumps(big).encode()]
-    out += [json.dumps(event()).encode().replace(b'"value": 0.5', b'"value": ' + lit)
-            for lit in (b"NaN", b"Infinity", b"-Infinity", b"1e400")]
+    out += [with_number(event_type, text, template, literal)
+            for event_type, text, template, _ in FLOAT_FIELDS for literal in NON_FINITE]
     out += [b"[1, 2]", b'"reward"', b"42", b"null", b'{"type": "reward",', b"", b"\xff\xfe{}"]
     out += [json.dumps(event("reward", harness={"name": "x" * 201, "version": "1"})).encode(),
             json.dumps(event("reward", task_id="t" * 501)).encode(),
@@ -242,6 +242,25 @@ def test_every_invalid_event_is_refused_by_both(value):
     with pytest.raises(InvalidEvent):
         decode_event(value)
     assert fast.decode_batch([value]) == [None]
+
+
+def float_fields(model: type[BaseModel]) -> set[str]:
+    """Fields of a payload model holding floats (a float, or a list of them)."""
+    out = set()
+    for name, info in model.model_fields.items():
+        tp, _, _ = unwrap(info.annotation)
+        if get_origin(tp) is list:
+            tp = unwrap(get_args(tp)[0])[0]
+        if tp is float:
+            out.add(name)
+    return out
+
+
+def test_every_float_field_of_the_contract_is_tested_for_non_finite_numbers():
+    """A float field added to the contract must join FLOAT_FIELDS, so both paths are shown to refuse NaN/Infinity."""
+    contract_floats = {f"payload.{name}" for t, model in contract.PAYLOAD_MODELS.items() for name in float_fields(model)}
+    tested = {field.rsplit(".", 1)[0] if field[-1].isdigit() else field for *_, field in FLOAT_FIELDS}
+    assert contract_floats == tested
 
 
 @pytest.mark.parametrize("change", [

@@ -10,6 +10,7 @@ import pytest
 
 from schemas.errors import InvalidEvent
 from schemas.events import EVENT_ADAPTER, EVENT_TYPES, LlmResponseEvent, RewardEvent
+from schemas.fast import decode_batch
 from schemas.versions import MAX_EVENT_BYTES, decode_event, validate_event
 
 ENVELOPE = {
@@ -210,11 +211,26 @@ def test_engine_tokens_need_token_ids():
     assert decode_event(json.dumps(raw)).payload.response_token_ids is None
 
 
-@pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity"])
-def test_non_finite_rewards_are_refused(literal):
-    data = json.dumps(event()).encode().replace(b'"value": 0.5', b'"value": ' + literal)
-    error = refused(data)
-    assert (error.field, error.problem) == ("payload.value", "Value error, reward value must be a finite number")
+NON_FINITE = (b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e400")
+FLOAT_FIELDS = [  # (event type, the field's text in the event's JSON, the field the error names)
+    ("reward", b'"value": 0.5', b'"value": %s', "payload.value"),
+    ("llm.response", b'"logprobs": [-0.1, -2.0]', b'"logprobs": [-0.1, %s]', "payload.logprobs.1"),
+    ("llm.response", b'"latency_ms": 12.5', b'"latency_ms": %s', "payload.latency_ms"),
+    ("tool.result", b'"duration_ms": 3.0', b'"duration_ms": %s', "payload.duration_ms"),
+]
+
+
+def with_number(event_type: str, text: bytes, template: bytes, literal: bytes) -> bytes:
+    data = json.dumps(event(event_type)).encode()
+    assert text in data
+    return data.replace(text, template % literal)
+
+
+@pytest.mark.parametrize("literal", NON_FINITE)
+@pytest.mark.parametrize(("event_type", "text", "template", "field"), FLOAT_FIELDS, ids=[f[3] for f in FLOAT_FIELDS])
+def test_non_finite_numbers_are_refused_naming_the_field(event_type, text, template, field, literal):
+    error = refused(with_number(event_type, text, template, literal))
+    assert (error.field, error.problem) == (field, "Input should be a finite number")
 
 
 @pytest.mark.parametrize(("data", "problem"), [
@@ -267,3 +283,21 @@ def test_deeply_nested_json_is_an_invalid_event_not_a_crash():
 
 def test_a_timestamp_that_overflows_in_utc_is_an_invalid_event():
     assert refused(json.dumps(event(ts="0001-01-01T00:00:00+01:00")).encode()).field == "ts"
+
+
+def nested_event(depth: int) -> bytes:
+    """A tool.call nested ``depth`` levels deep in all (the event itself is level 1)."""
+    inner = depth - 2  # the event and its payload
+    marker = '"arguments": {"q": "x"}'
+    data = json.dumps(event("tool.call"))
+    assert marker in data
+    return data.replace(marker, '"arguments": ' + "[" * inner + "]" * inner).encode()
+
+
+def test_the_documented_nesting_limits_hold():
+    """EVENTS.md: 500 levels are read (fast path too), 1,000 are refused naming the problem."""
+    assert decode_event(nested_event(500)).payload.arguments is not None
+    assert decode_batch([nested_event(500)])[0] is not None
+    for depth in (1_000, 100_000):
+        error = refused(nested_event(depth))
+        assert (error.field, error.problem) == ("(event)", "JSON nested too deeply")

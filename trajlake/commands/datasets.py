@@ -89,6 +89,8 @@ def build_dataset_command(
     group_by: str = typer.Option("group_id", help="Advantage groups: group_id (default: the task) or task_id."),
     drop_degenerate: bool = typer.Option(False, help="Drop rollouts of size-1 / zero-std groups (default: advantage 0)."),
     allow_non_engine: bool = typer.Option(False, help="Train on calls whose tokens were not sampled by the engine."),
+    tokenizer: list[str] = typer.Option([], help="Local tokenizer folder: classify sample breaks of its calls by "
+                                        "text (repeatable)."),
     batch_tokens: int | None = typer.Option(None, min=1, help="Tokens per merge batch (TRAJLAKE_BUILD_BATCH_TOKENS)."),
     lake: str | None = LAKE_OPTION,
     bootstrap_servers: str | None = typer.Option(None, help="Broker for the dataset.version event (TRAJLAKE_BOOTSTRAP_SERVERS)."),
@@ -107,6 +109,7 @@ def build_dataset_command(
             drop_degenerate=drop_degenerate, allow_non_engine=allow_non_engine,
             batch_tokens=settings.build_batch_tokens,
             tool_credit=ToolCredit.parse(tool_credit) if tool_credit is not None else None, mask=mask,
+            tokenizers=tuple(tokenizer),
         )
     except (ValidationError, ValueError) as exc:
         raise fail(_first_error(exc)) from None

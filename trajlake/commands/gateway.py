@@ -73,6 +73,7 @@ def gateway(
 
     from ingest.gateway import create_gateway_app
     from ingest.gateway.auth import KeyConfigError
+    from ingest.gateway.server import GatewayHttpProtocol
     from ingest.spool import SpoolLocked
 
     overrides = {
@@ -92,7 +93,7 @@ def gateway(
         f"events -> {settings.bootstrap_servers} topic {settings.topic}; spool {settings.spool_dir}"
         + (f"; redaction rules {settings.redaction_rules}" if settings.redaction_rules else "")
     )
-    uvicorn.run(app, host=host, port=port, access_log=False, log_level="warning")
+    uvicorn.run(app, host=host, port=port, access_log=False, log_level="warning", http=GatewayHttpProtocol)
 
 
 def register(app: typer.Typer) -> None:

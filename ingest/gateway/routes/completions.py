@@ -24,7 +24,7 @@ async def _complete(kind: Kind, request: Request, services: Services, tenant: st
             request.stream(), content_length=request.headers.get("content-length"), limit=services.max_body_bytes
         )
         body = completion_request(raw, kind)
-        call = call_identity(tenant=tenant, headers=request.headers)
+        call = call_identity(tenant=tenant, headers=request.headers, kind=kind, body=body)
         rollout = rollout_identity(
             call_id=call.call_id, path=request.path_params, headers=request.headers, query=request.query_params
         )

@@ -9,7 +9,8 @@ the engine directly with answers through the gateway byte for byte.
 Model names steer failures: ``fake-503`` always answers 503, ``fake-slow``
 sleeps 3 s, ``fake-flaky-<n>`` answers 503 to the first n calls per prompt,
 ``fake-noids`` never returns token ids, ``fake-break`` drops the connection
-after three streamed tokens, ``fake-slowstream`` streams a token per 0.2 s.
+after three streamed tokens, ``fake-slowstream`` streams a token per 0.2 s,
+``fake-linger`` keeps a stream open 0.3 s after its ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -141,6 +142,8 @@ async def chat_stream(body: dict[str, Any], *, ids: bool):
     if (body.get("stream_options") or {}).get("include_usage"):
         yield _sse({**base, "choices": [], "usage": whole["usage"]})
     yield b"data: [DONE]\n\n"
+    if body["model"] == "fake-linger":
+        await asyncio.sleep(0.3)
 
 
 async def completion_stream(body: dict[str, Any], *, ids: bool):

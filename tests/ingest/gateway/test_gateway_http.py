@@ -10,6 +10,8 @@ from gateway_helpers import KEY, OTHER_KEY, TENANT, memory_emitter, serve, wait_
 
 from ingest.broker import free_port
 from ingest.gateway import create_gateway_app
+from ingest.gateway.bodies import MAX_NESTING
+from ingest.gateway.server import MAX_HEADER_BYTES, GatewayHttpProtocol
 
 AUTH = {"authorization": f"Bearer {KEY}"}
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "tell me a story"}]}
@@ -19,7 +21,7 @@ CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "tell me
 def gateway(settings, tmp_path):
     """(gateway base URL, memory sink, emitter) with a fresh spool per test."""
     emitter, sink = memory_emitter(tmp_path)
-    with serve(create_gateway_app(settings, emitter=emitter)) as url:
+    with serve(create_gateway_app(settings, emitter=emitter), http=GatewayHttpProtocol) as url:
         yield url, sink, emitter
 
 
@@ -100,6 +102,10 @@ def test_missing_or_unknown_key_is_401_and_nothing_is_recorded(gateway, headers)
     for method, path in (("POST", "/v1/chat/completions"), ("GET", "/v1/models"), ("POST", "/v1/events")):
         r = httpx.request(method, f"{url}{path}", json=CHAT, headers=headers)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    httpx.post(f"{url}/rollouts/r/v1/chat/completions", json=CHAT, headers=headers)
+    metrics = httpx.get(f"{url}/metrics").text
+    for route, count in (("chat", 2), ("models", 1), ("events", 1)):
+        assert f'trajlake_gateway_requests_total{{route="{route}",status="401"}} {count}.0' in metrics
     emitter.close()
     assert sink.records == []
 
@@ -159,7 +165,7 @@ def test_upstream_5xx_is_retried_then_passed_through_and_recorded_as_error(gatew
     assert r.status_code == 503 and r.json()["error"]["message"] == "engine overloaded"
     _, response = events(sink, 2)
     assert "HTTP 503" in response["payload"]["error"] and response["payload"]["response_token_ids"] is None
-    assert response["payload"]["token_source"] == "none"
+    assert response["payload"]["token_source"] == "none" and response["payload"]["upstream_retries"] == 2
     assert engine[1].state.calls.total() >= 3  # 1 try + 2 retries
 
 
@@ -189,7 +195,8 @@ def test_upstream_down_is_502(settings, tmp_path):
         assert stream.status_code == 502
         metrics = httpx.get(f"{url}/metrics").text
     assert 'trajlake_gateway_upstream_errors_total{kind="upstream_unavailable"} 2.0' in metrics
-    assert len(sink.records) == 4
+    recorded = events(sink, 4)
+    assert [e["payload"]["upstream_retries"] for e in recorded if e["type"] == "llm.response"] == [2, 2]
 
 
 def test_idempotent_retry_gets_the_recorded_answer_and_is_recorded_once(gateway, engine):
@@ -206,6 +213,67 @@ def test_idempotent_retry_gets_the_recorded_answer_and_is_recorded_once(gateway,
     recorded = [json.loads(v) for _, v in sink.records]
     assert len(recorded) == 4 and {e["tenant"] for e in recorded} == {TENANT, "globex"}
     assert recorded[0]["payload"]["idempotency_key"] == "retry-me"
+
+
+def test_a_reused_idempotency_key_with_another_body_is_422_and_reaches_nobody(gateway, engine):
+    url, sink, emitter = gateway
+    body = {**CHAT, "messages": [{"role": "user", "content": "first question"}]}
+    headers = {**AUTH, "idempotency-key": "one-key"}
+    first = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers)
+    calls = engine[1].state.calls.total()
+    other = httpx.post(f"{url}/v1/chat/completions", headers=headers,
+                       json={**body, "messages": [{"role": "user", "content": "another question"}]})
+    assert other.status_code == 422 and other.json()["error"]["code"] == "idempotency_key_reused"
+    assert "different request body" in other.json()["error"]["message"]
+    reordered = httpx.post(f"{url}/v1/chat/completions", content=json.dumps(dict(reversed(body.items()))),
+                           headers={**headers, "content-type": "application/json"})
+    assert reordered.status_code == 200 and reordered.content == first.content  # same body: replayed
+    assert reordered.headers["idempotent-replayed"] == "true" and engine[1].state.calls.total() == calls
+    emitter.close()
+    assert len(sink.records) == 2
+
+
+def test_deep_json_is_400_and_the_gateway_keeps_serving(settings, tmp_path):
+    settings.max_body_bytes = 1 << 20
+    emitter, sink = memory_emitter(tmp_path)
+    with serve(create_gateway_app(settings, emitter=emitter), http=GatewayHttpProtocol) as url:
+        deep_json_is_refused(url)
+    emitter.close()
+    assert len(sink.records) == 4 and emitter.invalid == 0
+
+
+def deep_json_is_refused(url: str) -> None:
+    nested = lambda depth: "[" * depth + "]" * depth  # noqa: E731
+    fits = {**CHAT, "metadata": json.loads(nested(MAX_NESTING - 1))}
+    assert httpx.post(f"{url}/v1/chat/completions", json=fits, headers=AUTH).status_code == 200
+    for depth in (MAX_NESTING, 1_000, 100_000):
+        body = b'{"model": "m", "metadata": ' + nested(depth).encode() + b"}"
+        for path in ("/v1/chat/completions", "/v1/events"):
+            r = httpx.post(f"{url}{path}", content=body, headers={**AUTH, "content-type": "application/json"})
+            assert r.status_code == 400 and f"deeper than {MAX_NESTING} levels" in r.json()["error"]["message"]
+    assert httpx.post(f"{url}/v1/chat/completions", json=CHAT, headers=AUTH).status_code == 200
+
+
+def test_headers_over_the_limit_are_431_without_being_read_whole(gateway):
+    url, _, _ = gateway
+    fits = {**AUTH, "x-pad": "p" * (MAX_HEADER_BYTES - 1024)}
+    assert httpx.post(f"{url}/v1/chat/completions", json=CHAT, headers=fits).status_code == 200
+    for size in (MAX_HEADER_BYTES + 1, 20 << 20):
+        r = httpx.post(f"{url}/v1/chat/completions", json=CHAT, headers={**AUTH, "x-pad": "p" * size}, timeout=30)
+        assert r.status_code == 431 and r.json()["error"]["code"] == "request_header_fields_too_large"
+        assert str(MAX_HEADER_BYTES) in r.json()["error"]["message"]
+    assert httpx.post(f"{url}/v1/chat/completions", json=CHAT, headers=AUTH).status_code == 200
+
+
+@pytest.mark.parametrize("method, path, status", [
+    ("GET", "/v2/chat/completions", 404), ("POST", "/nothing/here", 404), ("GET", "/v1/chat/completions", 405),
+])
+def test_unknown_routes_get_openai_shaped_errors(gateway, method, path, status):
+    url, _, _ = gateway
+    r = httpx.request(method, f"{url}{path}", headers=AUTH)
+    assert r.status_code == status and r.headers["content-type"] == "application/json"
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and f"{method} {path}" in error["message"]
 
 
 def test_post_events_gives_per_event_results_and_forces_the_tenant(gateway):

@@ -132,3 +132,22 @@ def test_engine_without_ids_is_retokenized_with_the_configured_tokenizer(setting
     assert response["payload"]["token_source"] == "retokenized"
     assert response["payload"]["logprobs"] is None or len(response["payload"]["logprobs"]) == len(
         response["payload"]["response_token_ids"])
+
+
+def test_tool_call_streams_the_client_closes_at_done_are_recorded_complete(settings, tmp_path):
+    """The openai client closes a stream on reading [DONE], often before the engine's end of stream reaches
+    the gateway (always with ``fake-linger``): every call must still be recorded as complete."""
+    settings.upstream_timeout_s = 30.0  # a loaded machine must not turn one of the many calls into a 504
+    emitter, sink = memory_emitter(tmp_path)
+    messages = [{"role": "user", "content": "what is the weather in Paris"}]
+    models = ["fake-linger"] * 5 + ["fake-model"] * 120
+    with serve(create_gateway_app(settings, emitter=emitter)) as url:
+        through = client(f"{url}/v1")
+        for model in models:
+            chunks = list(through.chat.completions.create(model=model, messages=messages, tools=TOOLS, stream=True))
+            assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        emitter.close()
+    responses = [json.loads(v)["payload"] for _, v in sink.records if json.loads(v)["type"] == "llm.response"]
+    assert len(responses) == len(models)
+    assert [r["error"] for r in responses] == [None] * len(models)
+    assert all(r["finish_reason"] == "tool_calls" and r["tool_calls"] and r["response_token_ids"] for r in responses)

@@ -9,8 +9,9 @@ from gateway_fake_engine import chat_answer, completion_answer, token_id
 
 from ingest.gateway.auth import KeyConfigError, KeyRing, bearer_token, parse_keys
 from ingest.gateway.capture import CapturedCall, Recorder
-from ingest.gateway.errors import BadRequest
-from ingest.gateway.identity import UNATTACHED_TASK, call_identity, rollout_identity
+from ingest.gateway.errors import BadRequest, IdempotencyConflict, IdempotencyKeyReused
+from ingest.gateway.idempotency import IdempotencyCache, StoredReply
+from ingest.gateway.identity import UNATTACHED_TASK, CallIdentity, call_identity, rollout_identity
 from ingest.gateway.tokens import Asked, StreamAccumulator, asked_by, read_completion, strip, upstream_body
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello world"}]}
@@ -99,14 +100,37 @@ def test_malformed_identity_is_a_clear_400(headers, problem):
         rollout_identity(call_id="c", path={}, headers=headers, query={})
 
 
-def test_idempotency_key_gives_a_stable_call_id_per_tenant():
-    a = call_identity(tenant="acme", headers={"idempotency-key": "k1"})
-    assert a == call_identity(tenant="acme", headers={"idempotency-key": "k1"})
-    assert a.call_id != call_identity(tenant="globex", headers={"idempotency-key": "k1"}).call_id
-    assert call_identity(tenant="acme", headers={"x-client-request-id": "k1"}).call_id == a.call_id
-    assert call_identity(tenant="acme", headers={}).call_id != call_identity(tenant="acme", headers={}).call_id
+def keyed(tenant: str = "acme", body: dict = CHAT, **headers: str) -> CallIdentity:
+    return call_identity(tenant=tenant, headers=headers or {"idempotency-key": "k1"}, kind="chat", body=body)
+
+
+def test_idempotency_key_gives_a_stable_call_id_per_tenant_and_body():
+    a = keyed()
+    assert a == keyed() and a.fingerprint
+    assert a.call_id != keyed("globex").call_id
+    assert keyed(**{"x-client-request-id": "k1"}).call_id == a.call_id
+    assert a.call_id == keyed(body=dict(reversed(CHAT.items()))).call_id  # key order is not a different body
+    assert a.call_id != keyed(body={**CHAT, "temperature": 0.5}).call_id
+    assert call_identity(tenant="acme", headers={}, kind="chat", body=CHAT).call_id != \
+        call_identity(tenant="acme", headers={}, kind="chat", body=CHAT).call_id
     with pytest.raises(BadRequest):
-        call_identity(tenant="acme", headers={"idempotency-key": "k" * 201})
+        keyed(**{"idempotency-key": "k" * 201})
+
+
+def test_a_reused_idempotency_key_with_another_body_is_refused_whatever_the_first_call_did():
+    cache = IdempotencyCache(max_entries=10, ttl_s=60)
+    assert cache.begin("acme", "k", "fp-1") is None
+    with pytest.raises(IdempotencyKeyReused, match="different request body"):
+        cache.begin("acme", "k", "fp-2")
+    with pytest.raises(IdempotencyConflict):
+        cache.begin("acme", "k", "fp-1")
+    cache.finish("acme", "k", "fp-1", StoredReply(200, b"{}", "application/json"))
+    assert cache.begin("acme", "k", "fp-1").body == b"{}"
+    with pytest.raises(IdempotencyKeyReused):
+        cache.begin("acme", "k", "fp-2")
+    assert cache.begin("globex", "k", "fp-2") is None  # keys are per tenant
+    cache.finish("globex", "k", "fp-2", None)  # a failed first attempt is forgotten: any body may run
+    assert cache.begin("globex", "k", "fp-3") is None
 
 
 def test_keys_parse_from_env_and_file(tmp_path):
@@ -134,7 +158,7 @@ def test_bearer_token():
 
 
 def _captured(raw: bytes | None, **extra) -> CapturedCall:
-    call = call_identity(tenant="acme", headers={"idempotency-key": "k"})
+    call = keyed()
     return CapturedCall(
         kind="chat", tenant="acme", rollout=rollout_identity(call_id=call.call_id, path={}, headers={}, query={}),
         call=call, request=CHAT, received_ns=1_000_000_000, finished_ns=1_002_000_000, upstream_retries=1,
@@ -167,5 +191,13 @@ def test_recorder_without_ids_or_tokenizer_says_none_and_bad_json_is_an_error():
 def test_mismatched_logprobs_are_dropped_not_stored_wrong():
     answer = chat_answer({**CHAT, "logprobs": True}, ids=True)
     answer["choices"][0]["logprobs"]["content"].pop()
+    _, response = Recorder(policy_version=None, retokenizer=None).events(_captured(json.dumps(answer).encode()))
+    assert response.payload.logprobs is None and len(response.payload.response_token_ids) == 16
+
+
+@pytest.mark.parametrize("bad", [float("-inf"), float("nan"), None])
+def test_logprobs_that_are_not_finite_numbers_are_dropped_and_the_call_still_recorded(bad):
+    answer = chat_answer({**CHAT, "logprobs": True}, ids=True)
+    answer["choices"][0]["logprobs"]["content"][3]["logprob"] = bad
     _, response = Recorder(policy_version=None, retokenizer=None).events(_captured(json.dumps(answer).encode()))
     assert response.payload.logprobs is None and len(response.payload.response_token_ids) == 16
