@@ -128,13 +128,17 @@ def _train_one(lake: Lake, config: TrainConfig, key: VersionKey, *, chain: bool,
                unrecorded: set[VersionKey]) -> CheckpointRecord | None:  # fmt: skip
     """Train one version; None when another process holds it or it failed (recorded and logged)."""
     name, version = key
-    history = list_checkpoints(lake, dataset=name) if chain else []
+    # the newest checkpoint of an older version: every follower derives the same parent, hence the same run id,
+    # also when another one finished this very version a moment ago (its run is then found finished, not redone)
+    history = [c for c in list_checkpoints(lake, dataset=name) if c.dataset_version < version] if chain else []
     parent = history[-1] if history else None
     run_config = config.model_copy(update={"model": parent.hf_path}) if parent else config
     log.info("event=follow_train dataset=%s version=%d base=%s", name, version, run_config.model)
+    began = datetime.now(UTC)
     try:
-        return train_dataset(lake, name, version, run_config, lease=lease, on_step=on_step,
-                             parent_checkpoint_id=parent.checkpoint_id if parent else None)  # fmt: skip
+        record = train_dataset(lake, name, version, run_config, lease=lease, on_step=on_step,
+                               parent_checkpoint_id=parent.checkpoint_id if parent else None)  # fmt: skip
+        return record if record.created_at >= began else None  # else another follower just finished it
     except (VersionHeld, LeaseLost) as exc:
         log.info("event=follow_skip_held dataset=%s version=%d reason=%s", name, version, exc)
     except Exception as exc:  # recorded as failed in train_runs: not retried until `train --retry`
