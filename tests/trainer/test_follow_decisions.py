@@ -34,5 +34,5 @@ def test_a_version_that_keeps_crashing_is_given_up_not_retried_forever(lake, tin
         trained = follow(lake, TrainConfig(model=str(tiny_model_dir), out=str(tmp_path)), stop_event=stop,
                          poll_interval_s=0.2, max_attempts=3)  # fmt: skip
     timer.join()
-    assert trained == [] and "event=follow_give_up" in caplog.text and "('syn', 0)" in caplog.text
+    assert trained == [] and "event=follow_give_up version=syn@0" in caplog.text
     assert run_states(lake)["ckpt-syn-v0-x"].attempt == 3  # not started a fourth time
