@@ -31,7 +31,7 @@ from trainer.batching import Batch, collate, epoch_order, plan_batches, rank_sha
 from trainer.config import TrainConfig, deepspeed_dict, uses_bf16
 from trainer.dataset import DatasetRef, Samples, load_samples, loss_mask_mode, resolve_version
 from trainer.distributed import Dist, all_ranks_agree, barrier, init_distributed
-from trainer.errors import DatasetError, TrainerError
+from trainer.errors import DatasetError, ModelLoadError, TrainerError
 from trainer.leases import Lease, LeaseKeeper, LeaseLost, VersionHeld, release, take
 from trainer.model import ModelInfo, check_tokenizer, inspect_model, load_causal_lm
 from trainer.objective import forward_loss
@@ -156,8 +156,8 @@ def train_dataset(
             run = prepare_run(lake, DatasetRef(dataset, version), config, dist, run_dir=claim.run_dir)
             started = _start(lake, run, claim.resume_step)
             return _train(lake, run, claim, parent_checkpoint_id, on_step, _guard(keeper))
-        except LeaseLost:
-            raise  # the new holder owns the run's rows now
+        except (LeaseLost, ModelLoadError):
+            raise  # the new holder owns the run's rows now; a model that does not load is no fault of the version
         except BaseException as exc:
             if dist.is_main and not isinstance(exc, KeyboardInterrupt):
                 record_status(lake, checkpoint_id, dataset=dataset, version=version, status="failed",

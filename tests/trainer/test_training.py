@@ -81,6 +81,10 @@ def test_a_crash_mid_run_resumes_from_the_last_checkpoint_and_matches(trained, t
     # same inputs, same id; the resumed run ends exactly where the uninterrupted one did
     assert resumed["id"] == trained[1]["id"]
     assert resumed["metrics"]["eval_loss"] == pytest.approx(trained[1]["metrics"]["eval_loss"], abs=1e-6)
+    # and its summary covers the whole run, not the part after the resume
+    whole, after = trained[1]["metrics"], resumed["metrics"]
+    assert (after["tokens"], after["resumes"]) == (whole["tokens"], 1) and whole["resumes"] == 0
+    assert after["first_loss"] == pytest.approx(whole["first_loss"], abs=1e-6)
 
 
 def test_follow_trains_a_version_published_while_it_runs_and_skips_a_trained_one(
