@@ -70,8 +70,12 @@ def follow(
         while not stop_event.is_set():
             if time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + poll_interval_s
-                todo = [k for k in pending_versions(lake, datasets, chain=chain, max_attempts=max_attempts,
-                                                    warned=warned) if k not in unrecorded]  # fmt: skip
+                try:
+                    todo = pending_versions(lake, datasets, chain=chain, max_attempts=max_attempts, warned=warned,
+                                            skip=unrecorded)  # fmt: skip
+                except Exception as exc:  # the lake is briefly unreachable: try again at the next poll
+                    log.warning("event=follow_poll_failed error=%s: %s", type(exc).__name__, exc)
+                    continue
                 for key in todo:
                     if stop_event.is_set():
                         break
@@ -97,14 +101,14 @@ def follow(
 
 
 def pending_versions(lake: Lake, datasets: list[str] | None, *, chain: bool = True, max_attempts: int = 5,
-                     warned: set[VersionKey] | None = None) -> list[VersionKey]:  # fmt: skip
-    """The versions a follower should train now, oldest first (see the module docstring)."""
+                     warned: set[VersionKey] | None = None, skip: set[VersionKey] | None = None) -> list[VersionKey]:  # fmt: skip
+    """The versions a follower should train now, oldest first (see the module docstring); ``skip``: treat as failed."""
     done = {(c.dataset, c.dataset_version) for c in list_checkpoints(lake)}
     newest: dict[str, int] = {}
     for name, version in done:
         newest[name] = max(version, newest.get(name, -1))
     states = version_states(lake)
-    refused = {k for k, s in states.items() if s.status == "failed"}
+    refused = {k for k, s in states.items() if s.status == "failed"} | (skip or set())
     retried = {k for k, s in states.items() if s.status == "retry"}  # asked for again: whatever its age
     worn = {(s.dataset, s.dataset_version) for s in run_states(lake).values()
             if s.status == "started" and s.attempt >= max_attempts}  # fmt: skip
