@@ -153,8 +153,11 @@ def _checkpoints(con: duckdb.DuckDBPyConnection, tables: list[str], uses: list[D
 
 def _checkpoint(lake: Lake, con: duckdb.DuckDBPyConnection, tables: list[str], checkpoint_id: str) -> Lineage | None:
     """A checkpoint: its dataset version's lineage, its parent and resumes; used by the checkpoints trained from it."""
+    cols = {r[0] for r in con.execute(f"DESCRIBE {CHECKPOINTS_TABLE}").fetchall()}
+    parent, base = (c if c in cols else "NULL" for c in ("parent_checkpoint_id", "base_model"))
+    order = "created_at, checkpoint_id" if "created_at" in cols else "checkpoint_id"
     row = con.execute(
-        f"""SELECT dataset, dataset_version, parent_checkpoint_id, base_model FROM {CHECKPOINTS_TABLE}
+        f"""SELECT dataset, dataset_version, {parent}, {base} FROM {CHECKPOINTS_TABLE}
             WHERE checkpoint_id = ? LIMIT 1""",
         [checkpoint_id],
     ).fetchone()
@@ -162,9 +165,9 @@ def _checkpoint(lake: Lake, con: duckdb.DuckDBPyConnection, tables: list[str], c
         return None
     found = _dataset(lake, con, tables, row[0], int(row[1]))
     found.kind, found.subject, found.parent_checkpoint, found.base_model = "checkpoint", checkpoint_id, row[2], row[3]
-    children = con.execute(
+    children = con.execute(  # a table written before parents were recorded has none
         f"""SELECT checkpoint_id, dataset, dataset_version FROM {CHECKPOINTS_TABLE}
-            WHERE parent_checkpoint_id = ? ORDER BY created_at, checkpoint_id""",
+            WHERE {parent} = ? ORDER BY {order}""",
         [checkpoint_id],
     ).fetchall()
     found.checkpoints = [CheckpointUse(c, d, int(v)) for c, d, v in children]
