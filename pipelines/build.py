@@ -38,6 +38,7 @@ from pipelines.sources import SOURCE_TABLES, Snapshot, pinned_connection
 from pipelines.tool_credit import add_tool_credit
 from pipelines.version import code_version
 from schemas.tables import SAMPLES
+from store.identity import lake_id
 from store.lake import Lake
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ def build_dataset(
     published, publish_error = False, None
     if producer is not None:
         try:
-            publish_version(producer, manifest)
+            publish_version(producer, manifest, lake_id=lake_id(lake))
             published = True
         except (KafkaError, OSError) as exc:
             publish_error = f"{type(exc).__name__}: {exc}"

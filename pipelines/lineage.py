@@ -4,8 +4,11 @@ Downwards, a dataset version's ``dataset_lineage`` rows name the rollouts and
 the exact events (llm.request/response, reward) it used; the typed tables
 give each event's Kafka topic/partition/offset. Upwards, ``dataset_lineage``
 answers which versions used a rollout (or event), and a ``checkpoints`` table
-(columns checkpoint_id, dataset, dataset_version), when it exists, which
-checkpoints were trained on those versions.
+(columns checkpoint_id, dataset, dataset_version, parent_checkpoint_id), when
+it exists, which checkpoints were trained on those versions. A checkpoint's
+own lineage is its dataset version's, plus the checkpoint it was trained
+from, the resumes of its run (``train_runs``) and, as "used by", only the
+checkpoints trained from it.
 
 An id is resolved in this order: ``NAME@VERSION`` (dataset version),
 checkpoint id, rollout id, event id, then a bare dataset name (latest version).
@@ -26,6 +29,7 @@ from store.lake import Lake
 from store.sql import connect
 
 CHECKPOINTS_TABLE = "checkpoints"
+TRAIN_RUNS_TABLE = "train_runs"
 
 
 class LineageNotFound(LookupError):
@@ -60,6 +64,12 @@ class Lineage:
     """event_id, type, rollout_id, seq, kafka_topic, kafka_partition, kafka_offset."""
     sources: dict[str, int] = field(default_factory=dict)
     """For a dataset version: source table -> Delta version it was built from."""
+    parent_checkpoint: str | None = None
+    """For a checkpoint: the checkpoint it was trained from (None: from ``base_model``)."""
+    base_model: str | None = None
+    """For a checkpoint: the model folder its run started from."""
+    resumes: list[dict[str, Any]] = field(default_factory=list)
+    """For a checkpoint: each restart of its run from a restart point (step, ts, host, pid, attempt)."""
 
     def offset_ranges(self) -> list[dict[str, Any]]:
         """Per Kafka (topic, partition): first and last offset and the number of ``events``."""
@@ -79,19 +89,16 @@ def lineage(lake: Lake, ref: str) -> Lineage:
 
     >>> lineage(Lake("./lake"), "nightly@3").offset_ranges()  # doctest: +SKIP
     """
-    tables = [t for t in (LINEAGE_TABLE, REGISTRY_TABLE, CHECKPOINTS_TABLE, *_typed()) if lake.exists(t)]
+    tables = [t for t in (LINEAGE_TABLE, REGISTRY_TABLE, CHECKPOINTS_TABLE, TRAIN_RUNS_TABLE, *_typed())
+              if lake.exists(t)]  # fmt: skip
     con = connect(lake, tables=tables)
     try:
         match = re.fullmatch(r"(.+)@(\d+)", ref)
         if match:
             return _dataset(lake, con, tables, match.group(1), int(match.group(2)))
         if CHECKPOINTS_TABLE in tables:
-            row = con.execute(
-                f"SELECT dataset, dataset_version FROM {CHECKPOINTS_TABLE} WHERE checkpoint_id = ? LIMIT 1", [ref]
-            ).fetchone()
-            if row:
-                found = _dataset(lake, con, tables, row[0], int(row[1]))
-                found.kind, found.subject = "checkpoint", ref
+            found = _checkpoint(lake, con, tables, ref)
+            if found is not None:
                 return found
         for kind, finder in (("rollout", _rollout), ("event", _event)):
             found = finder(con, tables, ref)
@@ -141,6 +148,35 @@ def _checkpoints(con: duckdb.DuckDBPyConnection, tables: list[str], uses: list[D
             [use.dataset, use.version],
         ).fetchall()
         found += [CheckpointUse(row[0], use.dataset, use.version) for row in rows]
+    return found
+
+
+def _checkpoint(lake: Lake, con: duckdb.DuckDBPyConnection, tables: list[str], checkpoint_id: str) -> Lineage | None:
+    """A checkpoint: its dataset version's lineage, its parent and resumes; used by the checkpoints trained from it."""
+    cols = {r[0] for r in con.execute(f"DESCRIBE {CHECKPOINTS_TABLE}").fetchall()}
+    parent, base = (c if c in cols else "NULL" for c in ("parent_checkpoint_id", "base_model"))
+    order = "created_at, checkpoint_id" if "created_at" in cols else "checkpoint_id"
+    row = con.execute(
+        f"""SELECT dataset, dataset_version, {parent}, {base} FROM {CHECKPOINTS_TABLE}
+            WHERE checkpoint_id = ? LIMIT 1""",
+        [checkpoint_id],
+    ).fetchone()
+    if row is None:
+        return None
+    found = _dataset(lake, con, tables, row[0], int(row[1]))
+    found.kind, found.subject, found.parent_checkpoint, found.base_model = "checkpoint", checkpoint_id, row[2], row[3]
+    children = con.execute(  # a table written before parents were recorded has none
+        f"""SELECT checkpoint_id, dataset, dataset_version FROM {CHECKPOINTS_TABLE}
+            WHERE {parent} = ? ORDER BY {order}""",
+        [checkpoint_id],
+    ).fetchall()
+    found.checkpoints = [CheckpointUse(c, d, int(v)) for c, d, v in children]
+    if TRAIN_RUNS_TABLE in tables:
+        found.resumes = con.execute(
+            f"""SELECT step, ts, host, pid, attempt FROM {TRAIN_RUNS_TABLE}
+                WHERE run_id = ? AND status = 'started' AND step > 0 ORDER BY ts""",
+            [checkpoint_id],
+        ).to_arrow_table().to_pylist()  # arrow, not fetchall: DuckDB's timestamptz -> Python needs pytz
     return found
 
 

@@ -15,9 +15,10 @@ class Producer(Protocol):
     def send(self, topic: str, value: bytes | None = None, key: bytes | None = None) -> Any: ...
 
 
-def dataset_version_event(manifest: dict[str, Any]) -> DatasetVersionEvent:
-    """The ``dataset.version`` control event of a registry manifest."""
+def dataset_version_event(manifest: dict[str, Any], *, lake_id: str | None = None) -> DatasetVersionEvent:
+    """The ``dataset.version`` control event of a registry manifest in lake ``lake_id``."""
     return DatasetVersionEvent(
+        lake_id=lake_id,
         event_id=str(uuid.uuid4()),
         ts=datetime.now(timezone.utc),
         dataset=manifest["dataset"],
@@ -28,10 +29,11 @@ def dataset_version_event(manifest: dict[str, Any]) -> DatasetVersionEvent:
 
 
 def publish_version(
-    producer: Producer, manifest: dict[str, Any], *, topic: str = CONTROL_TOPIC, timeout_s: float = 30.0
+    producer: Producer, manifest: dict[str, Any], *, lake_id: str | None = None, topic: str = CONTROL_TOPIC,
+    timeout_s: float = 30.0,
 ) -> DatasetVersionEvent:
     """Send the event (key = dataset name) and wait for the broker's acknowledgement."""
-    event = dataset_version_event(manifest)
+    event = dataset_version_event(manifest, lake_id=lake_id)
     future = producer.send(topic, value=event.model_dump_json().encode(), key=event.dataset.encode())
     future.get(timeout=timeout_s)
     return event

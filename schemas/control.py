@@ -2,6 +2,8 @@
 
 They travel on their own topic (``trajlake.control`` by default), not on the
 trajectory topic, because they belong to no rollout. Key = dataset name.
+Several lakes may share one broker: ``lake_id`` says which lake an event is
+about, and the lake's own tables stay the truth (an event is a hint).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ class _Control(BaseModel):
     event_id: str = Field(min_length=1)
     ts: datetime
     schema_version: int = 1
+    lake_id: str | None = None
+    """Identity of the lake the event is about (``store.identity``); None from producers that predate it."""
 
 
 class DatasetVersionEvent(_Control):

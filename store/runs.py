@@ -8,16 +8,10 @@ checkpoint, the rest as JSON), ``gave_up`` when the attempts ran out. The
 current state of a run is its newest row (highest ``claim``, then
 ``recorded_at``).
 
-Exactly once: a row that takes a run carries the Delta app transaction
-``run:<job>:<window_key> -> claim``. delta-rs rejects a commit whose app
-transaction id was also written by a commit that landed after the writer's
-snapshot ("Concurrent transaction failed", a ``CommitFailedError``; checked
-in tests/store/test_scheduler.py), and a writer whose snapshot already holds
-the claim sees it and stays away. So of two schedulers that race for a window
-exactly one commits its claim, on local disk (atomic no-overwrite rename) and
-on S3 (conditional put, see ``store.storage``). Every later row of the run is
-written with the same app transaction after checking the table still names
-this claim (fencing), so a scheduler whose lease was taken over cannot write
+Exactly once: a row that takes a run is a claim (``store.claims``) on the
+app transaction ``run:<job>:<window_key>``: of two schedulers that race for a
+window exactly one commits it. Every later row of the run is a fenced commit
+under the same claim, so a scheduler whose lease was taken over cannot write
 over the new owner.
 """
 
@@ -31,10 +25,10 @@ from enum import StrEnum
 from typing import Any
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake import DeltaTable
 
 from schemas.tables import TS
+from store.claims import ClaimLost, claims_table, commit_claim, commit_fenced  # noqa: F401  (ClaimLost: re-exported)
 from store.lake import Lake
 
 RUNS_TABLE = "runs"
@@ -123,10 +117,6 @@ def claim_app_id(job: str, window_key: str) -> str:
     return f"run:{job}:{window_key}"
 
 
-class ClaimLost(RuntimeError):
-    """Another scheduler committed a claim on this run first (or took it over)."""
-
-
 class RunsTable:
     """Reads and writes the ``runs`` table of a lake."""
 
@@ -135,17 +125,7 @@ class RunsTable:
 
     def snapshot(self) -> DeltaTable:
         """The table as of now, created empty on first use."""
-        if not self.lake.exists(RUNS_TABLE):
-            try:
-                DeltaTable.create(
-                    self.lake.uri(RUNS_TABLE),
-                    RUNS,
-                    mode="ignore",
-                    storage_options=dict(self.lake.storage_options),
-                )
-            except DeltaError:
-                pass  # another scheduler created it at the same moment
-        return self.lake.table(RUNS_TABLE)
+        return claims_table(self.lake, RUNS_TABLE, RUNS)
 
     def history(self, snapshot: DeltaTable | None = None, *, job: str | None = None,
                 window_key: str | None = None) -> list[RunRecord]:
@@ -173,31 +153,16 @@ class RunsTable:
         Raises ``ClaimLost`` when a claim on the same run is already in
         ``snapshot`` or was committed concurrently.
         """
-        held = snapshot.transaction_version(record.app_id) or 0
-        if held >= record.claim:
-            raise ClaimLost(f"run {record.app_id} already claimed (claim {held})")
-        self._write(record, snapshot)
+        commit_claim(snapshot, _rows(record), app_id=record.app_id, claim=record.claim)
 
     def record(self, record: RunRecord) -> None:
         """Append a later row of a run this process holds (fenced on the claim)."""
-        snapshot = self.snapshot()
-        held = snapshot.transaction_version(record.app_id)
-        if held != record.claim:
-            raise ClaimLost(f"run {record.app_id} is now claim {held}, not ours ({record.claim})")
-        self._write(record, snapshot)
+        self.snapshot()
+        commit_fenced(self.lake, RUNS_TABLE, _rows(record), app_id=record.app_id, claim=record.claim)
 
-    def _write(self, record: RunRecord, snapshot: DeltaTable) -> None:
-        data = pa.Table.from_pylist([record.to_row()], schema=RUNS)
-        txn = Transaction(app_id=record.app_id, version=record.claim)
-        try:
-            write_deltalake(
-                snapshot,
-                data,
-                mode="append",
-                commit_properties=CommitProperties(app_transactions=[txn]),
-            )
-        except CommitFailedError as exc:
-            raise ClaimLost(f"run {record.app_id}: concurrent commit on the same run ({exc})") from exc
+
+def _rows(record: RunRecord) -> pa.Table:
+    return pa.Table.from_pylist([record.to_row()], schema=RUNS)
 
 
 _STATUS_RANK = {RunStatus.RUNNING: 0, RunStatus.FAILED: 1, RunStatus.SUCCEEDED: 2, RunStatus.GAVE_UP: 2}

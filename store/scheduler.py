@@ -34,6 +34,7 @@ from typing import Any
 
 from croniter import croniter
 
+from store.claims import Heartbeat
 from store.lake import Lake
 from store.runs import FINAL_STATUSES, ClaimLost, RunRecord, RunsTable, RunStatus, claim_app_id
 
@@ -255,34 +256,19 @@ class Scheduler:
         return record
 
 
-class _Heartbeat:
+class _Heartbeat(Heartbeat):
     """Renews a running row's lease every third of the lease while the job runs."""
 
     def __init__(self, scheduler: Scheduler, running: RunRecord) -> None:
+        super().__init__(self._renew, every_s=scheduler.lease.total_seconds() / 3, name=f"run:{running.job}")
         self.scheduler = scheduler
         self.latest = running
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{running.job}", daemon=True)
 
-    def __enter__(self) -> _Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _beat(self) -> None:
-        every = self.scheduler.lease.total_seconds() / 3
-        while not self._stop.wait(every):
-            now = self.scheduler.clock()
-            renewed = self.latest.evolve(recorded_at=now, lease_until=now + self.scheduler.lease)
-            try:
-                self.scheduler.runs.record(renewed)
-            except ClaimLost as exc:
-                log.error("run.lease_lost job=%s window=%s reason=%r", renewed.job, renewed.window_key, str(exc))
-                return
-            self.latest = renewed
+    def _renew(self) -> None:
+        now = self.scheduler.clock()
+        renewed = self.latest.evolve(recorded_at=now, lease_until=now + self.scheduler.lease)
+        self.scheduler.runs.record(renewed)
+        self.latest = renewed
 
 
 def _held(record: RunRecord, now: datetime) -> bool:

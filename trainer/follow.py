@@ -1,14 +1,19 @@
 """``follow``: train every new dataset version once, as it appears, and announce the checkpoint.
 
-The loop: gather announced versions (Kafka ``dataset.version`` events, plus
-a registry poll every ``poll_interval_s`` and at start), drop those that
-already have a checkpoint, train the oldest remaining one, write its
-``checkpoint.ready`` event, repeat until ``stop_event`` is set. With
-``chain`` (the default) each version trains on top of the newest checkpoint
-of the same dataset, so the policy keeps improving; the first starts from
-``config.model``. The lake is the only state: a killed follower, restarted,
-re-derives the same run id for the interrupted version and resumes it from
-its last DeepSpeed checkpoint.
+The lake is the truth; Kafka only wakes the follower up. On every poll
+(every ``poll_interval_s``, and at once when a ``dataset.version`` event
+about this lake arrives) it reads the registry and trains, oldest first,
+every version newer than the newest trained version of its dataset that has
+no checkpoint and did not fail (``train_runs`` failed: refused at validation
+or raised; ``trajlake train --retry NAME@V`` asks for it again, whatever its
+age). Events about other lakes sharing the broker
+(another ``lake_id``) are ignored. Several followers share the work: a
+version is trained under a lease (``trainer.leases``), so a version another
+follower holds is skipped this poll, and one whose holder died is taken over
+and resumed from its last restart point. With ``chain`` (the default) each
+version trains on top of the newest checkpoint of the same dataset, so only
+the oldest untrained version of a dataset is eligible; the first starts from
+``config.model``.
 """
 
 from __future__ import annotations
@@ -18,14 +23,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from schemas.control import CONTROL_TOPIC, CheckpointReadyEvent
+from store.identity import lake_id
 from store.lake import Lake
 from trainer.config import TrainConfig
-from trainer.errors import TrainerError
-from trainer.loop import StepLog, train_dataset
-from trainer.records import CheckpointRecord, list_checkpoints, run_states
+from trainer.leases import LeaseLost, VersionHeld
+from trainer.loop import DEFAULT_LEASE, StepLog, train_dataset
+from trainer.records import CheckpointRecord, list_checkpoints, run_states, version_states
 from trainer.versions import ControlListener, VersionKey, registry_versions
 
 log = logging.getLogger(__name__)
@@ -42,6 +48,7 @@ def follow(
     poll_interval_s: float = 30.0,
     chain: bool = True,
     max_attempts: int = 5,
+    lease: timedelta = DEFAULT_LEASE,
     on_checkpoint: Callable[[CheckpointRecord], None] | None = None,
     on_step: Callable[[StepLog], None] | None = None,
 ) -> list[CheckpointRecord]:
@@ -51,40 +58,41 @@ def follow(
     out of memory, a bad sample the checks miss) is skipped with an error log;
     ``trajlake train --dataset NAME@VERSION`` retries it by hand.
     """
-    listener = _listen(bootstrap_servers, control_topic)
-    publish = _publisher(bootstrap_servers, control_topic)
-    pending: set[VersionKey] = set()
-    given_up: set[VersionKey] = set()
+    me = lake_id(lake)
+    listener = _listen(bootstrap_servers, control_topic, me)
+    publish = _publisher(bootstrap_servers, control_topic, me)
+    unrecorded: set[VersionKey] = set()  # failed before a run id existed: nothing in the lake says so
+    warned: set[VersionKey] = set()
     trained: list[CheckpointRecord] = []
     next_poll = 0.0
-    log.info("event=follow_started datasets=%s kafka=%s", datasets or "all", bool(listener))
+    log.info("event=follow_started lake_id=%s datasets=%s kafka=%s", me, datasets or "all", bool(listener))
     try:
         while not stop_event.is_set():
             if time.monotonic() >= next_poll:
-                pending |= registry_versions(lake, datasets)
                 next_poll = time.monotonic() + poll_interval_s
-            if listener is not None:
-                pending |= listener.poll(timeout_s=1.0, datasets=datasets)
-            done = {(c.dataset, c.dataset_version) for c in list_checkpoints(lake)}
-            todo = sorted(pending - done - given_up)
-            worn = _worn_out(lake, todo, max_attempts)
-            if worn:
-                log.error("event=follow_give_up versions=%s reason=started_%d_times_without_finishing",
-                          sorted(worn), max_attempts)  # fmt: skip
-                given_up |= worn
+                try:
+                    todo = pending_versions(lake, datasets, chain=chain, max_attempts=max_attempts, warned=warned,
+                                            skip=unrecorded)  # fmt: skip
+                except Exception as exc:  # the lake is briefly unreachable: try again at the next poll
+                    log.warning("event=follow_poll_failed error=%s: %s", type(exc).__name__, exc)
+                    continue
+                for key in todo:
+                    if stop_event.is_set():
+                        break
+                    record = _train_one(lake, config, key, chain=chain, lease=lease, on_step=on_step,
+                                        unrecorded=unrecorded)  # fmt: skip
+                    if record is not None:
+                        trained.append(record)
+                        publish(record)
+                        if on_checkpoint is not None:
+                            on_checkpoint(record)
+                        next_poll = 0.0  # the next version of a chain may be eligible now
+                        break
                 continue
-            if not todo:
-                if listener is None:
-                    stop_event.wait(min(poll_interval_s, 1.0))
-                continue
-            record = _train_one(lake, config, todo[0], chain=chain, on_step=on_step)
-            if record is None:
-                given_up.add(todo[0])
-                continue
-            trained.append(record)
-            publish(record)
-            if on_checkpoint is not None:
-                on_checkpoint(record)
+            if listener is None:
+                stop_event.wait(min(poll_interval_s, 1.0))
+            elif listener.poll(timeout_s=1.0, datasets=datasets):
+                next_poll = 0.0
     finally:
         if listener is not None:
             listener.close()
@@ -92,48 +100,75 @@ def follow(
     return trained
 
 
-def _worn_out(lake: Lake, todo: list[VersionKey], max_attempts: int) -> set[VersionKey]:
-    """The versions in ``todo`` whose run reached ``max_attempts`` starts without finishing."""
-    if not todo:
-        return set()
-    return {
-        (s.dataset, s.dataset_version) for s in run_states(lake).values()
-        if s.status != "finished" and s.attempt >= max_attempts and (s.dataset, s.dataset_version) in todo
-    }  # fmt: skip
+def pending_versions(lake: Lake, datasets: list[str] | None, *, chain: bool = True, max_attempts: int = 5,
+                     warned: set[VersionKey] | None = None, skip: set[VersionKey] | None = None) -> list[VersionKey]:  # fmt: skip
+    """The versions a follower should train now, oldest first (see the module docstring); ``skip``: treat as failed."""
+    done = {(c.dataset, c.dataset_version) for c in list_checkpoints(lake)}
+    newest: dict[str, int] = {}
+    for name, version in done:
+        newest[name] = max(version, newest.get(name, -1))
+    states = version_states(lake)
+    refused = {k for k, s in states.items() if s.status == "failed"} | (skip or set())
+    retried = {k for k, s in states.items() if s.status == "retry"}  # asked for again: whatever its age
+    worn = {(s.dataset, s.dataset_version) for s in run_states(lake).values()
+            if s.status == "started" and s.attempt >= max_attempts}  # fmt: skip
+    todo: list[VersionKey] = []
+    for key in sorted(registry_versions(lake, datasets)):
+        if key in done or key in refused or (key[1] <= newest.get(key[0], -1) and key not in retried):
+            continue
+        if chain and any(k[0] == key[0] for k in todo):
+            continue  # a chain trains its oldest version first
+        if key in worn:
+            if warned is not None and key not in warned:
+                log.error("event=follow_give_up version=%s@%d reason=started_%d_times_without_finishing",
+                          key[0], key[1], max_attempts)  # fmt: skip
+                warned.add(key)
+            continue
+        todo.append(key)
+    return todo
 
 
-def _train_one(lake: Lake, config: TrainConfig, key: VersionKey, *, chain: bool, on_step) -> CheckpointRecord | None:
-    """Train one version; a version that cannot be trained is logged and skipped (None)."""
+def _train_one(lake: Lake, config: TrainConfig, key: VersionKey, *, chain: bool, lease: timedelta, on_step,
+               unrecorded: set[VersionKey]) -> CheckpointRecord | None:  # fmt: skip
+    """Train one version; None when another process holds it or it failed (recorded and logged)."""
     name, version = key
-    history = list_checkpoints(lake, dataset=name) if chain else []
+    # the newest checkpoint of an older version: every follower derives the same parent, hence the same run id,
+    # also when another one finished this very version a moment ago (its run is then found finished, not redone)
+    history = [c for c in list_checkpoints(lake, dataset=name) if c.dataset_version < version] if chain else []
     parent = history[-1] if history else None
     run_config = config.model_copy(update={"model": parent.hf_path}) if parent else config
     log.info("event=follow_train dataset=%s version=%d base=%s", name, version, run_config.model)
+    began = datetime.now(UTC)
     try:
-        return train_dataset(lake, name, version, run_config,
-                             parent_checkpoint_id=parent.checkpoint_id if parent else None, on_step=on_step)  # fmt: skip
-    except TrainerError as exc:
-        log.error("event=follow_skip dataset=%s version=%d error=%s", name, version, exc)
-        return None
+        record = train_dataset(lake, name, version, run_config, lease=lease, on_step=on_step,
+                               parent_checkpoint_id=parent.checkpoint_id if parent else None)  # fmt: skip
+        return record if record.created_at >= began else None  # else another follower just finished it
+    except (VersionHeld, LeaseLost) as exc:
+        log.info("event=follow_skip_held dataset=%s version=%d reason=%s", name, version, exc)
+    except Exception as exc:  # recorded as failed in train_runs: not retried until `train --retry`
+        log.error("event=follow_failed dataset=%s version=%d error=%s: %s", name, version, type(exc).__name__, exc)
+        if key not in version_states(lake):
+            unrecorded.add(key)
+    return None
 
 
-def _listen(bootstrap_servers: str | None, topic: str) -> ControlListener | None:
+def _listen(bootstrap_servers: str | None, topic: str, me: str) -> ControlListener | None:
     if not bootstrap_servers:
         return None
     try:
-        return ControlListener(bootstrap_servers, topic=topic)
+        return ControlListener(bootstrap_servers, topic=topic, lake_id=me)
     except Exception as exc:  # kafka-python raises many types for an unreachable broker
         log.warning("event=kafka_unavailable bootstrap=%s fallback=registry_poll error=%s", bootstrap_servers, exc)
         return None
 
 
-def _publisher(bootstrap_servers: str | None, topic: str) -> Callable[[CheckpointRecord], None]:
+def _publisher(bootstrap_servers: str | None, topic: str, me: str) -> Callable[[CheckpointRecord], None]:
     """A function that announces a checkpoint; failing to announce never loses the checkpoint row."""
 
     def publish(record: CheckpointRecord) -> None:
         if not bootstrap_servers:
             return
-        event = checkpoint_ready_event(record)
+        event = checkpoint_ready_event(record, lake_id=me)
         try:
             from kafka import KafkaProducer
 
@@ -149,9 +184,10 @@ def _publisher(bootstrap_servers: str | None, topic: str) -> Callable[[Checkpoin
     return publish
 
 
-def checkpoint_ready_event(record: CheckpointRecord) -> CheckpointReadyEvent:
-    """The ``checkpoint.ready`` control event of a checkpoint row."""
+def checkpoint_ready_event(record: CheckpointRecord, *, lake_id: str | None = None) -> CheckpointReadyEvent:
+    """The ``checkpoint.ready`` control event of a checkpoint row in lake ``lake_id``."""
     return CheckpointReadyEvent(
+        lake_id=lake_id,
         event_id=str(uuid.uuid4()), ts=datetime.now(UTC), checkpoint_id=record.checkpoint_id,
         dataset=record.dataset, dataset_version=record.dataset_version, path=record.ds_path,
         hf_path=record.hf_path, metrics=record.metrics,

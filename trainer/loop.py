@@ -1,21 +1,27 @@
 """``train_dataset``: one dataset version -> one DeepSpeed run -> one checkpoint with lineage.
 
-Reads top to bottom: distributed setup, dataset and model checks, the run's
-identity and whether it resumes, the DeepSpeed engine, the step loop (log,
-save a restart point every ``save_every`` steps), then the exports and the
-table rows. Every rank runs this function; only rank 0 writes tables and the
-Hugging Face export, every rank writes its DeepSpeed shard.
+Reads top to bottom: distributed setup, the run's identity, the version's
+lease (``trainer.leases``: one process per version, each claim in its own
+folder), dataset and model checks, whether it resumes, the DeepSpeed engine,
+the step loop (log, save a restart point every ``save_every`` steps), then
+the exports and the table rows. Every rank runs this function; only rank 0
+holds the lease and writes tables and the Hugging Face export, every rank
+writes its DeepSpeed shard. The run's statistics travel inside each restart
+point, so the metrics of a resumed run cover the whole run.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,7 +31,8 @@ from trainer.batching import Batch, collate, epoch_order, plan_batches, rank_sha
 from trainer.config import TrainConfig, deepspeed_dict, uses_bf16
 from trainer.dataset import DatasetRef, Samples, load_samples, loss_mask_mode, resolve_version
 from trainer.distributed import Dist, all_ranks_agree, barrier, init_distributed
-from trainer.errors import DatasetError, TrainerError
+from trainer.errors import DatasetError, ModelLoadError, TrainerError
+from trainer.leases import Lease, LeaseKeeper, LeaseLost, VersionHeld, release, take
 from trainer.model import ModelInfo, check_tokenizer, inspect_model, load_causal_lm
 from trainer.objective import forward_loss
 from trainer.records import (
@@ -33,6 +40,9 @@ from trainer.records import (
 )  # fmt: skip
 
 log = logging.getLogger(__name__)
+
+DEFAULT_LEASE = timedelta(minutes=2)
+"""How long a version stays claimed without a renewal (renewed every third of it while training)."""
 
 
 @dataclass(frozen=True)
@@ -84,8 +94,8 @@ def checkpoint_id_for(name: str, version: int, config: TrainConfig) -> str:
     return f"ckpt-{name}-v{version}-{config.fingerprint(base_model=config.model)}"
 
 
-def prepare_run(lake: Lake, ref: DatasetRef, config: TrainConfig, dist: Dist) -> Run:
-    """Load and check everything a run needs before touching DeepSpeed."""
+def prepare_run(lake: Lake, ref: DatasetRef, config: TrainConfig, dist: Dist, *, run_dir: Path | None = None) -> Run:
+    """Load and check everything a run needs before touching DeepSpeed (``run_dir``: default ``<out>/<id>``)."""
     info = inspect_model(config.model)
     version = resolve_version(lake, ref)
     max_len = min(config.max_seq_len or info.max_positions, info.max_positions)
@@ -105,7 +115,8 @@ def prepare_run(lake: Lake, ref: DatasetRef, config: TrainConfig, dist: Dist) ->
                 "lower --sft-min-reward or train with --mode pg"
             )
     checkpoint_id = checkpoint_id_for(ref.name, version, config)
-    run = Run(dist, config, info, samples, checkpoint_id, Path(config.out) / checkpoint_id, deepspeed_dict(config))
+    run_dir = run_dir or Path(config.out) / checkpoint_id
+    run = Run(dist, config, info, samples, checkpoint_id, run_dir, deepspeed_dict(config))
     run.batches = plan_batches([len(x) for x in samples.input_ids], budget=config.micro_batch_tokens)
     return run
 
@@ -118,30 +129,49 @@ def train_dataset(
     *,
     parent_checkpoint_id: str | None = None,
     on_step: Callable[[StepLog], None] | None = None,
+    lease: timedelta = DEFAULT_LEASE,
 ) -> CheckpointRecord:
     """Train ``datasets/<dataset>`` at ``version`` (latest when None) and record the checkpoint.
 
     Idempotent: a run that already finished returns its checkpoint; a run that
-    started and died resumes from its last DeepSpeed checkpoint.
+    started and died resumes from its last restart point. A version another
+    process is training raises ``VersionHeld``; a version refused at
+    validation is recorded ``failed`` with the reason.
 
     >>> rec = train_dataset(Lake("lake"), "math", 3, TrainConfig(model="tiny"))  # doctest: +SKIP
     >>> rec.checkpoint_id  # doctest: +SKIP
     'ckpt-math-v3-1a2b3c4d'
     """
     dist = init_distributed()
-    run = prepare_run(lake, DatasetRef(dataset, version), config, dist)
-    done = find_checkpoint(lake, run.checkpoint_id)
-    if all_ranks_agree("done" if done else "todo") == "done":
-        log.info("event=already_trained checkpoint_id=%s", run.checkpoint_id)
-        return done or _read_record(lake, run.checkpoint_id)
-    resume_step = _start(lake, run)
-    try:
-        return _train(lake, run, resume_step, parent_checkpoint_id, on_step)
-    except BaseException as exc:
-        if dist.is_main and not isinstance(exc, KeyboardInterrupt):
-            record_status(lake, run.checkpoint_id, dataset=dataset, version=run.samples.version,
-                          status="failed", step=-1, error=f"{type(exc).__name__}: {exc}"[:2000])  # fmt: skip
-        raise
+    version = resolve_version(lake, DatasetRef(dataset, version))
+    checkpoint_id = checkpoint_id_for(dataset, version, config)
+    if (done := _finished(lake, checkpoint_id, dist)) is not None:
+        return done
+    claim = _claim(lake, dataset, version, checkpoint_id, config, dist, lease)
+    with _holding(lake, claim.held, lease) as keeper:
+        if (done := _finished(lake, checkpoint_id, dist)) is not None:
+            return done  # another process finished it between our check and our claim
+        started = -1  # refused at validation: failed before it started
+        try:
+            run = prepare_run(lake, DatasetRef(dataset, version), config, dist, run_dir=claim.run_dir)
+            started = _start(lake, run, claim.resume_step)
+            return _train(lake, run, claim, parent_checkpoint_id, on_step, _guard(keeper))
+        except (LeaseLost, ModelLoadError):
+            raise  # the new holder owns the run's rows now; a model that does not load is no fault of the version
+        except BaseException as exc:
+            if dist.is_main and not isinstance(exc, KeyboardInterrupt):
+                record_status(lake, checkpoint_id, dataset=dataset, version=version, status="failed",
+                              step=started, error=f"{type(exc).__name__}: {exc}"[:2000])  # fmt: skip
+            raise
+
+
+def _finished(lake: Lake, checkpoint_id: str, dist: Dist) -> CheckpointRecord | None:
+    """The run's checkpoint row when it finished already (every rank gets rank 0's answer)."""
+    done = find_checkpoint(lake, checkpoint_id)
+    if all_ranks_agree("done" if done else "todo") == "todo":
+        return None
+    log.info("event=already_trained checkpoint_id=%s", checkpoint_id)
+    return done or _read_record(lake, checkpoint_id)
 
 
 def _read_record(lake: Lake, checkpoint_id: str) -> CheckpointRecord:
@@ -152,19 +182,80 @@ def _read_record(lake: Lake, checkpoint_id: str) -> CheckpointRecord:
     return record
 
 
-def _start(lake: Lake, run: Run) -> int:
-    """Record the (re)start on rank 0; every rank gets the step it resumes from (0 = fresh)."""
-    step = 0
-    if run.dist.is_main:
-        state = run_states(lake).get(run.checkpoint_id)
-        latest = run.run_dir / "ds" / "latest"
-        if state is not None and latest.is_file():
+@dataclass(frozen=True)
+class Claim:
+    """This process's claim on the run: its own folder and where it resumes from."""
+
+    run_dir: Path
+    resume_dir: Path | None
+    resume_step: int
+    held: Lease | None
+    """The lease (rank 0 only)."""
+
+
+def _claim(lake: Lake, dataset: str, version: int, checkpoint_id: str, config: TrainConfig, dist: Dist,
+           lease: timedelta) -> Claim:  # fmt: skip
+    """Rank 0 takes the version's lease and finds the newest restart point of earlier claims; all ranks learn both."""
+    held, answer = None, {}
+    if dist.is_main:
+        try:
+            held, earlier = take(lake, dataset, version, run_id=checkpoint_id, out=Path(config.out), lease=lease)
+            answer = {"run_dir": held.run_dir, **_restart_point(earlier)}
+        except VersionHeld as exc:
+            answer = {"held": str(exc)}
+    answer = json.loads(all_ranks_agree(json.dumps(answer)))
+    if "held" in answer:
+        raise VersionHeld(answer["held"])
+    resume_dir = Path(answer["resume_dir"]) if answer.get("resume_dir") else None
+    return Claim(Path(answer["run_dir"]), resume_dir, int(answer.get("resume_step", 0)), held)
+
+
+def _restart_point(earlier: list[Lease]) -> dict[str, Any]:
+    """The newest restart point (highest step) that an earlier claim of the run left on reachable disk."""
+    best: dict[str, Any] = {}
+    for lease in earlier:
+        latest = Path(lease.run_dir) / "ds" / "latest"
+        if latest.is_file():
             step = int(latest.read_text().strip().removeprefix("step"))
-        elif run.run_dir.exists():
-            shutil.rmtree(run.run_dir)  # leftovers of a run that never saved a restart point
+            if step > best.get("resume_step", 0):
+                best = {"resume_dir": str(latest.parent), "resume_step": step}
+    return best
+
+
+@contextmanager
+def _holding(lake: Lake, held: Lease | None, lease: timedelta) -> Iterator[LeaseKeeper | None]:
+    """Renew the lease while the body runs, then release it (unless it was taken over)."""
+    if held is None:
+        yield None
+        return
+    keeper = LeaseKeeper(lake, held, lease=lease)
+    try:
+        with keeper:
+            yield keeper
+    finally:
+        if keeper.lost is None:
+            release(lake, keeper.held)
+
+
+def _guard(keeper: LeaseKeeper | None) -> Callable[[], None]:
+    """A check every rank runs before writing what only the lease holder may write (restart points, rows)."""
+
+    def check() -> None:
+        lost = keeper is not None and keeper.lost is not None
+        if all_ranks_agree("lost" if lost else "ok") == "lost":
+            if keeper is not None:
+                keeper.check()
+            raise LeaseLost("rank 0 lost the version's lease: another process trains it now")
+
+    return check
+
+
+def _start(lake: Lake, run: Run, resume_step: int) -> int:
+    """Record the (re)start on rank 0; returns the step it resumes from (0 = fresh)."""
+    if run.dist.is_main:
         record_status(lake, run.checkpoint_id, dataset=run.samples.name, version=run.samples.version,
-                      status="started", step=step)  # fmt: skip
-    return int(all_ranks_agree(str(step)))
+                      status="started", step=resume_step)  # fmt: skip
+    return resume_step
 
 
 def _own_clipping(ds_config: dict) -> tuple[dict, float]:
@@ -204,19 +295,22 @@ def _build_engine(run: Run):
     return engine, ref_model, clip
 
 
-def _train(lake: Lake, run: Run, resume_step: int, parent_id: str | None, on_step) -> CheckpointRecord:
+def _train(lake: Lake, run: Run, claim: Claim, parent_id: str | None, on_step,
+           guard: Callable[[], None]) -> CheckpointRecord:  # fmt: skip
     engine, ref_model, clip = _build_engine(run)
     ds_dir = run.run_dir / "ds"
+    resume_step, before = claim.resume_step, None
     if resume_step:
-        engine.load_checkpoint(str(ds_dir), tag=f"step{resume_step}")
-        log.info("event=resumed checkpoint_id=%s step=%d", run.checkpoint_id, resume_step)
+        _, client_state = engine.load_checkpoint(str(claim.resume_dir), tag=f"step{resume_step}")
+        before = (client_state or {}).get("run_stats")
+        log.info("event=resumed checkpoint_id=%s step=%d from=%s", run.checkpoint_id, resume_step, claim.resume_dir)
     order = run.micro_order()
     per_epoch = len(order) // run.config.epochs
     dropped = len(run.batches) - per_epoch * run.dist.world_size
     if dropped:
         log.warning("event=batches_dropped count=%d reason=equal_share_per_rank_and_accumulation", dropped)
     total_steps = len(order) // run.grad_accum
-    stats = _StepStats()
+    stats = _StepStats(before)
     engine.train()
     for micro, batch_index in enumerate(order[resume_step * run.grad_accum :], start=resume_step * run.grad_accum):
         batch = collate(run.samples, run.batches[batch_index], pad_id=run.model.pad_id).to(run.dist.device)
@@ -233,23 +327,27 @@ def _train(lake: Lake, run: Run, resume_step: int, parent_id: str | None, on_ste
         log.info("event=train_step checkpoint_id=%s %s", run.checkpoint_id,
                  " ".join(f"{k}={v:.5g}" for k, v in {"step": step, **entry.metrics}.items()))  # fmt: skip
         if step % run.config.save_every == 0 and step < total_steps:
-            _save_restart_point(engine, run, ds_dir, step)
+            guard()
+            _save_restart_point(engine, run, ds_dir, step, stats)
         if on_step is not None:
             on_step(entry)
-    _save_restart_point(engine, run, ds_dir, total_steps)
-    metrics = stats.summary(run.dist) | {"steps": total_steps, "resumed_from_step": resume_step}
+    guard()
+    _save_restart_point(engine, run, ds_dir, total_steps, stats)
+    metrics = stats.summary() | {"steps": total_steps, "resumed_from_step": resume_step}
     if run.config.eval_after:
         engine.eval()
         metrics["eval_loss"] = evaluate(engine, run.samples, run.config, pad_id=run.model.pad_id,
                                         device=run.dist.device, ref_model=ref_model)  # fmt: skip
     hf_dir = run.run_dir / "hf"
     _export_hf(engine, run, hf_dir)
+    guard()
     return _finish(lake, run, metrics, ds_dir, hf_dir, parent_id, total_steps)
 
 
-def _save_restart_point(engine, run: Run, ds_dir: Path, step: int) -> None:
-    """A DeepSpeed checkpoint tagged ``step<N>``; older restart points are removed (disk stays flat)."""
-    engine.save_checkpoint(str(ds_dir), tag=f"step{step}")
+def _save_restart_point(engine, run: Run, ds_dir: Path, step: int, stats: _StepStats) -> None:
+    """A DeepSpeed checkpoint tagged ``step<N>`` carrying the run's statistics so far; older
+    restart points of this claim are removed (disk stays flat)."""
+    engine.save_checkpoint(str(ds_dir), tag=f"step{step}", client_state={"run_stats": stats.state()})
     barrier()
     if run.dist.is_main:
         for old in ds_dir.glob("step*"):
@@ -258,15 +356,25 @@ def _save_restart_point(engine, run: Run, ds_dir: Path, step: int) -> None:
 
 
 class _StepStats:
-    """Sums micro-batch metrics into per-step means and whole-run totals."""
+    """Sums micro-batch metrics into per-step means and whole-run totals.
 
-    def __init__(self) -> None:
+    ``before``: the totals a restart point carried (``state()`` of the segments
+    before a resume), so a resumed run's summary covers the whole run.
+    """
+
+    def __init__(self, before: dict[str, Any] | None = None) -> None:
+        before = before or {}
         self.pending: list[dict[str, float]] = []
         self.tokens = 0
+        """Real tokens of this segment on this rank."""
         self.step_tokens = 0
         self.t0 = self.t_step = time.perf_counter()
-        self.losses: list[float] = []
-        self.clip_fracs: list[float] = []
+        self.tokens_before = float(before.get("tokens", 0.0))
+        """Tokens of earlier segments, all ranks."""
+        self.seconds_before = float(before.get("train_seconds", 0.0))
+        self.losses: list[float] = list(before.get("losses", []))
+        self.clip_fracs: list[float] = list(before.get("clip_fracs", []))
+        self.resumes = int(before["resumes"]) + 1 if "resumes" in before else 0
 
     def add(self, metrics: dict[str, float], batch: Batch) -> None:
         self.pending.append(metrics)
@@ -288,17 +396,26 @@ class _StepStats:
         self.pending, self.step_tokens, self.t_step = [], 0, now
         return entry
 
-    def summary(self, dist: Dist) -> dict[str, float]:
-        elapsed = time.perf_counter() - self.t0
-        tokens = _sum_over_ranks(float(self.tokens))
+    def state(self) -> dict[str, Any]:
+        """The whole run's totals so far (all ranks: every rank must call it)."""
+        return {
+            "tokens": self.tokens_before + _sum_over_ranks(float(self.tokens)),
+            "train_seconds": self.seconds_before + time.perf_counter() - self.t0,
+            "losses": self.losses, "clip_fracs": self.clip_fracs, "resumes": self.resumes,
+        }  # fmt: skip
+
+    def summary(self) -> dict[str, float]:
+        """The run's metrics: every segment since the first step, across resumes."""
+        state = self.state()
         tail = self.losses[-max(1, len(self.losses) // 10) :] if self.losses else [float("nan")]
         return {
             "first_loss": self.losses[0] if self.losses else float("nan"),
             "final_loss": float(np.mean(tail)),
             "clip_frac": float(np.mean(self.clip_fracs)) if self.clip_fracs else 0.0,
-            "tokens": tokens,
-            "tokens_per_s": tokens / max(elapsed, 1e-9),
-            "train_seconds": elapsed,
+            "tokens": state["tokens"],
+            "tokens_per_s": state["tokens"] / max(state["train_seconds"], 1e-9),
+            "train_seconds": state["train_seconds"],
+            "resumes": self.resumes,
         }
 
 

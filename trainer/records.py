@@ -2,9 +2,11 @@
 
 Both are append-only Delta tables. ``train_runs`` holds one row per status
 change of a run; the latest row of a ``run_id`` is its state. Legal changes
-are ``RUN_TRANSITIONS``: a run starts, may start again (a restart resumes it
-from its last DeepSpeed checkpoint), and ends finished or failed; a failed
-run may be started again. ``checkpoints`` holds one row per finished run,
+are ``RUN_TRANSITIONS``: a run starts (or is refused at validation: failed
+at once), may start again (a takeover or restart resumes it from its last
+restart point), and ends finished or failed. A follower does not train a
+version whose latest row is ``failed`` until ``request_retry`` marks it
+``retry``; a failed run may also be started again by hand. ``checkpoints`` holds one row per finished run,
 written before the run's ``finished`` row, so a run that is finished always
 has its checkpoint. ``run_id`` equals the ``checkpoint_id`` it produces:
 ``ckpt-<dataset>-v<version>-<hash of config and base model>``.
@@ -25,15 +27,17 @@ from typing import Any
 import pyarrow as pa
 
 from store.lake import Lake
+from trainer.errors import TrainerError
 
 TS = pa.timestamp("us", tz="UTC")
 RUNS_TABLE = "train_runs"
 CHECKPOINTS_TABLE = "checkpoints"
 
 RUN_TRANSITIONS: dict[str | None, frozenset[str]] = {
-    None: frozenset({"started"}),
+    None: frozenset({"started", "failed"}),
     "started": frozenset({"started", "finished", "failed"}),
-    "failed": frozenset({"started"}),
+    "failed": frozenset({"started", "failed", "retry"}),
+    "retry": frozenset({"started", "failed"}),
     "finished": frozenset(),
 }
 """Status -> statuses it may change to (None: the run has no row yet)."""
@@ -53,7 +57,7 @@ TRAIN_RUNS = pa.schema(
     ]
 )
 """One status change of a training run. ``step``: the optimizer step the run
-starts from (started) or stopped at (finished/failed)."""
+starts from (started) or stopped at (finished/failed; -1: failed before it started)."""
 
 CHECKPOINTS = pa.schema(
     [
@@ -148,15 +152,37 @@ def code_version() -> str:
 
 def run_states(lake: Lake) -> dict[str, RunState]:
     """The latest state of every run (rows are append-only; the last one wins)."""
+    return {s.run_id: s for s in _latest_rows(lake)}
+
+
+def _latest_rows(lake: Lake) -> list[RunState]:
+    """Every row as a ``RunState``, oldest first (so the last of each key is its state)."""
     if not lake.exists(RUNS_TABLE):
-        return {}
+        return []
     rows = lake.read(RUNS_TABLE).sort_by([("ts", "ascending")]).to_pylist()
-    return {
-        r["run_id"]: RunState(
-            r["run_id"], r["dataset"], r["dataset_version"], r["status"], r["attempt"], r["step"], r["error"]
-        )
+    return [
+        RunState(r["run_id"], r["dataset"], r["dataset_version"], r["status"], r["attempt"], r["step"], r["error"])
         for r in rows
-    }
+    ]
+
+
+def version_states(lake: Lake) -> dict[tuple[str, int], RunState]:
+    """The latest state of each dataset version: its newest ``train_runs`` row over all its runs."""
+    return {(s.dataset, s.dataset_version): s for s in _latest_rows(lake)}
+
+
+def request_retry(lake: Lake, dataset: str, version: int) -> list[str]:
+    """Mark the failed runs of a version ``retry`` so followers train it again; the run ids marked."""
+    failed = [s for s in run_states(lake).values()
+              if (s.dataset, s.dataset_version) == (dataset, version) and s.status == "failed"]  # fmt: skip
+    if version_states(lake).get((dataset, version)) is None or not failed:
+        raise TrainerError(
+            f"{dataset}@{version} has no failed run: nothing to retry "
+            "(trajlake checkpoints lists what was trained; train --dataset NAME@VERSION trains a version by hand)"
+        )
+    for s in failed:
+        record_status(lake, s.run_id, dataset=dataset, version=version, status="retry", step=s.step)
+    return [s.run_id for s in failed]
 
 
 def record_status(lake: Lake, run_id: str, *, dataset: str, version: int, status: str, step: int,

@@ -3,9 +3,11 @@
 ``registry_versions`` reads the pipelines' ``dataset_versions`` registry when
 it exists (a version is official once its registry row is there) and
 otherwise every Delta version of each ``datasets/NAME`` table (one commit per
-build). ``ControlListener`` reads ``dataset.version`` events from the control
-topic; it holds no consumer-group offsets because what was trained lives in
-the ``checkpoints`` table, not in Kafka.
+build). ``ControlListener`` reads ``dataset.version`` events about one lake from the
+control topic (events of other lakes sharing the broker carry another
+``lake_id`` and are ignored); they are hints to poll the registry now. It
+holds no consumer-group offsets because what was trained lives in the
+``checkpoints`` table, not in Kafka.
 """
 
 from __future__ import annotations
@@ -63,9 +65,9 @@ def check_reachable(bootstrap_servers: str, *, timeout_s: float = 2.0) -> None:
 
 
 class ControlListener:
-    """Reads ``dataset.version`` events from the start of the control topic."""
+    """Reads ``dataset.version`` events about lake ``lake_id`` (and those without one) from the control topic."""
 
-    def __init__(self, bootstrap_servers: str, *, topic: str = CONTROL_TOPIC) -> None:
+    def __init__(self, bootstrap_servers: str, *, topic: str = CONTROL_TOPIC, lake_id: str | None = None) -> None:
         from kafka import KafkaConsumer, TopicPartition
 
         from ingest.topics import ensure_topic
@@ -79,6 +81,7 @@ class ControlListener:
         parts = self._consumer.partitions_for_topic(topic) or {0}
         self._consumer.assign([TopicPartition(topic, p) for p in sorted(parts)])
         self.topic = topic
+        self.lake_id = lake_id
 
     def poll(self, *, timeout_s: float, datasets: list[str] | None = None) -> set[VersionKey]:
         """Versions announced since the last call (waits up to ``timeout_s`` for the first)."""
@@ -91,8 +94,13 @@ class ControlListener:
                 except ValidationError as exc:
                     log.warning("event=bad_control_event offset=%d error=%s", record.offset, str(exc)[:200])
                     continue
-                if isinstance(event, DatasetVersionEvent) and (datasets is None or event.dataset in datasets):
-                    found.add((event.dataset, event.version))
+                if not isinstance(event, DatasetVersionEvent) or (datasets is not None and event.dataset not in datasets):
+                    continue
+                if self.lake_id is not None and event.lake_id not in (None, self.lake_id):
+                    log.debug("event=control_hint_other_lake dataset=%s version=%d lake_id=%s",
+                              event.dataset, event.version, event.lake_id)  # fmt: skip
+                    continue
+                found.add((event.dataset, event.version))
         return found
 
     def close(self) -> None:

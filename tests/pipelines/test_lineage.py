@@ -6,15 +6,27 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 import pytest
+from rich.console import Console
 
 from ingest.ingester import IngesterConfig, ingest_until_idle
 from ingest.producer import EventProducer
 from ingest.workload import WorkloadConfig, generate_events
 from pipelines import BuildConfig, LineageNotFound, build_dataset, lineage
+from schemas.tables import TS
 from tests.pipelines.test_build import agent
+from trajlake.commands.lineage import render
 
 CHECKPOINTS = pa.schema([pa.field("checkpoint_id", pa.string()), pa.field("dataset", pa.string()),
-                         pa.field("dataset_version", pa.int64())])
+                         pa.field("dataset_version", pa.int64()), pa.field("parent_checkpoint_id", pa.string()),
+                         pa.field("base_model", pa.string()), pa.field("created_at", TS)])
+TRAIN_RUNS = pa.schema([pa.field("run_id", pa.string()), pa.field("status", pa.string()), pa.field("attempt", pa.int32()),
+                        pa.field("step", pa.int64()), pa.field("host", pa.string()), pa.field("pid", pa.int64()),
+                        pa.field("ts", TS)])
+
+
+def ckpt_row(checkpoint_id: str, version: int, parent: str | None = None, minute: int = 0) -> dict:
+    return {"checkpoint_id": checkpoint_id, "dataset": "ds", "dataset_version": version, "parent_checkpoint_id": parent,
+            "base_model": "/models/base", "created_at": datetime(2026, 1, 1, 0, minute, tzinfo=timezone.utc)}
 
 
 def test_dataset_version_down_to_events_and_back_up(lake, rows):
@@ -43,8 +55,7 @@ def test_a_rollout_is_traced_to_every_version_and_checkpoint(lake, rows):
     build_dataset(lake, "ds")
     build_dataset(lake, "ds", BuildConfig(advantage="raw"))
     build_dataset(lake, "only_u", BuildConfig(selection={"tasks": ["u"]}))
-    lake.append("checkpoints", pa.Table.from_pylist(
-        [{"checkpoint_id": "ck-1", "dataset": "ds", "dataset_version": 1}], schema=CHECKPOINTS))
+    lake.append("checkpoints", pa.Table.from_pylist([ckpt_row("ck-1", 1)], schema=CHECKPOINTS))
     up = lineage(lake, "r1")
     assert [(d.dataset, d.version) for d in up.datasets] == [("ds", 0), ("ds", 1)]
     assert [(c.checkpoint_id, c.version) for c in up.checkpoints] == [("ck-1", 1)]
@@ -52,6 +63,38 @@ def test_a_rollout_is_traced_to_every_version_and_checkpoint(lake, rows):
     checkpoint = lineage(lake, "ck-1")
     assert (checkpoint.kind, checkpoint.rollouts, checkpoint.datasets[0].version) == ("checkpoint", ["r1", "r2"], 1)
     assert lineage(lake, "ds").subject == "ds@1"  # a bare name is its latest version
+
+
+def test_a_checkpoint_shows_its_parent_version_and_resumes_and_is_used_only_by_its_children(lake, rows):
+    agent(rows, "r1", "t", 1.0)
+    rows.flush()
+    build_dataset(lake, "ds")
+    build_dataset(lake, "ds", BuildConfig(advantage="raw"))
+    lake.append("checkpoints", pa.Table.from_pylist([
+        ckpt_row("ck-a", 0), ckpt_row("ck-b", 1, parent="ck-a", minute=1),
+        ckpt_row("ck-sibling", 1, minute=2),  # same version, other run: not trained from ck-b
+        ckpt_row("ck-c", 1, parent="ck-b", minute=3),
+    ], schema=CHECKPOINTS))
+    at = [datetime(2026, 1, 1, 0, m, tzinfo=timezone.utc) for m in range(3)]
+    lake.append("train_runs", pa.Table.from_pylist([
+        {"run_id": "ck-b", "status": "started", "attempt": 1, "step": 0, "host": "h1", "pid": 11, "ts": at[0]},
+        {"run_id": "ck-b", "status": "started", "attempt": 2, "step": 4, "host": "h2", "pid": 22, "ts": at[1]},
+        {"run_id": "ck-b", "status": "finished", "attempt": 2, "step": 9, "host": "h2", "pid": 22, "ts": at[2]},
+    ], schema=TRAIN_RUNS))
+    b = lineage(lake, "ck-b")
+    assert (b.kind, b.parent_checkpoint, [(d.dataset, d.version) for d in b.datasets]) == ("checkpoint", "ck-a", [("ds", 1)])
+    assert [c.checkpoint_id for c in b.checkpoints] == ["ck-c"]  # not itself, not its sibling on ds@1
+    assert [(r["step"], r["host"], r["attempt"]) for r in b.resumes] == [(4, "h2", 2)]
+    a = lineage(lake, "ck-a")
+    assert (a.parent_checkpoint, a.base_model, a.resumes) == (None, "/models/base", [])
+    assert [c.checkpoint_id for c in a.checkpoints] == ["ck-b"]
+    assert [c.checkpoint_id for c in lineage(lake, "ck-c").checkpoints] == []
+    assert [c.checkpoint_id for c in lineage(lake, "ds@1").checkpoints] == ["ck-b", "ck-c", "ck-sibling"]
+    console = Console(record=True, width=200)
+    console.print(render(b, limit=5))
+    text = console.export_text()
+    assert "trained on ds@1 from checkpoint ck-a" in text and "resumed 1 time(s)" in text and "at step 4" in text
+    assert "used by 1 checkpoint(s) trained from it" in text and "ck-sibling" not in text
 
 
 def test_unknown_ids_are_refused_with_a_hint(lake, rows):

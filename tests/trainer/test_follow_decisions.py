@@ -1,15 +1,20 @@
-"""The follower's decisions that need no training: Kafka fallback, giving up a crash loop."""
+"""The follower's decisions that need no training: Kafka fallback, giving up a crash loop, what is pending."""
 
 from __future__ import annotations
 
 import logging
 import threading
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pytest
 
 from ingest.broker import free_port
 from schemas.tables import SAMPLES
 from trainer.config import TrainConfig
-from trainer.follow import follow
-from trainer.records import record_status, run_states
+from trainer.errors import TrainerError
+from trainer.follow import follow, pending_versions
+from trainer.records import CheckpointRecord, record_status, request_retry, run_states, write_checkpoint
 from trainer.synthetic import synthetic_samples
 
 
@@ -34,5 +39,28 @@ def test_a_version_that_keeps_crashing_is_given_up_not_retried_forever(lake, tin
         trained = follow(lake, TrainConfig(model=str(tiny_model_dir), out=str(tmp_path)), stop_event=stop,
                          poll_interval_s=0.2, max_attempts=3)  # fmt: skip
     timer.join()
-    assert trained == [] and "event=follow_give_up" in caplog.text and "('syn', 0)" in caplog.text
+    assert trained == [] and "event=follow_give_up version=syn@0" in caplog.text
     assert run_states(lake)["ckpt-syn-v0-x"].attempt == 3  # not started a fourth time
+
+
+def test_pending_versions_come_from_the_lake_newer_than_the_last_trained_and_not_failed(lake):
+    empty = pa.Table.from_pylist([], schema=SAMPLES)
+    for _ in range(5):
+        lake.append("datasets/syn", empty, schema=SAMPLES)  # syn@0..4
+    write_checkpoint(lake, _checkpoint("ckpt-syn-v1-a", 1))
+    record_status(lake, "ckpt-syn-v2-a", dataset="syn", version=2, status="failed", step=-1, error="refused")
+    assert pending_versions(lake, ["syn"], chain=False) == [("syn", 3), ("syn", 4)]  # not 0 (older), not 2 (failed)
+    assert pending_versions(lake, ["syn"]) == [("syn", 3)]  # a chain trains its oldest version first
+    request_retry(lake, "syn", 2)
+    assert pending_versions(lake, ["syn"]) == [("syn", 2)]
+    assert run_states(lake)["ckpt-syn-v2-a"].status == "retry"
+    with pytest.raises(TrainerError, match="nothing to retry"):
+        request_retry(lake, "syn", 3)
+
+
+def _checkpoint(checkpoint_id: str, version: int) -> CheckpointRecord:
+    return CheckpointRecord(
+        checkpoint_id=checkpoint_id, dataset="syn", dataset_version=version, base_model="m", parent_checkpoint_id=None,
+        mode="pg", config={}, code_version="x", metrics={}, ds_path="p", hf_path="h", tokenizer="bpe", world_size=1,
+        n_samples=1, n_tokens=1, steps=1, created_at=datetime.now(UTC),
+    )  # fmt: skip

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -69,3 +71,35 @@ def test_tokenizer_mismatch_is_refused_by_the_cli_with_both_identities(lake, tin
     assert "tokenizer mismatch" in proc.stderr and "bpe-9@feedbeef0000" in proc.stderr
     assert inspect_model(str(tiny_model_dir)).tokenizer_identity in proc.stderr
     assert not (tmp_path / "ckpt").exists()  # refused before anything was written
+
+
+def _follow_output(broker, lake, tiny_model_dir, *extra: str) -> str:
+    """Start ``train --follow`` at TRAJLAKE_LOG_LEVEL=INFO, stop it once it follows; all it printed."""
+    cli = Path(sys.executable).parent / "trajlake"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env |= {"TRAJLAKE_LOG_LEVEL": "INFO", "TRAJLAKE_CONTROL_TOPIC": f"control-{os.urandom(4).hex()}", "COLUMNS": "200"}
+    cmd = [str(cli), "train", "--follow", "--lake", lake.root, "--bootstrap-servers", broker.bootstrap_servers,
+           "--model", str(tiny_model_dir), *extra]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:  # the follower runs until stopped: read up to its start line
+            lines.append(line)
+            if "event=follow_started" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        lines += proc.stdout.readlines()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=60)
+    assert proc.returncode == 0, "".join(lines)[-3000:]
+    return "".join(lines)
+
+
+def test_info_logs_show_the_follower_but_kafka_python_only_with_debug(broker, lake, tiny_model_dir):
+    quiet = _follow_output(broker, lake, tiny_model_dir)
+    assert "event=follow_started" in quiet and "follower stopped" in quiet
+    assert not re.search(r" (DEBUG|INFO) kafka\.", quiet), quiet
+    loud = _follow_output(broker, lake, tiny_model_dir, "--debug")
+    assert re.search(r" INFO kafka\.", loud)  # the same run shows them when asked

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,60 +16,14 @@ from ingest.broker import free_port
 from ingest.topics import ensure_topic
 from schemas.control import CONTROL_ADAPTER, CheckpointReadyEvent, DatasetVersionEvent
 from schemas.tables import SAMPLES
+from store.identity import lake_id
 from store.lake import Lake
 from trainer.config import TrainConfig
 from trainer.dataset import DatasetRef, load_samples
 from trainer.loop import evaluate
+from tests.trainer.driver import Follower, config_for, drive, env, wait_for
 from trainer.records import list_checkpoints, run_states
 from trainer.synthetic import response_logprob, synthetic_samples
-
-REPO = Path(__file__).resolve().parents[2]
-DRIVER = """
-import json, logging, os, signal, sys, threading
-logging.basicConfig(level="INFO", format="%(name)s %(message)s", stream=sys.stdout)
-args = json.loads(sys.argv[1])
-from store.lake import Lake
-from trainer.config import TrainConfig
-config = TrainConfig(**args["config"])
-lake = Lake(args["lake"])
-if args.get("follow"):
-    from trainer.follow import follow
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    print("FOLLOWING", flush=True)
-    follow(lake, config, stop_event=stop, bootstrap_servers=args["bootstrap"], control_topic=args["topic"],
-           datasets=["syn"], poll_interval_s=3600)
-    sys.exit(0)
-from trainer.loop import train_dataset
-crash = args.get("crash_after_step")
-def on_step(entry):
-    if entry.step == crash:
-        os._exit(3)
-record = train_dataset(lake, args["dataset"], args.get("version"), config, on_step=on_step)
-if int(os.environ.get("RANK", "0")) == 0:
-    print("RECORD " + json.dumps({"id": record.checkpoint_id, "metrics": record.metrics, "hf": record.hf_path}))
-"""
-CONFIG = {"lr": 1e-3, "epochs": 3, "micro_batch_tokens": 80, "save_every": 2, "seed": 0}
-
-
-def env() -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    return e | {"PYTHONPATH": str(REPO), "MASTER_PORT": str(free_port()), "DS_ACCELERATOR": "cpu"}
-
-
-def drive(args: dict, *, launcher: list[str] | None = None, expect_rc: int = 0) -> dict | None:
-    """Run the driver (plain python, or a launcher on a script copy); its RECORD line, parsed."""
-    payload = json.dumps({k: v for k, v in args.items() if k != "script"})
-    cmd = [*launcher, str(args["script"]), payload] if launcher else [sys.executable, "-c", DRIVER, payload]
-    proc = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=240, cwd=REPO)
-    assert proc.returncode == expect_rc, proc.stdout[-3000:] + proc.stderr[-3000:]
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RECORD ")]
-    return json.loads(lines[-1].removeprefix("RECORD ")) if lines else None
-
-
-def config_for(model: Path, out: Path, **over) -> dict:
-    return {"model": str(model), "out": str(out), **CONFIG, **over}
-
 
 @pytest.fixture(scope="module")
 def synthetic(tiny_model_dir):
@@ -131,6 +81,10 @@ def test_a_crash_mid_run_resumes_from_the_last_checkpoint_and_matches(trained, t
     # same inputs, same id; the resumed run ends exactly where the uninterrupted one did
     assert resumed["id"] == trained[1]["id"]
     assert resumed["metrics"]["eval_loss"] == pytest.approx(trained[1]["metrics"]["eval_loss"], abs=1e-6)
+    # and its summary covers the whole run, not the part after the resume
+    whole, after = trained[1]["metrics"], resumed["metrics"]
+    assert (after["tokens"], after["resumes"]) == (whole["tokens"], 1) and whole["resumes"] == 0
+    assert after["first_loss"] == pytest.approx(whole["first_loss"], abs=1e-6)
 
 
 def test_follow_trains_a_version_published_while_it_runs_and_skips_a_trained_one(
@@ -139,22 +93,17 @@ def test_follow_trains_a_version_published_while_it_runs_and_skips_a_trained_one
     lake, first = trained  # syn@0 is trained already
     topic = f"control-{uuid.uuid4().hex[:8]}"
     ensure_topic(broker.bootstrap_servers, topic, partitions=1)
-    cfg = config_for(tiny_model_dir, Path(list_checkpoints(lake)[0].ds_path).parents[1], epochs=1, kl_coef=0.1)
-    log = open(tmp_path / "follow.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", DRIVER, json.dumps({"lake": lake.root, "follow": True, "config": cfg,
-                                                   "bootstrap": broker.bootstrap_servers, "topic": topic})],
-        env=env(), stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-    )  # fmt: skip
+    cfg = config_for(tiny_model_dir, Path(list_checkpoints(lake)[0].ds_path).parents[2], epochs=1, kl_coef=0.1)
+    follower = Follower({"lake": lake.root, "config": cfg, "bootstrap": broker.bootstrap_servers, "topic": topic},
+                        tmp_path / "follow.log")  # fmt: skip
     try:
-        _wait_for(lambda: "FOLLOWING" in (tmp_path / "follow.log").read_text(), proc)
+        wait_for(lambda: "event=follow_started" in follower.output(), follower, what="the follower's start")
         version = lake.append("datasets/syn", synthetic_samples(str(tiny_model_dir), groups=4, seed=1), schema=SAMPLES)
-        _announce(broker.bootstrap_servers, topic, version)
-        ready = _next_checkpoint_ready(broker.bootstrap_servers, topic, proc)
+        _announce(broker.bootstrap_servers, topic, version, lake_id(lake))  # the registry poll is an hour away
+        ready = _next_checkpoint_ready(broker.bootstrap_servers, topic, follower)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-    assert ready.dataset_version == version == 1
+        follower.stop()
+    assert ready.dataset_version == version == 1 and ready.lake_id == lake_id(lake)
     rows = list_checkpoints(lake)
     assert [(r.dataset_version, r.parent_checkpoint_id) for r in rows] == [(0, None), (1, first["id"])]
     assert Path(ready.hf_path).is_dir() and rows[1].base_model == first["hf"]
@@ -183,34 +132,29 @@ def test_the_cli_under_torchrun_with_two_ranks_sft_bf16_zero2_accumulation(tiny_
     assert (Path(record.hf_path) / "model.safetensors").is_file()
 
 
-def _wait_for(predicate, proc: subprocess.Popen, *, limit_s: float = 120) -> None:
-    deadline = time.monotonic() + limit_s
-    while not predicate():
-        assert proc.poll() is None, "the follower exited early"
-        assert time.monotonic() < deadline, "the follower did not start"
-        time.sleep(0.2)
-
-
-def _announce(bootstrap: str, topic: str, version: int) -> None:
+def _announce(bootstrap: str, topic: str, version: int, lake: str) -> None:
     event = DatasetVersionEvent(event_id=str(uuid.uuid4()), ts=datetime.now(UTC), dataset="syn", version=version,
-                                content_hash="h")  # fmt: skip
+                                content_hash="h", lake_id=lake)  # fmt: skip
     producer = KafkaProducer(bootstrap_servers=bootstrap)
     producer.send(topic, value=event.model_dump_json().encode(), key=b"syn").get(timeout=30)
     producer.close()
 
 
-def _next_checkpoint_ready(bootstrap: str, topic: str, proc: subprocess.Popen) -> CheckpointReadyEvent:
+def _next_checkpoint_ready(bootstrap: str, topic: str, follower: Follower) -> CheckpointReadyEvent:
+    found: list[CheckpointReadyEvent] = []
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest")
     consumer.assign([TopicPartition(topic, 0)])
-    deadline = time.monotonic() + 180
+
+    def ready() -> bool:
+        for records in consumer.poll(timeout_ms=1000).values():
+            for r in records:
+                event = CONTROL_ADAPTER.validate_json(r.value)
+                if isinstance(event, CheckpointReadyEvent):
+                    found.append(event)
+        return bool(found)
+
     try:
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, "the follower died"
-            for records in consumer.poll(timeout_ms=1000).values():
-                for r in records:
-                    event = CONTROL_ADAPTER.validate_json(r.value)
-                    if isinstance(event, CheckpointReadyEvent):
-                        return event
+        wait_for(ready, follower, limit_s=180, what="checkpoint.ready")
     finally:
         consumer.close()
-    raise AssertionError("no checkpoint.ready within 180 s")
+    return found[0]

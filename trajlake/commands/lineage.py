@@ -49,6 +49,9 @@ def to_json(found: Lineage) -> dict:
         "datasets": [vars(d) for d in found.datasets],
         "checkpoints": [vars(c) for c in found.checkpoints],
         "sources": found.sources,
+        "parent_checkpoint": found.parent_checkpoint,
+        "base_model": found.base_model,
+        "resumes": found.resumes,
         "rollouts": found.rollouts,
         "kafka_offsets": found.offset_ranges(),
         "events": [] if found.events is None else found.events.to_pylist(),
@@ -58,8 +61,16 @@ def to_json(found: Lineage) -> dict:
 def render(found: Lineage, *, limit: int) -> Tree:
     """A tree: upwards (checkpoints, dataset versions) then downwards (sources, rollouts, events, offsets)."""
     tree = Tree(f"[bold]{found.kind} {found.subject}[/]")
+    if found.kind == "checkpoint":
+        use = found.datasets[0]
+        start = f"checkpoint {found.parent_checkpoint}" if found.parent_checkpoint else f"base model {found.base_model}"
+        tree.add(Text(f"trained on {use.dataset}@{use.version} from {start}"))
+        resumes = tree.add(f"resumed {len(found.resumes)} time(s)")
+        for r in found.resumes:
+            resumes.add(Text(f"at step {r['step']} (attempt {r['attempt']}) on {r['host']} pid {r['pid']} at {r['ts']:%Y-%m-%d %H:%M:%S}"))
     if found.checkpoints:
-        branch = tree.add(f"used by {len(found.checkpoints)} checkpoint(s)")
+        what = "trained from it" if found.kind == "checkpoint" else ""
+        branch = tree.add(f"used by {len(found.checkpoints)} checkpoint(s) {what}".rstrip())
         for c in found.checkpoints:
             branch.add(f"{c.checkpoint_id}  (trained on {c.dataset}@{c.version})")
     if found.kind in ("rollout", "event"):

@@ -9,9 +9,11 @@ alone prints and writes tables.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import threading
+from datetime import timedelta
 from pathlib import Path
 
 from typing import TYPE_CHECKING
@@ -27,10 +29,10 @@ from store.lake import Lake
 from trainer.config import TrainConfig, load_deepspeed_json
 from trainer.dataset import DatasetRef
 from trainer.errors import TrainerError
-from trainer.records import CheckpointRecord, list_checkpoints
-from trajlake.options import LAKE_OPTION
+from trainer.records import CheckpointRecord, list_checkpoints, request_retry
 from trainer.train_lineage import traced_train
 from trainer.train_metrics import TrainMetrics, serve_metrics
+from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings
 from trajlake.tiny_model import build_tiny_model, default_model_dir
 
@@ -49,6 +51,20 @@ class TrainSettings(CommonSettings):
     """Topic of dataset.version / checkpoint.ready events (TRAJLAKE_CONTROL_TOPIC)."""
     follow_poll_s: float = 30.0
     """Registry poll interval of --follow, seconds (TRAJLAKE_FOLLOW_POLL_S)."""
+    train_lease_s: float = 120.0
+    """How long a version stays claimed by a trainer that stopped renewing (TRAJLAKE_TRAIN_LEASE_S)."""
+
+
+LIBRARY_LOGGERS = ("kafka", "DeepSpeed", "torch", "transformers", "urllib3", "filelock")
+"""Libraries whose logs below WARNING only ``--debug`` shows (kafka-python logs every connection at INFO)."""
+
+
+def _library_logs(*, debug: bool) -> None:
+    """Keep library logs at WARNING whatever TRAJLAKE_LOG_LEVEL says, unless ``--debug`` (then everything)."""
+    if debug:
+        logging.getLogger().setLevel(logging.DEBUG)
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if debug else logging.WARNING)
 
 
 def _is_main_rank() -> bool:
@@ -78,13 +94,20 @@ def train(
     no_kafka: bool = typer.Option(False, "--no-kafka", help="--follow by registry polling only."),
     poll_s: float | None = typer.Option(None, min=0.1, help="Registry poll interval of --follow (default 30 s)."),
     metrics_port: int | None = typer.Option(None, min=1, max=65535, help="Serve Prometheus metrics on this port (/metrics, rank 0)."),
+    retry: str | None = typer.Option(None, help="NAME@VERSION that failed (e.g. refused at validation): followers train it again."),
+    debug: bool = typer.Option(False, "--debug", help="Show library logs (kafka-python, DeepSpeed...) below WARNING."),
 ) -> None:
     """Train on a dataset version with DeepSpeed and record the checkpoint and its lineage."""
+    _library_logs(debug=debug)
     s = TrainSettings(**{k: v for k, v in dict(lake=lake, bootstrap_servers=bootstrap_servers, train_out=out,
                                                  train_model=model, follow_poll_s=poll_s).items() if v is not None})  # fmt: skip
-    if dataset is None and not follow_mode:
+    if dataset is None and not follow_mode and retry is None:
         raise typer.BadParameter("give --dataset NAME[@VERSION], or --follow to train new versions as they come")
     err = Console(stderr=True)
+    if retry is not None:
+        _mark_retry(Lake(s.lake), retry, err)
+        if dataset is None and not follow_mode:
+            return
     try:
         config = TrainConfig(
             model=s.train_model or str(build_tiny_model(default_model_dir())), out=s.train_out, mode=mode,
@@ -108,18 +131,32 @@ def train(
             _follow(Lake(s.lake), config, s, ref, None if no_kafka else s.bootstrap_servers, console, metrics)
         else:
             with (open_lineage(s) if _is_main_rank() else Lineage(None)).active():  # rank 0 reports lineage
-                _train_once(Lake(s.lake), config, ref, console, metrics)
+                _train_once(Lake(s.lake), config, ref, timedelta(seconds=s.train_lease_s), console, metrics)
     except (TrainerError, LineageConfigError) as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(code=1) from None
 
 
-def _train_once(lake: Lake, config: TrainConfig, ref: DatasetRef, console: Console,
+def _mark_retry(lake: Lake, spec: str, err: Console) -> None:
+    """``--retry NAME@VERSION``: mark its failed runs so followers train it again."""
+    try:
+        ref = DatasetRef.parse(spec)
+        if ref.version is None:
+            raise TrainerError(f"--retry needs NAME@VERSION, got {spec!r} (e.g. {ref.name}@3)")
+        runs = request_retry(lake, ref.name, ref.version)
+    except TrainerError as exc:
+        err.print(f"[bold red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(code=1) from None
+    err.print(f"{ref.name}@{ref.version} marked for retry ({len(runs)} failed run(s)): "
+              "a follower trains it at its next poll", highlight=False)  # fmt: skip
+
+
+def _train_once(lake: Lake, config: TrainConfig, ref: DatasetRef, lease: timedelta, console: Console,
                 metrics: TrainMetrics | None) -> None:
     console.print(f"training [bold]{ref.name}@{ref.version if ref.version is not None else 'latest'}[/] "
                   f"from {escape(config.model)} ({config.mode})")  # fmt: skip
     with _progress(console) as (progress, on_step):
-        record = traced_train(lake, ref.name, ref.version, config,
+        record = traced_train(lake, ref.name, ref.version, config, lease=lease,
                               on_step=metrics.feeding(on_step) if metrics else on_step)
         progress.stop()
     console.print(checkpoint_summary(record))
@@ -140,6 +177,7 @@ def _follow(lake: Lake, config: TrainConfig, s: TrainSettings, ref: DatasetRef |
             lake, config, stop_event=stop, bootstrap_servers=kafka, control_topic=s.control_topic,
             datasets=[ref.name] if ref else None, poll_interval_s=s.follow_poll_s,
             on_step=metrics.feeding(on_step) if metrics else on_step,
+            lease=timedelta(seconds=s.train_lease_s),
             on_checkpoint=lambda rec: console.print(checkpoint_summary(rec)),
         )  # fmt: skip
     console.print("follower stopped")
@@ -177,7 +215,9 @@ def checkpoint_summary(rec: CheckpointRecord) -> Table:
     table.add_row("base", escape(rec.base_model) + (f"  (after {rec.parent_checkpoint_id})" if rec.parent_checkpoint_id else ""))
     table.add_row("loss", f"{m.get('first_loss', float('nan')):.4f} -> {m.get('final_loss', float('nan')):.4f}"
                   f"  eval {m.get('eval_loss', float('nan')):.4f}  clip {m.get('clip_frac', 0):.3f}")  # fmt: skip
-    table.add_row("speed", f"{m.get('tokens_per_s', 0):,.0f} tokens/s over {rec.steps} steps, {rec.world_size} rank(s)")
+    resumes = int(m.get("resumes", 0))
+    table.add_row("speed", f"{m.get('tokens_per_s', 0):,.0f} tokens/s, {m.get('tokens', 0):,.0f} tokens over {rec.steps} "
+                  f"steps, {rec.world_size} rank(s)" + (f", resumed {resumes} time(s)" if resumes else ""))  # fmt: skip
     table.add_row("hf export", escape(rec.hf_path))
     table.add_row("deepspeed", escape(rec.ds_path))
     return table
