@@ -20,6 +20,7 @@ from pipelines.api.errors import install_error_handlers
 from pipelines.api.limits import BodyLimit
 from pipelines.api.routes import datasets, health, lineage, rollouts, sql, viewer
 from pipelines.api.services import PageLimits, QueryService
+from pipelines.api.workers import WorkerLimits
 from store.lake import Lake
 from store.tenant_sql import SandboxLimits
 
@@ -37,6 +38,8 @@ def build_service(settings: QueryApiConfig) -> QueryService:
         Lake(settings.lake), limits=limits,
         pages=PageLimits(default=settings.default_page_rows, cap=settings.max_page_rows),
         snapshot_ttl_s=settings.snapshot_ttl_s, max_concurrent=settings.max_concurrent_queries,
+        per_tenant=settings.max_queries_per_tenant,
+        worker_limits=WorkerLimits(memory_bytes=settings.query_worker_memory_mb << 20),
     )
 
 
@@ -55,10 +58,13 @@ def create_query_app(settings: QueryApiConfig, *, keys: TenantKeys) -> FastAPI:
         app.state.keys = keys
         log.info("query_api up lake=%s timeout_s=%s max_page_rows=%d", settings.lake, settings.query_timeout_s,
                  settings.max_page_rows)
-        yield
+        try:
+            yield
+        finally:
+            app.state.service.close()
         log.info("query_api stopped")
 
-    app = FastAPI(title="trajlake query API", lifespan=lifespan,
+    app = FastAPI(title="trajlake query API", lifespan=lifespan, docs_url=None, redoc_url=None,  # both load a CDN
                   description="Read-only SQL over your rows of the lake, rollouts, datasets and lineage.")
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     install_error_handlers(app)
