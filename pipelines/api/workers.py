@@ -246,6 +246,10 @@ class WorkerPool:
         for worker in workers:
             worker.kill()
 
+    def idle(self) -> int:
+        """Workers started and waiting for a request."""
+        return self._idle.qsize()
+
     def pids(self) -> list[int]:
         """Process ids of the live workers (for tests and metrics)."""
         with self._lock:
