@@ -20,7 +20,14 @@ import pyarrow as pa
 
 from store.lake import Lake
 from store.sql import QueryError
-from store.tenant_sql import SandboxLimits, SnapshotCache, delta_dataset, empty_snapshot, open_tenant_sandbox
+from store.tenant_sql import (
+    SandboxLimits,
+    SnapshotCache,
+    TenantSandbox,
+    delta_dataset,
+    empty_snapshot,
+    open_tenant_sandbox,
+)
 
 TableRef = tuple[str, int | None]
 """(Delta table name, version) of a relation a session exposes besides the tenant tables."""
@@ -32,58 +39,70 @@ REPORTED_ERRORS = frozenset({"QueryRefused", "QueryTimeout", "WriteRefused", "Qu
 def serve(conn: Connection, root: str, limits: SandboxLimits, memory_bytes: int, snapshot_ttl_s: float) -> None:
     """The worker's loop: warm up, cap the address space, then answer requests until the pipe closes."""
     _limit_malloc_arenas()
-    lake = Lake(root)
     with open_tenant_sandbox(empty_snapshot(), "warm-up", limits=limits) as box:
         box.query("SELECT count(*) FROM events", limit=1)  # DuckDB's threads and allocator exist before the cap
+    session = _Session(Lake(root), limits, snapshot_ttl_s)
     _cap_address_space(memory_bytes)
-    snapshots = SnapshotCache(lake, ttl_s=snapshot_ttl_s)
-    try:
-        snapshots.get()  # the first read of the Delta logs is the slow one: pay it before the first query
-    except Exception:  # noqa: BLE001 - the first query reports what is wrong with the lake
-        pass
-    datasets: dict[TableRef, Any] = {}
-    box = None
     conn.send(("ready",))
     while True:
         try:
-            request = conn.recv()
+            op, *args = conn.recv()
         except (EOFError, OSError):
             return
-        op, *args = request
         try:
-            if op == "open":
-                tenant, extra = args
-                if len(datasets) > 64:
-                    datasets.clear()
-                for ref in extra.values():
-                    if ref not in datasets:
-                        datasets[ref] = delta_dataset(lake, ref[0], version=ref[1])
-                box = open_tenant_sandbox(snapshots.get(), tenant, limits=limits,
-                                          extra={view: datasets[ref] for view, ref in extra.items()})
-                reply: Any = box.relations
-            elif op == "query":
-                sql, limit, offset = args
-                page = box.query(sql, limit=limit, offset=offset)
-                reply = (_ipc(page.table), page.more)
-            elif op == "execute":
-                reply = _ipc(box.execute(*args))
-            elif op == "describe":
-                reply = box.describe()
-            elif op == "close":
-                if box is not None:
-                    box.close()
-                box, reply = None, None
-            else:
-                raise ValueError(f"unknown request {op!r}")
-            conn.send(("ok", reply))
+            conn.send(("ok", session.handle(op, args)))
         except QueryError as e:
             kind = type(e).__name__ if type(e).__name__ in REPORTED_ERRORS else "QueryError"
             conn.send(("error", kind, e.message, e.hint))
         except MemoryError:
-            conn.send(("error", "QueryError", "the query needed more memory than a query may use",
+            conn.send(("error", "QueryError", "the query needed more memory than one query may use",
                        "aggregate or filter instead of building huge values (long strings, lists)"))
         except Exception as e:  # noqa: BLE001 - reported to the server, which logs it
             conn.send(("error", "internal", f"{type(e).__name__}: {e}", ""))
+
+
+class _Session:
+    """The worker's state: the lake snapshot, opened dataset versions, and the sandbox of the current request."""
+
+    def __init__(self, lake: Lake, limits: SandboxLimits, snapshot_ttl_s: float) -> None:
+        self.lake, self.limits = lake, limits
+        self.snapshots = SnapshotCache(lake, ttl_s=snapshot_ttl_s)
+        self.datasets: dict[TableRef, Any] = {}
+        self.box: TenantSandbox | None = None
+        try:
+            self.snapshots.get()  # the first read of the Delta logs is the slow one: pay it before the first query
+        except Exception:  # noqa: BLE001 - the first query reports what is wrong with the lake
+            pass
+
+    def handle(self, op: str, args: list[Any]) -> Any:
+        if op == "open":
+            return self.open(*args)
+        if op == "close":
+            if self.box is not None:
+                self.box.close()
+            self.box = None
+            return None
+        if self.box is None:
+            raise ValueError(f"{op!r} before 'open'")
+        if op == "query":
+            sql, limit, offset = args
+            page = self.box.query(sql, limit=limit, offset=offset)
+            return _ipc(page.table), page.more
+        if op == "execute":
+            return _ipc(self.box.execute(*args))
+        if op == "describe":
+            return self.box.describe()
+        raise ValueError(f"unknown request {op!r}")
+
+    def open(self, tenant: str, extra: dict[str, TableRef]) -> frozenset[str]:
+        if len(self.datasets) > 64:
+            self.datasets.clear()
+        for ref in extra.values():
+            if ref not in self.datasets:
+                self.datasets[ref] = delta_dataset(self.lake, ref[0], version=ref[1])
+        self.box = open_tenant_sandbox(self.snapshots.get(), tenant, limits=self.limits,
+                                       extra={view: self.datasets[ref] for view, ref in extra.items()})
+        return self.box.relations
 
 
 def _cap_address_space(extra_bytes: int) -> None:

@@ -66,7 +66,8 @@ def _http_error(request: Request, exc: HTTPException) -> ApiError:
                         hint="see /openapi.json for the methods of each route", headers=dict(exc.headers or {}))
     if exc.status_code == 400:  # FastAPI could not parse the JSON body: too deeply nested (RecursionError)
         return ApiError(400, "invalid_json", "the request body could not be parsed: JSON nested about 1,000 levels "
-                        "or deeper (Python's JSON parser stops there)", hint="send a flat JSON object, e.g. {\"sql\": \"...\"}")
+                        "or deeper (Python's JSON parser stops there)",
+                        hint='send a flat JSON object, e.g. {"sql": "SELECT 1"}')
     return ApiError(exc.status_code, "http_error", str(exc.detail), headers=dict(exc.headers or {}))
 
 

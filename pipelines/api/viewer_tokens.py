@@ -109,7 +109,8 @@ def _newest_version_with(lake: Lake, tenant: str, rollout_id: str) -> VisibleVer
     if not versions or not lake.exists(LINEAGE_TABLE):
         return None
     used = lake.table(LINEAGE_TABLE).to_pyarrow_dataset().to_table(
-        columns=["dataset", "version"], filter=pc.field("rollout_id").cast(pa.string()) == pa.scalar(rollout_id, pa.string()))
+        columns=["dataset", "version"],
+        filter=pc.field("rollout_id").cast(pa.string()) == pa.scalar(rollout_id, pa.string()))
     holding = set(zip(used["dataset"].to_pylist(), used["version"].to_pylist()))
     found = [v for v in versions if (v.dataset, v.version) in holding and v.read_version is not None]
     return max(found, key=lambda v: (v.row["created_at"], v.version), default=None)

@@ -270,7 +270,8 @@ def test_every_catalogue_function_is_either_allowed_or_refused_by_name():
 @pytest.mark.parametrize("sql", [
     "SELECT version()", "SELECT current_setting('threads')", "SELECT sleep_ms(1)", "SELECT repeat('x', 3)",
     "SELECT json_serialize_sql('SELECT 1')", "SELECT pg_get_viewdef('rollouts')", "SELECT write_log('x')",
-    "SELECT nextval('s')", "SELECT some_function_duckdb_adds_later(1)", "SELECT sum(x) OVER () FROM (SELECT sleep_ms(1) x)",
+    "SELECT nextval('s')", "SELECT some_function_duckdb_adds_later(1)",
+    "SELECT sum(x) OVER () FROM (SELECT sleep_ms(1) x)",
 ])
 def test_functions_off_the_allow_list_are_refused(acme, sql):
     with pytest.raises(QueryRefused, match=r"function .*\(\) is not available here"):
@@ -278,7 +279,8 @@ def test_functions_off_the_allow_list_are_refused(acme, sql):
 
 
 def test_common_sql_passes_the_allow_list(acme):
-    sql = ("SELECT rollout_id, count(*) AS n, sum(count(*)) OVER () AS s, row_number() OVER (ORDER BY rollout_id) AS rn, "
+    sql = ("SELECT rollout_id, count(*) AS n, sum(count(*)) OVER () AS s, "
+           "row_number() OVER (ORDER BY rollout_id) AS rn, "
            "lower(rollout_id) LIKE 'r%' AS r, list_sum([1, 2]) AS l, coalesce(max(ts), now()) IS NOT NULL AS t "
            "FROM events GROUP BY rollout_id ORDER BY rollout_id")
     assert [r["rollout_id"] for r in acme.query(sql, limit=10).table.to_pylist()] == ["r1", "r2"]

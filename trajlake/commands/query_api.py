@@ -80,7 +80,8 @@ def query_api(
         console.print(f"[red]query API not started:[/] {exc}")
         raise typer.Exit(2) from None
     console.print(f"[green]query API[/] on http://{host}:{port} (schema /openapi.json); lake {settings.lake}; "
-                  f"queries stop after {settings.query_timeout_s:g} s, pages hold at most {settings.max_page_rows} rows")
+                  f"queries stop after {settings.query_timeout_s:g} s, "
+                  f"pages hold at most {settings.max_page_rows} rows")
     uvicorn.run(app, host=host, port=port, access_log=False, log_level="warning",
                 http=header_limited_h11(settings.max_header_bytes),
                 h11_max_incomplete_event_size=settings.max_header_bytes)

@@ -94,7 +94,8 @@ def test_dataset_versions_whose_history_was_vacuumed_are_shown_as_such(client):
 
 def test_cli_sql_lineage_and_builds_work_after_the_forget(forgotten):
     lake, _ = forgotten
-    code, output = cli("sql", "SELECT tenant, count(*) AS n FROM events GROUP BY ALL ORDER BY tenant", "--lake", lake.root)
+    code, output = cli("sql", "SELECT tenant, count(*) AS n FROM events GROUP BY ALL ORDER BY tenant",
+                       "--lake", lake.root)
     assert code == 0 and "acme 4" in output and "beta 22" in output, output
     for ref in ("acme-only@0", "acme-only@1", "r9", "ck-acme"):
         code, output = cli("lineage", ref, "--lake", lake.root)

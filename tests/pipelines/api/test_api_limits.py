@@ -27,7 +27,8 @@ for _ in range(9):
 EXPLOSIONS = {
     "string": f"SELECT length({NESTED_REPLACE}) FROM range(3)",  # 10 GB per row: ran 68 s and took 4.5 GB before
     "list": "SELECT len(flatten([l, l, l, l, l, l, l, l])) FROM (SELECT list(r) AS l FROM range(400000000) t(r))",
-    "recursive": "WITH RECURSIVE t(s) AS (SELECT 'xx' UNION ALL SELECT s || s || s FROM t) SELECT max(length(s)) FROM t",
+    "recursive": "WITH RECURSIVE t(s) AS (SELECT 'xx' UNION ALL SELECT s || s || s FROM t) "
+                 "SELECT max(length(s)) FROM t",
     "endless": "WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t) SELECT count(*) FROM t",
 }
 RESPONSE_BOUND_S = TIMEOUT_S + 3.0
