@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from pipelines.api.auth import TenantKeys
 from pipelines.api.config import QueryApiConfig
 from pipelines.api.errors import install_error_handlers
-from pipelines.api.limits import BodyLimit
+from pipelines.api.limits import BodyLimit, HeaderLimit
 from pipelines.api.routes import datasets, health, lineage, rollouts, sql, viewer
 from pipelines.api.services import PageLimits, QueryService
 from pipelines.api.workers import WorkerLimits
@@ -67,6 +67,7 @@ def create_query_app(settings: QueryApiConfig, *, keys: TenantKeys) -> FastAPI:
     app = FastAPI(title="trajlake query API", lifespan=lifespan, docs_url=None, redoc_url=None,  # both load a CDN
                   description="Read-only SQL over your rows of the lake, rollouts, datasets and lineage.")
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(HeaderLimit, max_bytes=settings.max_header_bytes)
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)

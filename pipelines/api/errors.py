@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from pipelines.api.services import Busy, NotFound
+from pipelines.api.workers import WorkersUnavailable
 from store.sql import QueryError, WriteRefused
 from store.tenant_sql import QueryRefused, QueryTimeout
 
@@ -99,6 +100,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(NotFound)
     async def not_found(request: Request, exc: NotFound) -> JSONResponse:
         return ApiError(404, "not_found", str(exc), hint=exc.hint).response()
+
+    @app.exception_handler(WorkersUnavailable)
+    async def unavailable(request: Request, exc: WorkersUnavailable) -> JSONResponse:
+        return ApiError(503, "unavailable", str(exc), hint="retry in a few seconds; if it persists, see the server log",
+                        headers={"Retry-After": "5"}).response()
 
     @app.exception_handler(Busy)
     async def busy(request: Request, exc: Busy) -> JSONResponse:

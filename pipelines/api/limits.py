@@ -14,7 +14,7 @@ import h11
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from pipelines.api.errors import BodyTooLarge, error_body
+from pipelines.api.errors import ApiError, BodyTooLarge, error_body
 
 
 class BodyLimit:
@@ -46,6 +46,33 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
 
+class HeaderLimit:
+    """Answer 431 to a request whose request line and headers exceed ``max_bytes``.
+
+    h11 (``header_limited_h11``) refuses headers that arrive over several
+    reads before buffering more than the limit; a request that arrives whole
+    in one read is parsed, then refused here.
+    """
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            size = len(scope.get("raw_path") or scope["path"].encode()) + len(scope.get("query_string", b"")) + sum(
+                len(name) + len(value) + 4 for name, value in scope.get("headers") or [])
+            if size > self.max_bytes:
+                await headers_too_large(self.max_bytes).response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def headers_too_large(max_bytes: int) -> ApiError:
+    return ApiError(431, "headers_too_large", f"request line and headers are over {max_bytes:,} bytes",
+                    hint="send shorter headers (the API key, content type and length are all it needs)")
+
+
 def header_limited_h11(max_header_bytes: int) -> type[H11Protocol]:
     """uvicorn's h11 protocol answering 431 (JSON, like every error) to a request line + headers over
     ``max_header_bytes``; pass it as ``uvicorn.run(app, http=..., h11_max_incomplete_event_size=max_header_bytes)``.
@@ -72,9 +99,8 @@ def header_limited_h11(max_header_bytes: int) -> type[H11Protocol]:
             if self.error_status != 431:
                 super().send_400_response(msg)
                 return
-            body = json.dumps(error_body(
-                431, "headers_too_large", f"request line and headers are over {max_header_bytes:,} bytes",
-                hint="send shorter headers (the API key, content type and length are all it needs)")).encode()
+            error = headers_too_large(max_header_bytes)
+            body = json.dumps(error_body(error.status, error.code, error.message, hint=error.hint)).encode()
             headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
                        (b"content-length", str(len(body)).encode())]
             for event in (h11.Response(status_code=431, headers=headers, reason=b"Request Header Fields Too Large"),

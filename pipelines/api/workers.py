@@ -55,6 +55,12 @@ class WorkerLimits:
     """How long past the query's time limit the server waits before it kills the worker."""
     start_timeout_s: float = 60.0
     """How long a request waits for a worker to start (only after kills or at server start)."""
+    open_timeout_s: float = 60.0
+    """How long opening a session may take (re-reading the Delta logs of a large lake; no tenant SQL runs)."""
+
+
+class WorkersUnavailable(RuntimeError):
+    """No worker could serve the request: none started in time, or one failed on the server's side."""
 
 
 class WorkerDied(QueryError):
@@ -106,7 +112,8 @@ class _Worker:
         kind, message, hint = rest
         if kind in _ERRORS:
             raise _ERRORS[kind](message, hint=hint)
-        raise RuntimeError(f"query worker failed: {message}")
+        log.error("query_worker_error request=%s error=%s", request[0], message)
+        raise WorkersUnavailable(f"the query worker failed: {message}")
 
     @property
     def alive(self) -> bool:
@@ -211,7 +218,8 @@ class WorkerPool:
         try:
             return self._idle.get(timeout=self.worker_limits.start_timeout_s)
         except queue.Empty:
-            raise RuntimeError("no query worker started in time; see the server log") from None
+            log.error("query_worker_unavailable waited_s=%s", self.worker_limits.start_timeout_s)
+            raise WorkersUnavailable("no query worker started in time") from None
 
     @contextmanager
     def session(self, tenant: str, extra: Mapping[str, TableRef] | None = None) -> Iterator[RemoteSandbox]:
@@ -219,13 +227,14 @@ class WorkerPool:
         worker = self._take()
         times = {"limit_s": self.limits.timeout_s, "grace_s": self.worker_limits.grace_s}
         try:
-            relations = worker.call(("open", tenant, dict(extra or {})), **times)
+            relations = worker.call(("open", tenant, dict(extra or {})), limit_s=self.worker_limits.open_timeout_s,
+                                    grace_s=self.worker_limits.grace_s)
             yield RemoteSandbox(worker, tenant, relations, self.limits, self.worker_limits)
         finally:
             if worker.alive:
                 try:
                     worker.call(("close",), **times)
-                except (QueryError, RuntimeError):
+                except (QueryError, WorkersUnavailable):
                     worker.kill()
             self._give_back(worker)
 

@@ -3,6 +3,7 @@ deep JSON, long headers (a real uvicorn), unknown routes, no CDN docs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -204,11 +205,18 @@ def raw_request(port: int, header_bytes: int) -> tuple[int, bytes]:
     return status, data.split(b"\r\n\r\n", 1)[1]
 
 
-def test_headers_over_the_limit_get_431_and_the_server_keeps_serving(served):
-    status, body = raw_request(served, 1 << 20)
+@pytest.mark.parametrize("size", [1 << 20, 20_000])  # arriving over many reads, and in one
+def test_headers_over_the_limit_get_431_and_the_server_keeps_serving(served, size):
+    status, body = raw_request(served, size)
     assert status == 431
     assert json.loads(body)["error"]["code"] == "headers_too_large"
     assert raw_request(served, 1000)[0] == 200
+
+
+def test_the_app_itself_refuses_long_headers(client):
+    response = client.get("/healthz", headers={"X-Big": "a" * (40 << 10)})
+    assert response.status_code == 431 and response.json()["error"]["code"] == "headers_too_large"
+    assert client.get("/healthz", headers={"X-Small": "a" * 1000}).status_code == 200
 
 
 def test_no_worker_process_outlives_the_app(api_lake):
@@ -222,3 +230,19 @@ def test_no_worker_process_outlives_the_app(api_lake):
         assert time.monotonic() < deadline, "worker processes still running after the app stopped"
         time.sleep(0.1)
     assert os.getpid() not in pids
+
+
+def test_no_query_worker_is_a_503_in_the_error_shape(api_lake, monkeypatch):
+    for client in make_client(api_lake):
+        pool = client.app.state.service.workers
+        deadline = time.monotonic() + 120
+        while pool.idle() < 2:  # both warm workers started
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        monkeypatch.setattr(pool, "max_workers", 0)
+        monkeypatch.setattr(pool, "worker_limits", dataclasses.replace(pool.worker_limits, start_timeout_s=0.1))
+        while pool.idle():  # take them away
+            pool._idle.get_nowait().kill()
+        response = sql(client, "SELECT 1")
+        assert response.status_code == 503, response.text
+        assert response.json()["error"]["code"] == "unavailable" and response.headers["Retry-After"] == "5"
