@@ -51,6 +51,10 @@ def create_query_app(settings: QueryApiConfig, *, keys: TenantKeys) -> FastAPI:
     if settings.default_page_rows > settings.max_page_rows:
         raise ValueError(f"default_page_rows ({settings.default_page_rows}) is above max_page_rows "
                          f"({settings.max_page_rows}): lower the default or raise the cap")
+    per_tenant = settings.max_queries_per_tenant
+    if per_tenant is not None and per_tenant > settings.max_concurrent_queries:
+        raise ValueError(f"max_queries_per_tenant ({per_tenant}) is above max_concurrent_queries "
+                         f"({settings.max_concurrent_queries}): one tenant could take every slot")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
