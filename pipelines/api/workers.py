@@ -99,7 +99,8 @@ class _Worker:
             reply = self.conn.recv() if answered else None
         except (EOFError, OSError, BrokenPipeError):
             self.kill()
-            raise WorkerDied("the query stopped: it needed more memory than a query may use",
+            raise WorkerDied("the query's worker process stopped, most likely because the query needed more "
+                             "memory than one query may use",
                              hint="aggregate or filter instead of building huge values (long strings, lists)") from None
         if reply is None:
             self.kill()
