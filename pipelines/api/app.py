@@ -8,6 +8,7 @@ with ``app.mount("/static", StaticFiles(directory=...))`` here.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -60,6 +61,10 @@ def create_query_app(settings: QueryApiConfig, *, keys: TenantKeys) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.service = build_service(settings)
         app.state.keys = keys
+        # serve once a query can run: /healthz answers only then
+        workers = app.state.service.workers
+        if not await asyncio.to_thread(workers.wait_ready, workers.worker_limits.start_timeout_s):
+            log.error("query_api no query worker started; queries answer 503 until one does")
         log.info("query_api up lake=%s timeout_s=%s max_page_rows=%d", settings.lake, settings.query_timeout_s,
                  settings.max_page_rows)
         try:

@@ -26,6 +26,7 @@ import logging
 import multiprocessing
 import queue
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -255,6 +256,13 @@ class WorkerPool:
             workers, self._all = list(self._all), set()
         for worker in workers:
             worker.kill()
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Block until a worker is idle (the server can answer queries) or ``timeout_s`` passes."""
+        deadline = time.monotonic() + timeout_s
+        while self._idle.qsize() < 1 and time.monotonic() < deadline and not self._closed.is_set():
+            time.sleep(0.05)
+        return self._idle.qsize() >= 1
 
     def idle(self) -> int:
         """Workers started and waiting for a request."""
