@@ -31,8 +31,23 @@ version. ``forgotten_dataset_versions`` answers which versions are marked.
 The log entries before the forget are dropped too (after a checkpoint),
 because old commits carry column statistics (min/max values) of the deleted
 files; the table's commit history before the forget goes with them, which is
-why ``forget_audit`` keeps the record. Not covered: the Kafka topic itself
-(keep its ``retention.ms`` below your deletion deadline).
+why ``forget_audit`` keeps the record.
+
+Not covered, and said by ``trajlake forget`` after each run:
+
+- the raw events in the Kafka topic stay until its ``retention.ms`` drops
+  them (keep it below your deletion deadline); the command asks the broker
+  (``ingest.topic_retention``) and prints when that will be;
+- each DELETE commit's ``commitInfo`` in ``_delta_log`` holds its predicate,
+  which names the tenant and rollout ids (``tenant = 'acme' AND rollout_id IN
+  (...)``). deltalake 1.6.6 writes it for every delete and offers no way to
+  leave it out (``CommitProperties`` only adds custom metadata); the commit
+  files go at log cleanup (``delta.logRetentionDuration``, 30 days by
+  default, when a later checkpoint is written).
+
+Readers after a forget: rewritten files can hold ``string_view`` columns
+(``store.tenant_sql`` reads them safely), and versions before the forget can
+no longer be opened (the query API shows such dataset versions as vacuumed).
 """
 
 from __future__ import annotations

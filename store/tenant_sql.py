@@ -24,9 +24,12 @@ anything that is not exactly one SELECT over the tenant's views and CTEs:
 other statement kinds, schema- or catalog-qualified names (``information_schema``
 and the ``duckdb_*``/``pg_catalog`` views included), table functions other
 than the pure generators ``range``/``generate_series``/``unnest``, settings
-functions, and time travel. Queries run under a wall-clock limit (DuckDB's
-``interrupt`` from a timer thread) and return at most ``limit`` rows after
-skipping ``offset``.
+functions, any function not on the allow list (``store.tenant_functions``),
+and time travel. Queries run under a wall-clock limit (DuckDB's ``interrupt``
+from a timer thread) and return at most ``limit`` rows after skipping
+``offset``. That limit and DuckDB's memory limit are soft (neither reaches
+inside a long scalar function): the query API runs sandboxes in worker
+processes with hard limits (``store.tenant_worker``).
 
 >>> snap = take_snapshot(Lake("./lake"))  # doctest: +SKIP
 >>> with open_tenant_sandbox(snap, "acme") as box:  # doctest: +SKIP
@@ -52,6 +55,7 @@ import pyarrow.dataset as ds
 from schemas.tables import INGESTED_TABLES
 from store.lake import Lake
 from store.sql import JOINED_VIEWS, QueryError, WriteRefused, joined_view_statements
+from store.tenant_functions import ALLOWED_FUNCTIONS, PARSER_FUNCTIONS
 
 log = logging.getLogger(__name__)
 
@@ -64,18 +68,8 @@ TENANT_TABLES: tuple[str, ...] = tuple(
 PURE_TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest"})
 """Table functions that read nothing: the only ones a tenant query may call."""
 
-UNBOUNDED_VALUE_FUNCTIONS = frozenset({
-    "range", "generate_series", "list_resize", "array_resize", "repeat", "lpad", "rpad", "printf", "format",
-    "bitstring", "to_base", "bar", "equi_width_bins",
-})
-"""Scalars that build one value of any size: DuckDB's memory limit does not count it (``range(3e8)`` took 18 GB)."""
-
-REFUSED_FUNCTIONS = UNBOUNDED_VALUE_FUNCTIONS | {
-    "current_setting", "getenv", "getvariable",  # the server's configuration
-    "json_execute_serialized_sql",  # runs SQL text
-    "sleep_ms",  # ignores interrupts
-}
-"""Scalar functions a tenant query may not call (the table functions ``range``/``generate_series`` stay allowed)."""
+CALLABLE_FUNCTIONS = ALLOWED_FUNCTIONS | PARSER_FUNCTIONS
+"""Scalar, aggregate and window functions a tenant query may call (``store.tenant_functions``)."""
 
 TABLE_REF_KINDS = frozenset(
     {"BASE_TABLE", "JOIN", "SUBQUERY", "TABLE_FUNCTION", "EXPRESSION_LIST", "EMPTY", "SHOW_REF"}
@@ -114,7 +108,7 @@ class SandboxLimits:
     threads: int = 2
     """DuckDB worker threads of the query's connection."""
     max_result_bytes: int = 16 << 20
-    """Largest page (Arrow bytes); a page past it is cut short (``more`` set), keeping at least one row."""
+    """Largest page (Arrow bytes); a page past it is cut short (``more`` set); a single row past it is refused."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +155,12 @@ def take_snapshot(lake: Lake) -> LakeSnapshot:
     return LakeSnapshot(tables, versions)
 
 
+def empty_snapshot() -> LakeSnapshot:
+    """Every tenant-scoped table empty (a lake with nothing ingested yet)."""
+    return LakeSnapshot({name: INGESTED_TABLES[name].empty_table() for name in TENANT_TABLES},
+                        dict.fromkeys(TENANT_TABLES))
+
+
 class SnapshotCache:
     """The lake's snapshot, re-taken when older than ``ttl_s`` (thread-safe).
 
@@ -203,7 +203,7 @@ def open_tenant_sandbox(
     try:
         con.execute("SET enable_progress_bar = false")
         for name, table in tables.items():
-            con.register(name, _only_tenant(name, table, tenant))
+            _register_tenant_relation(con, name, table, tenant)
         relations = set(tables) | _create_joined_views(con)
         con.execute("SET lock_configuration = true")
     except BaseException:
@@ -212,10 +212,60 @@ def open_tenant_sandbox(
     return TenantSandbox(con, tenant, frozenset(relations), limits)
 
 
-def _only_tenant(name: str, table: ds.Dataset | pa.Table, tenant: str) -> ds.Dataset | pa.Table:
+def _register_tenant_relation(con: duckdb.DuckDBPyConnection, name: str, table: ds.Dataset | pa.Table,
+                              tenant: str) -> None:
+    """Register ``name`` as the tenant's rows of ``table``: one filtered relation, or a view over two parts.
+
+    Files rewritten by delta-rs (DELETE, OPTIMIZE) can hold ``string_view``
+    where the table says ``string``; Arrow evaluates a dataset filter on the
+    file's own types and has no kernel for ``string`` vs ``string_view``, so
+    neither the tenant filter nor DuckDB's pushed-down filters can run on
+    those files. They are read through a scanner instead (it casts to the
+    table's schema before DuckDB filters), the other files keep the pushdown.
+    """
     if TENANT_COLUMN not in table.schema.names:
         raise ValueError(f"relation {name!r} has no {TENANT_COLUMN!r} column: it cannot be scoped to a tenant")
-    return table.filter(pc.field(TENANT_COLUMN) == pa.scalar(tenant, pa.string()))
+    keep = pc.field(TENANT_COLUMN).cast(pa.string()) == pa.scalar(tenant, pa.string())
+    if not isinstance(table, ds.FileSystemDataset):
+        con.register(name, table.filter(keep))
+        return
+    same, rewritten = _split_by_file_types(table)
+    if not rewritten:
+        con.register(name, table.filter(keep))
+        return
+    parts = [_sub_dataset(table, rewritten).scanner(filter=keep)]
+    if same:
+        parts.insert(0, _sub_dataset(table, same).filter(keep))
+    for index, part in enumerate(parts):
+        con.register(f"{name}{_PART_SUFFIX}{index}", part)
+    con.execute(f'CREATE VIEW "{name}" AS '
+                + " UNION ALL ".join(f'SELECT * FROM "{name}{_PART_SUFFIX}{i}"' for i in range(len(parts))))
+
+
+_PART_SUFFIX = "__part"
+_FILE_TYPES_MATCH: dict[str, bool] = {}
+"""File path -> whether its column types are the table's (files never change; bounded by ``_MAX_CACHED_FILES``)."""
+_MAX_CACHED_FILES = 200_000
+
+
+def _split_by_file_types(dataset: ds.FileSystemDataset) -> tuple[list[ds.Fragment], list[ds.Fragment]]:
+    """(fragments whose file types are the dataset's, fragments whose types differ)."""
+    if len(_FILE_TYPES_MATCH) > _MAX_CACHED_FILES:
+        _FILE_TYPES_MATCH.clear()
+    same, other = [], []
+    for fragment in dataset.get_fragments():
+        matches = _FILE_TYPES_MATCH.get(fragment.path)
+        if matches is None:
+            physical = fragment.physical_schema
+            matches = all(physical.field(f.name).type == f.type for f in dataset.schema
+                          if physical.get_field_index(f.name) >= 0)
+            _FILE_TYPES_MATCH[fragment.path] = matches
+        (same if matches else other).append(fragment)
+    return same, other
+
+
+def _sub_dataset(dataset: ds.FileSystemDataset, fragments: list[ds.Fragment]) -> ds.FileSystemDataset:
+    return ds.FileSystemDataset(fragments, schema=dataset.schema, format=dataset.format, filesystem=dataset.filesystem)
 
 
 def _create_joined_views(con: duckdb.DuckDBPyConnection) -> set[str]:
@@ -302,7 +352,7 @@ class TenantSandbox:
             yield
         except duckdb.OutOfMemoryException:
             raise QueryError(
-                f"query needs more than the {self.limits.memory_limit} memory limit",
+                f"query needs more memory than one query may use ({self.limits.memory_limit})",
                 hint="aggregate or filter instead of sorting or joining whole tables; select fewer columns",
             ) from None
         except duckdb.Error as e:
@@ -335,9 +385,16 @@ def _page(reader: pa.RecordBatchReader, offset: int, limit: int) -> tuple[pa.Tab
 
 
 def _fit(table: pa.Table, max_bytes: int) -> tuple[pa.Table, bool]:
-    """The longest head of ``table`` (at least one row) within ``max_bytes``; True when rows were cut."""
-    if table.nbytes <= max_bytes or table.num_rows <= 1:
+    """The longest head of ``table`` within ``max_bytes``; True when rows were cut.
+
+    ``QueryError`` when the first row alone is over ``max_bytes``: no page could hold it.
+    """
+    if table.nbytes <= max_bytes:
         return table, False
+    first = table.slice(0, 1).nbytes
+    if first > max_bytes:
+        raise QueryError(f"one row of the result is {first:,} bytes; a page holds at most {max_bytes:,} bytes",
+                         hint="select fewer or shorter columns, e.g. left(text, 10000) or list_slice(ids, 1, 1000)")
     low, high = 1, table.num_rows - 1  # the answer lies in [low, high]
     while low < high:
         mid = (low + high + 1) // 2
@@ -366,7 +423,7 @@ def check_tenant_select(
     The statement is parsed by DuckDB (``json_serialize_sql``) and the parse
     tree walked: every FROM item must be one of ``TABLE_REF_KINDS``; every
     table name unqualified and in ``relations`` or a CTE in scope; every table
-    function in ``PURE_TABLE_FUNCTIONS``; no function in ``REFUSED_FUNCTIONS``.
+    function in ``PURE_TABLE_FUNCTIONS``; every other function in ``CALLABLE_FUNCTIONS``.
     """
     if not isinstance(sql, str):
         raise QueryRefused(f"the query must be text, not {type(sql).__name__}", hint="send the SQL as a string")
@@ -421,7 +478,7 @@ class _Walker:
             ctes = self._visit_ctes(cte_map["map"], ctes)
         if "sample" in node and "alias" in node and "type" in node:
             self._check_table_ref(node, ctes)
-        if node.get("class") == "FUNCTION":
+        if node.get("class") in ("FUNCTION", "WINDOW"):
             self._check_function(node)
         for key, value in node.items():
             if key == "cte_map":
@@ -462,8 +519,10 @@ class _Walker:
 
     def _check_function(self, function: dict[str, Any]) -> None:
         name = str(function.get("function_name", "")).lower()
-        if name in REFUSED_FUNCTIONS:  # by name: a schema or catalog prefix does not change which function runs
-            raise QueryRefused(f"function {name}() is not available here", hint="use functions on your data only")
+        if name not in CALLABLE_FUNCTIONS:  # by name: a schema or catalog prefix does not change which function runs
+            raise QueryRefused(f"function {name}() is not available here",
+                               hint="use functions on your data only (string, list, date, math and aggregate "
+                                    "functions); functions that read settings or build unbounded values are refused")
 
 
 def _qualified(ref: dict[str, Any]) -> str:
@@ -485,6 +544,7 @@ __all__ = [
     "TenantSandbox",
     "check_tenant_select",
     "delta_dataset",
+    "empty_snapshot",
     "open_tenant_sandbox",
     "take_snapshot",
 ]

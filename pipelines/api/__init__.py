@@ -13,9 +13,13 @@ decides what is visible):
   (``visibility``).
 * ``GET /v1/lineage/{id}?limit=&offset=``: ``pipelines.lineage`` cut down to the tenant.
 
-Errors are ``{"error": {"code", "message", "hint"}}``: 400 query_refused / query_error / query_timeout,
-401 unauthorized, 404 not_found (also for anything of another tenant), 413 body_too_large,
-422 invalid_request, 429 busy.
+Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code", "hint"}}``: 400 query_refused /
+query_error / query_timeout / invalid_json, 401 unauthorized, 404 not_found (also for anything of another
+tenant, and unknown routes), 405 method_not_allowed, 413 body_too_large, 422 invalid_request, 429 busy (all
+slots, or the tenant's share), 431 headers_too_large, 503 unavailable (no query worker).
+
+Tenant SQL runs in worker processes with hard time and memory limits (``workers``); ``/docs`` and
+``/redoc`` are off (they load assets from a CDN), ``/openapi.json`` is served.
 
 >>> from pipelines.api import create_query_app  # doctest: +SKIP
 >>> app = create_query_app(settings, keys=key_ring)  # doctest: +SKIP

@@ -8,6 +8,7 @@ with ``app.mount("/static", StaticFiles(directory=...))`` here.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,10 +18,11 @@ from fastapi import FastAPI
 from pipelines.api.auth import TenantKeys
 from pipelines.api.config import QueryApiConfig
 from pipelines.api.errors import install_error_handlers
-from pipelines.api.limits import BodyLimit
+from pipelines.api.limits import BodyLimit, HeaderLimit
 from pipelines.api.metrics import install_metrics
 from pipelines.api.routes import datasets, health, lineage, rollouts, sql, viewer
 from pipelines.api.services import PageLimits, QueryService
+from pipelines.api.workers import WorkerLimits
 from store.lake import Lake
 from store.tenant_sql import SandboxLimits
 
@@ -38,6 +40,8 @@ def build_service(settings: QueryApiConfig) -> QueryService:
         Lake(settings.lake), limits=limits,
         pages=PageLimits(default=settings.default_page_rows, cap=settings.max_page_rows),
         snapshot_ttl_s=settings.snapshot_ttl_s, max_concurrent=settings.max_concurrent_queries,
+        per_tenant=settings.max_queries_per_tenant,
+        worker_limits=WorkerLimits(memory_bytes=settings.query_worker_memory_mb << 20),
     )
 
 
@@ -49,19 +53,31 @@ def create_query_app(settings: QueryApiConfig, *, keys: TenantKeys) -> FastAPI:
     if settings.default_page_rows > settings.max_page_rows:
         raise ValueError(f"default_page_rows ({settings.default_page_rows}) is above max_page_rows "
                          f"({settings.max_page_rows}): lower the default or raise the cap")
+    per_tenant = settings.max_queries_per_tenant
+    if per_tenant is not None and per_tenant > settings.max_concurrent_queries:
+        raise ValueError(f"max_queries_per_tenant ({per_tenant}) is above max_concurrent_queries "
+                         f"({settings.max_concurrent_queries}): one tenant could take every slot")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.service = build_service(settings)
         app.state.keys = keys
+        # serve once a query can run: /healthz answers only then
+        workers = app.state.service.workers
+        if not await asyncio.to_thread(workers.wait_ready, workers.worker_limits.start_timeout_s):
+            log.error("query_api no query worker started; queries answer 503 until one does")
         log.info("query_api up lake=%s timeout_s=%s max_page_rows=%d", settings.lake, settings.query_timeout_s,
                  settings.max_page_rows)
-        yield
+        try:
+            yield
+        finally:
+            app.state.service.close()
         log.info("query_api stopped")
 
-    app = FastAPI(title="trajlake query API", lifespan=lifespan,
+    app = FastAPI(title="trajlake query API", lifespan=lifespan, docs_url=None, redoc_url=None,  # both load a CDN
                   description="Read-only SQL over your rows of the lake, rollouts, datasets and lineage.")
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(HeaderLimit, max_bytes=settings.max_header_bytes)
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)

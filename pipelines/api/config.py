@@ -32,6 +32,12 @@ class QueryApiConfig(Protocol):
     query_threads: int
     """DuckDB threads of one query."""
     max_concurrent_queries: int
-    """Queries running at once; more are answered 429."""
+    """Queries running at once (one warm worker process each); more are answered 429."""
+    max_queries_per_tenant: int | None
+    """Queries one tenant may run at once (None: half of ``max_concurrent_queries``); more are answered 429."""
+    query_worker_memory_mb: int
+    """Address space a query worker may add once warm (RLIMIT_AS); a query past it fails."""
+    max_header_bytes: int
+    """Largest accepted request line + headers; larger requests are answered 431 (served by ``trajlake query-api``)."""
     viewer_tokenizer: Path | None
     """Local Hugging Face tokenizer folder the viewer decodes token ids with (None: ids)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -71,6 +71,9 @@ class DatasetVersion(BaseModel):
     n_tokens: int
     n_trained_tokens: int
     code_version: str | None
+    history: Literal["kept", "forgotten_rows_removed", "vacuumed"] = "kept"
+    """``kept``: its rows as built; ``forgotten_rows_removed``: as built minus rows a forget deleted;
+    ``vacuumed``: a forget vacuumed this version, its rows are gone (the manifest stays)."""
 
 
 class Dataset(BaseModel):

@@ -2,7 +2,8 @@
 
 Every method takes the tenant the caller authenticated as and sees only that
 tenant's rows: SQL and listings run in a ``store.tenant_sql`` sandbox (the
-tenant's rows only, nothing else reachable), trajectories are read with the
+tenant's rows only, nothing else reachable) inside a worker process
+(``workers``: hard time and memory limits), trajectories are read with the
 tenant's filter, and dataset versions and lineage are cut down to what was
 built for the tenant alone (``visibility``). Lookups of anything the tenant
 may not see fail exactly like lookups of things that do not exist.
@@ -14,19 +15,20 @@ import dataclasses
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from pipelines.api.visibility import VisibleVersion, visible_versions
+from pipelines.api.workers import RemoteSandbox, TableRef, WorkerLimits, WorkerPool
 from pipelines.lineage import Lineage, LineageNotFound, lineage
 from pipelines.registry import DatasetNotFound, dataset_table
 from schemas.tables import TYPED_TABLES
 from store.lake import Lake
 from store.sql import LakeMissing, QueryError, view_name
-from store.tenant_sql import QueryPage, SandboxLimits, SnapshotCache, TenantSandbox, delta_dataset, open_tenant_sandbox
+from store.tenant_sql import QueryPage, SandboxLimits
 from store.trajectory import RolloutNotFound, RolloutSummary, Trajectory, load_trajectory
 
 log = logging.getLogger(__name__)
@@ -47,7 +49,35 @@ class NotFound(LookupError):
 
 
 class Busy(RuntimeError):
-    """Every query slot is taken."""
+    """Every query slot is taken, or every slot the caller's tenant may hold."""
+
+
+class TenantSlots:
+    """At most ``total`` queries at once, at most ``per_tenant`` of them for any one tenant (thread-safe).
+
+    ``per_tenant`` below ``total`` keeps room for other tenants: one tenant's long queries slow only itself.
+    """
+
+    def __init__(self, total: int, per_tenant: int) -> None:
+        if not 1 <= per_tenant <= total:
+            raise ValueError(f"per-tenant query slots ({per_tenant}) must be between 1 and the total ({total})")
+        self.total, self.per_tenant = total, per_tenant
+        self._lock = threading.Lock()
+        self._held: Counter[str] = Counter()
+
+    @contextmanager
+    def hold(self, tenant: str) -> Iterator[None]:
+        with self._lock:
+            if self._held[tenant] >= self.per_tenant:
+                raise Busy(f"your tenant already has {self.per_tenant} queries running (the per-tenant limit)")
+            if sum(self._held.values()) >= self.total:
+                raise Busy(f"{self.total} queries are already running")
+            self._held[tenant] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held[tenant] -= 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,37 +99,35 @@ class QueryService:
     """
 
     def __init__(self, lake: Lake, *, limits: SandboxLimits = SandboxLimits(), pages: PageLimits = PageLimits(),
-                 snapshot_ttl_s: float = 2.0, max_concurrent: int = 4) -> None:
+                 snapshot_ttl_s: float = 2.0, max_concurrent: int = 4, per_tenant: int | None = None,
+                 worker_limits: WorkerLimits = WorkerLimits()) -> None:
         self.lake = lake
         self.limits = limits
         self.pages = pages
-        self._snapshots = SnapshotCache(lake, ttl_s=snapshot_ttl_s)
-        self._slots = threading.BoundedSemaphore(max_concurrent)
-        self._max_concurrent = max_concurrent
+        self.slots = TenantSlots(max_concurrent, per_tenant or max(1, max_concurrent // 2))
+        self.workers = WorkerPool(lake.root, limits, worker_limits, workers=max_concurrent,
+                                  snapshot_ttl_s=snapshot_ttl_s)
+
+    def close(self) -> None:
+        """Stop the worker processes."""
+        self.workers.close()
 
     @contextmanager
-    def _slot(self) -> Iterator[None]:
-        if not self._slots.acquire(blocking=False):
-            raise Busy(f"{self._max_concurrent} queries are already running")
-        try:
-            yield
-        finally:
-            self._slots.release()
-
-    @contextmanager
-    def sandbox(self, tenant: str, *, datasets: bool = False) -> Iterator[TenantSandbox]:
+    def sandbox(self, tenant: str, *, datasets: bool = False) -> Iterator[RemoteSandbox]:
         """A query slot and the tenant's sandbox (with its visible datasets as ``datasets__NAME`` views)."""
-        with self._slot():
+        with self.slots.hold(tenant):
             extra = self._dataset_views(tenant) if datasets else None
-            with open_tenant_sandbox(self._snapshots.get(), tenant, limits=self.limits, extra=extra) as box:
+            with self.workers.session(tenant, extra) as box:
                 yield box
 
-    def _dataset_views(self, tenant: str) -> dict[str, ds.Dataset]:
-        """Each dataset built for ``tenant`` alone, at its newest such version."""
-        return {
-            view_name(dataset_table(name)): delta_dataset(self.lake, dataset_table(name), version=versions[-1].version)
-            for name, versions in visible_versions(self.lake, tenant).items()
-        }
+    def _dataset_views(self, tenant: str) -> dict[str, TableRef]:
+        """Each dataset built for ``tenant`` alone, at its newest version whose rows are still readable."""
+        views = {}
+        for name, versions in visible_versions(self.lake, tenant).items():
+            readable = [v for v in versions if v.read_version is not None]
+            if readable:
+                views[view_name(dataset_table(name))] = (dataset_table(name), readable[-1].read_version)
+        return views
 
     def run_sql(self, tenant: str, sql: str, *, limit: int | None = None, offset: int = 0) -> QueryPage:
         """One page of a tenant's SELECT (``QueryRefused``, ``QueryTimeout``, ``QueryError``, ``Busy``)."""
@@ -147,7 +175,7 @@ class QueryService:
 
     def trajectory(self, tenant: str, rollout_id: str) -> Trajectory:
         """One of the tenant's rollouts with every step in order."""
-        with self._slot():
+        with self.slots.hold(tenant):
             try:
                 return load_trajectory(self.lake, rollout_id, tenant=tenant)
             except (RolloutNotFound, LakeMissing):

@@ -355,3 +355,20 @@ def test_retention_cli_show_and_apply(lake: Lake, tmp_path: Path) -> None:
 def test_retention_cli_reports_bad_policies(lake: Lake, env: dict, message: str) -> None:
     code, output = run_cli("retention", "apply", "--lake", lake.root, env=env)
     assert code == 1 and message in output, output
+
+
+def test_topic_retention_says_when_raw_events_go_or_why_it_cannot_tell() -> None:
+    from types import SimpleNamespace
+
+    from ingest.broker import free_port
+    from ingest.topic_retention import TopicRetention, _parse, topic_retention
+
+    week = TopicRetention("events", 7 * 24 * 3600 * 1000)
+    assert week.dropped_by(T0) == T0 + timedelta(days=7)
+    assert TopicRetention("events", -1).dropped_by(T0) is None
+    answer = SimpleNamespace(resources=[(0, None, 2, "events", [("retention.ms", "86400000", False, False, False)])])
+    assert _parse("events", [answer]).retention_ms == 86_400_000
+    refused = SimpleNamespace(resources=[(29, "not authorised", 2, "events", [])])
+    assert _parse("events", [refused]).reason == "the broker refused DescribeConfigs: not authorised"
+    nobody = topic_retention(f"127.0.0.1:{free_port()}", "events", timeout_s=1)
+    assert nobody.retention_ms is None and "no broker answered" in nobody.reason

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ingest.topic_retention import TopicRetention, topic_retention
 from store.compact import Compacted, compact
 from store.forget import ForgetReport, ForgetRequest, forget
 from store.lake import Lake
@@ -55,19 +56,25 @@ def forget_command(
     reason: str | None = typer.Option(None, help="Why (ticket id); kept in the forget_audit table."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
     lake: str | None = LAKE_OPTION,
+    bootstrap_servers: str | None = typer.Option(None, help="Kafka brokers, asked for the topic's retention (TRAJLAKE_BOOTSTRAP_SERVERS)."),
+    topic: str | None = typer.Option(None, help="Topic of the raw events (TRAJLAKE_TOPIC)."),
 ) -> None:
-    """Delete a tenant's, rollouts' or user's rows from every table, vacuum their files, audit it."""
+    """Delete a tenant's, rollouts' or user's rows from every table, vacuum their files, audit it.
+
+    Not reached: the raw events in the Kafka topic (kept until its retention.ms) and the predicate of each
+    DELETE commit in the tables' _delta_log (it names the tenant and rollout ids; kept until log cleanup)."""
     try:
         request = ForgetRequest(tenant=tenant, rollouts=tuple(rollout), user=user, reason=reason)
     except ValueError as exc:
         raise fail(str(exc)) from None
-    settings = settings_from(lake=lake)
+    settings = settings_from(lake=lake, bootstrap_servers=bootstrap_servers, topic=topic)
     what = _describe(request)
     if not yes and not typer.confirm(f"permanently delete {what} from {settings.lake}?"):
         raise typer.Exit(code=1)
     store = Lake(settings.lake)
     report = forget(store, request)
     _render_forget(Console(), report, what, store)
+    _render_not_reached(Console(), topic_retention(settings.bootstrap_servers, settings.topic), datetime.now(timezone.utc))
 
 
 def retention_show(
@@ -156,6 +163,20 @@ def _render_forget(console: Console, report: ForgetReport, what: str, lake: Lake
         trained = sorted(c.checkpoint_id for c in list_checkpoints(lake, dataset=dataset) if c.dataset_version in versions)
         if trained:
             console.print(f"  checkpoints trained on them (retrain, then delete): {', '.join(trained)}")
+
+
+def _render_not_reached(console: Console, retention: TopicRetention, now: datetime) -> None:
+    """What a forget cannot delete: raw events in Kafka, and the ids in each DELETE commit's predicate."""
+    gone = retention.dropped_by(now)
+    if gone is not None:
+        when = f"gone by {gone.isoformat(timespec='seconds')} (retention.ms={retention.retention_ms}; Kafka drops whole segments, so up to segment.ms later)"
+    elif retention.retention_ms is not None:
+        when = "kept forever (retention.ms=-1): delete them in Kafka"
+    else:
+        when = f"retention unknown: {retention.reason}; check retention.ms of the topic"
+    console.print(f"[yellow]not reached:[/] raw events stay in Kafka topic {retention.topic} until its retention: {when}")
+    console.print("[yellow]not reached:[/] each DELETE commit's commitInfo in the tables' _delta_log names the tenant and rollout ids "
+                  "in its predicate (deltalake cannot leave it out) until log cleanup (delta.logRetentionDuration, 30 days by default)")
 
 
 def _render_compacted(console: Console, results: list[Compacted]) -> None:

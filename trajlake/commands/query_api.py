@@ -40,7 +40,13 @@ class QueryApiSettings(CommonSettings):
     query_threads: int = Field(2, ge=1)
     """DuckDB threads of one query."""
     max_concurrent_queries: int = Field(4, ge=1)
-    """Queries running at once; more are answered 429 with Retry-After."""
+    """Queries running at once (one warm worker process each); more are answered 429 with Retry-After."""
+    max_queries_per_tenant: Optional[int] = Field(None, ge=1)
+    """Queries one tenant may run at once (default: half of max_concurrent_queries); more are answered 429."""
+    query_worker_memory_mb: int = Field(2048, ge=256)
+    """Memory (address space, RLIMIT_AS) a query worker may add once warm; a query past it fails, the server stays."""
+    max_header_bytes: int = Field(32 << 10, ge=4096)
+    """Largest accepted request line + headers (32 KiB); larger requests are answered 431."""
     viewer_tokenizer: Optional[Path] = None
     """Local Hugging Face tokenizer folder; the viewer decodes token ids with it (ids are shown without)."""
 
@@ -57,6 +63,7 @@ def query_api(
 
     from ingest.gateway.auth import KeyConfigError, KeyRing
     from pipelines.api import create_query_app
+    from pipelines.api.limits import header_limited_h11
 
     overrides = {"lake": lake, "query_api_keys_file": keys_file}
     console = Console(stderr=True)
@@ -75,9 +82,12 @@ def query_api(
     except ValueError as exc:  # settings out of range
         console.print(f"[red]query API not started:[/] {exc}")
         raise typer.Exit(2) from None
-    console.print(f"[green]query API[/] on http://{host}:{port} (docs /docs); lake {settings.lake}; queries stop "
-                  f"after {settings.query_timeout_s:g} s, pages hold at most {settings.max_page_rows} rows")
-    uvicorn.run(app, host=host, port=port, access_log=False, log_level="warning")
+    console.print(f"[green]query API[/] on http://{host}:{port} (schema /openapi.json); lake {settings.lake}; "
+                  f"queries stop after {settings.query_timeout_s:g} s, "
+                  f"pages hold at most {settings.max_page_rows} rows")
+    uvicorn.run(app, host=host, port=port, access_log=False, log_level="warning",
+                http=header_limited_h11(settings.max_header_bytes),
+                h11_max_incomplete_event_size=settings.max_header_bytes)
 
 
 def register(app: typer.Typer) -> None:

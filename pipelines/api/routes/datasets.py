@@ -14,7 +14,8 @@ router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
 
 
 def _version(v: VisibleVersion) -> DatasetVersion:
-    return DatasetVersion.model_validate({k: v.row[k] for k in DatasetVersion.model_fields})
+    return DatasetVersion.model_validate({**{k: v.row[k] for k in DatasetVersion.model_fields if k in v.row},
+                                          "history": v.history})
 
 
 @router.get("", response_model=DatasetList)

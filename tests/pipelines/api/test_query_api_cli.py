@@ -37,6 +37,7 @@ def cli() -> typer.Typer:
     ([], {"TRAJLAKE_QUERY_API_KEYS": "just-a-key"}, "is not key=tenant"),
     ([], {"TRAJLAKE_QUERY_API_KEYS": "k=t", "TRAJLAKE_DEFAULT_PAGE_ROWS": "5000"}, "default_page_rows"),
     ([], {"TRAJLAKE_QUERY_API_KEYS": "k=t", "TRAJLAKE_QUERY_TIMEOUT_S": "soon"}, "query_timeout_s"),
+    ([], {"TRAJLAKE_QUERY_API_KEYS": "k=t", "TRAJLAKE_MAX_QUERIES_PER_TENANT": "9"}, "could take every slot"),
 ])
 def test_bad_configuration_stops_the_command_with_a_message(cli, tmp_path, args, env, message):
     env = {"TRAJLAKE_QUERY_API_KEYS": None, "TRAJLAKE_QUERY_API_KEYS_FILE": None, **env}
@@ -64,6 +65,8 @@ def test_the_command_serves_the_lake_to_each_key_over_http(api_lake, tmp_path):
         beta = httpx.get(f"{base}/v1/rollouts", headers={"X-Api-Key": "sk-beta"})
         assert [r["rollout_id"] for r in beta.json()["items"]] == ["r1", "r9"]
         assert httpx.post(f"{base}/v1/sql", json=query).status_code == 401
+        long_headers = httpx.get(f"{base}/healthz", headers={"X-Big": "a" * 100_000})
+        assert long_headers.status_code == 431 and long_headers.json()["error"]["code"] == "headers_too_large"
     finally:
         proc.terminate()
         output = proc.communicate(timeout=30)[0]

@@ -1,0 +1,128 @@
+"""The worker process side of the query API's sandboxes (the server side is ``pipelines.api.workers``).
+
+A worker warms up (DuckDB's threads and allocator exist), caps its own
+address space (``RLIMIT_AS``: its size then + ``memory_bytes``), and answers
+requests on its pipe until the pipe closes: ``("open", tenant, extra)``,
+``("query", sql, limit, offset)``, ``("execute", sql, params)``,
+``("describe",)``, ``("close",)``. Each answer is ``("ok", value)`` or
+``("error", kind, message, hint)``; tables travel as Arrow IPC bytes. It
+imports only ``store`` so that it starts fast.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from multiprocessing.connection import Connection
+from typing import Any
+
+import pyarrow as pa
+
+from store.lake import Lake
+from store.sql import QueryError
+from store.tenant_sql import (
+    SandboxLimits,
+    SnapshotCache,
+    TenantSandbox,
+    delta_dataset,
+    empty_snapshot,
+    open_tenant_sandbox,
+)
+
+TableRef = tuple[str, int | None]
+"""(Delta table name, version) of a relation a session exposes besides the tenant tables."""
+
+REPORTED_ERRORS = frozenset({"QueryRefused", "QueryTimeout", "WriteRefused", "QueryError"})
+"""Query errors reported by their class name; any other ``QueryError`` as ``QueryError``."""
+
+
+def serve(conn: Connection, root: str, limits: SandboxLimits, memory_bytes: int, snapshot_ttl_s: float) -> None:
+    """The worker's loop: warm up, cap the address space, then answer requests until the pipe closes."""
+    _limit_malloc_arenas()
+    with open_tenant_sandbox(empty_snapshot(), "warm-up", limits=limits) as box:
+        box.query("SELECT count(*) FROM events", limit=1)  # DuckDB's threads and allocator exist before the cap
+    session = _Session(Lake(root), limits, snapshot_ttl_s)
+    _cap_address_space(memory_bytes)
+    conn.send(("ready",))
+    while True:
+        try:
+            op, *args = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            conn.send(("ok", session.handle(op, args)))
+        except QueryError as e:
+            kind = type(e).__name__ if type(e).__name__ in REPORTED_ERRORS else "QueryError"
+            conn.send(("error", kind, e.message, e.hint))
+        except MemoryError:
+            conn.send(("error", "QueryError", "the query needed more memory than one query may use",
+                       "aggregate or filter instead of building huge values (long strings, lists)"))
+        except Exception as e:  # noqa: BLE001 - reported to the server, which logs it
+            conn.send(("error", "internal", f"{type(e).__name__}: {e}", ""))
+
+
+class _Session:
+    """The worker's state: the lake snapshot, opened dataset versions, and the sandbox of the current request."""
+
+    def __init__(self, lake: Lake, limits: SandboxLimits, snapshot_ttl_s: float) -> None:
+        self.lake, self.limits = lake, limits
+        self.snapshots = SnapshotCache(lake, ttl_s=snapshot_ttl_s)
+        self.datasets: dict[TableRef, Any] = {}
+        self.box: TenantSandbox | None = None
+        try:
+            self.snapshots.get()  # the first read of the Delta logs is the slow one: pay it before the first query
+        except Exception:  # noqa: BLE001 - the first query reports what is wrong with the lake
+            pass
+
+    def handle(self, op: str, args: list[Any]) -> Any:
+        if op == "open":
+            return self.open(*args)
+        if op == "close":
+            if self.box is not None:
+                self.box.close()
+            self.box = None
+            return None
+        if self.box is None:
+            raise ValueError(f"{op!r} before 'open'")
+        if op == "query":
+            sql, limit, offset = args
+            page = self.box.query(sql, limit=limit, offset=offset)
+            return _ipc(page.table), page.more
+        if op == "execute":
+            return _ipc(self.box.execute(*args))
+        if op == "describe":
+            return self.box.describe()
+        raise ValueError(f"unknown request {op!r}")
+
+    def open(self, tenant: str, extra: dict[str, TableRef]) -> frozenset[str]:
+        if len(self.datasets) > 64:
+            self.datasets.clear()
+        for ref in extra.values():
+            if ref not in self.datasets:
+                self.datasets[ref] = delta_dataset(self.lake, ref[0], version=ref[1])
+        self.box = open_tenant_sandbox(self.snapshots.get(), tenant, limits=self.limits,
+                                       extra={view: self.datasets[ref] for view, ref in extra.items()})
+        return self.box.relations
+
+
+def _cap_address_space(extra_bytes: int) -> None:
+    import resource
+
+    with open("/proc/self/statm") as statm:
+        size = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (size + extra_bytes, size + extra_bytes))
+
+
+def _limit_malloc_arenas() -> None:
+    """glibc reserves 64 MB of address space per thread arena; two arenas keep the cap about real memory."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-8, 2)  # M_ARENA_MAX
+    except (OSError, AttributeError):
+        pass
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
