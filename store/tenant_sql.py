@@ -142,7 +142,7 @@ def delta_dataset(lake: Lake, table: str, *, version: int | None = None) -> ds.D
 
     Use it to expose more tables to a tenant (``open_tenant_sandbox(extra=)``).
     """
-    dataset = lake.table(table, version=version).to_pyarrow_dataset()
+    dataset = lake.dataset(table, version=version)
     if TENANT_COLUMN not in dataset.schema.names:
         raise ValueError(f"table {table!r} has no {TENANT_COLUMN!r} column: it cannot be scoped to a tenant")
     return dataset
@@ -155,7 +155,7 @@ def take_snapshot(lake: Lake) -> LakeSnapshot:
     for name in TENANT_TABLES:
         if lake.exists(name):
             delta = lake.table(name)
-            tables[name], versions[name] = delta.to_pyarrow_dataset(), delta.version()
+            tables[name], versions[name] = lake.dataset(delta), delta.version()
         else:
             tables[name], versions[name] = INGESTED_TABLES[name].empty_table(), None
     return LakeSnapshot(tables, versions)
@@ -215,7 +215,7 @@ def open_tenant_sandbox(
 def _only_tenant(name: str, table: ds.Dataset | pa.Table, tenant: str) -> ds.Dataset | pa.Table:
     if TENANT_COLUMN not in table.schema.names:
         raise ValueError(f"relation {name!r} has no {TENANT_COLUMN!r} column: it cannot be scoped to a tenant")
-    return table.filter(pc.field(TENANT_COLUMN) == pa.scalar(tenant, pa.string()))
+    return table.filter(pc.field(TENANT_COLUMN).isin([tenant]))  # is_in has string_view kernels, == has none
 
 
 def _create_joined_views(con: duckdb.DuckDBPyConnection) -> set[str]:

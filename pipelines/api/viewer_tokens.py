@@ -107,8 +107,8 @@ def _newest_version_with(lake: Lake, tenant: str, rollout_id: str) -> VisibleVer
     versions = [v for vs in visible_versions(lake, tenant).values() for v in vs]
     if not versions or not lake.exists(LINEAGE_TABLE):
         return None
-    used = lake.table(LINEAGE_TABLE).to_pyarrow_dataset().to_table(
-        columns=["dataset", "version"], filter=pc.field("rollout_id") == pa.scalar(rollout_id, pa.string()))
+    used = lake.read(
+        LINEAGE_TABLE, columns=["dataset", "version"], filter=pc.field("rollout_id") == pa.scalar(rollout_id, pa.string()))
     holding = set(zip(used["dataset"].to_pylist(), used["version"].to_pylist()))
     found = [v for v in versions if (v.dataset, v.version) in holding]
     return max(found, key=lambda v: (v.row["created_at"], v.version), default=None)
