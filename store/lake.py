@@ -180,6 +180,34 @@ def table_schema(delta: DeltaTable) -> pa.Schema:
     return pa.schema([plain_field(f) for f in pa.schema(delta.schema().to_arrow())])
 
 
+def for_duckdb(data: ds.Dataset | pa.Table, *, filter: pc.Expression | None = None) -> ds.Dataset | ds.Scanner | pa.Table:
+    """What to register in DuckDB for the rows of ``data`` (a ``Lake.dataset`` or a table) matching ``filter``.
+
+    DuckDB pushes its WHERE clauses into a registered dataset, and PyArrow
+    cannot compare ``string_view`` (files delta-rs rewrote): for a dataset
+    with such files this returns a scanner, whose batches DuckDB gets after
+    the cast and filters itself (reading every column of the table). Write
+    ``filter`` with ``is_in`` for string columns: it has view kernels, ``==`` not.
+    """
+    if isinstance(data, ds.FileSystemDataset) and not all(map(_is_plain, data.get_fragments())):
+        return data.scanner(filter=filter)
+    return data if filter is None else data.filter(filter)
+
+
+_PLAIN_FILES: dict[str, bool] = {}
+"""Data file path -> its physical types are plain. A cache of facts that never change: Delta never
+rewrites a file in place, and file names carry a UUID."""
+
+
+def _is_plain(fragment: ds.FileFragment) -> bool:
+    plain = _PLAIN_FILES.get(fragment.path)
+    if plain is None:
+        if len(_PLAIN_FILES) >= 1_000_000:
+            _PLAIN_FILES.clear()
+        plain = _PLAIN_FILES[fragment.path] = all(plain_type(f.type) == f.type for f in fragment.physical_schema)
+    return plain
+
+
 def _filtered_batches(dataset: ds.Dataset, columns: list[str] | None, filter: pc.Expression,
                       batch_rows: int) -> Iterator[pa.RecordBatch]:
     """Batches matching ``filter``, file by file, so a rewritten file can be filtered after its cast."""

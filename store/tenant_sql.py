@@ -50,7 +50,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from schemas.tables import INGESTED_TABLES
-from store.lake import Lake
+from store.lake import Lake, for_duckdb
 from store.sql import JOINED_VIEWS, QueryError, WriteRefused, joined_view_statements
 
 log = logging.getLogger(__name__)
@@ -212,10 +212,10 @@ def open_tenant_sandbox(
     return TenantSandbox(con, tenant, frozenset(relations), limits)
 
 
-def _only_tenant(name: str, table: ds.Dataset | pa.Table, tenant: str) -> ds.Dataset | pa.Table:
+def _only_tenant(name: str, table: ds.Dataset | pa.Table, tenant: str) -> ds.Dataset | ds.Scanner | pa.Table:
     if TENANT_COLUMN not in table.schema.names:
         raise ValueError(f"relation {name!r} has no {TENANT_COLUMN!r} column: it cannot be scoped to a tenant")
-    return table.filter(pc.field(TENANT_COLUMN).isin([tenant]))  # is_in has string_view kernels, == has none
+    return for_duckdb(table, filter=pc.field(TENANT_COLUMN).isin([tenant]))
 
 
 def _create_joined_views(con: duckdb.DuckDBPyConnection) -> set[str]:

@@ -23,7 +23,7 @@ from pipelines.api.viewer_models import TokenBlock, TokenView
 from pipelines.api.visibility import VisibleVersion, visible_versions
 from pipelines.registry import LINEAGE_TABLE, dataset_table
 from store.lake import Lake
-from store.tenant_sql import TenantSandbox, delta_dataset
+from store.tenant_sql import TenantSandbox
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +117,7 @@ def _newest_version_with(lake: Lake, tenant: str, rollout_id: str) -> VisibleVer
 def _sample_rows(lake: Lake, version: VisibleVersion, tenant: str, rollout_id: str) -> list[dict[str, Any]]:
     wanted = (pc.field("rollout_id") == pa.scalar(rollout_id, pa.string())) & (
         pc.field("tenant") == pa.scalar(tenant, pa.string()))
-    rows = delta_dataset(lake, dataset_table(version.dataset), version=version.version).to_table(
-        columns=_SAMPLE_COLUMNS, filter=wanted)
+    rows = lake.read(dataset_table(version.dataset), version=version.version, columns=_SAMPLE_COLUMNS, filter=wanted)
     return sorted(rows.to_pylist(), key=lambda r: r["sample_index"])
 
 
