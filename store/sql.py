@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 
 from schemas.tables import INGESTED_TABLES
 from store.lake import Lake
-from store.storage import duckdb_secret, list_tables
+from store.storage import duckdb_secret, list_tables, store_problem
 
 log = logging.getLogger(__name__)
 
@@ -74,13 +74,13 @@ class WriteRefused(QueryError):
 
 
 class LakeMissing(LookupError):
-    """The lake root does not exist."""
+    """The lake root does not exist (or its object store does not answer: ``problem`` says why)."""
 
-    def __init__(self, root: str) -> None:
-        super().__init__(
+    def __init__(self, root: str, problem: str | None = None) -> None:
+        super().__init__(problem or (
             f"no lake at {root!r}: point --lake / TRAJLAKE_LAKE at an existing lake, "
             "or ingest some events first (trajlake ingest)"
-        )
+        ))
         self.root = root
 
 
@@ -250,9 +250,11 @@ def run_read_only(con: duckdb.DuckDBPyConnection, sql: str, *, max_rows: int | N
 
 
 def check_lake(lake: Lake) -> None:
-    """Raise ``LakeMissing`` when a local lake root does not exist."""
+    """Raise ``LakeMissing`` when a local lake root does not exist, or an object store's bucket does not answer."""
     if lake.is_local and not Path(lake.root.removeprefix("file://")).is_dir():
         raise LakeMissing(lake.root)
+    if not lake.is_local and (problem := store_problem(lake.root, lake.storage_options)):
+        raise LakeMissing(lake.root, problem)
 
 
 def _check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:

@@ -125,12 +125,48 @@ def duckdb_secret(root: str, options: Mapping[str, str]) -> str | None:
     return f"CREATE OR REPLACE SECRET trajlake_lake ({', '.join(parts)})"
 
 
+class StoreUnreachable(OSError):
+    """The lake's object store does not answer, refuses the credentials, or lacks the bucket."""
+
+
+def store_problem(root: str, options: Mapping[str, str]) -> str | None:
+    """None when the object store of the lake at ``root`` answers; else one line naming the setting to fix.
+
+    Used after a command failed, to turn whatever the engine raised (a Rust
+    error chain, an AWS SDK message) into what the user has to change.
+    """
+    if is_local(root) or not root.startswith(("s3://", "s3a://")):
+        return None
+    endpoint = s3_endpoint(options) or "the AWS default endpoint"
+    filesystem, path = arrow_filesystem(root, options)
+    bucket = path.split("/", 1)[0]
+    try:
+        found = filesystem.get_file_info(bucket).type != pafs.FileType.NotFound
+    except OSError as e:
+        text = str(e)
+        if any(s in text for s in ("NETWORK_CONNECTION", "Could not connect", "Couldn't resolve", "curlCode")):
+            return (f"cannot reach the object store at {endpoint}: check AWS_ENDPOINT_URL (a plain-http server "
+                    "also needs AWS_ALLOW_HTTP=true) and that the server is up")
+        if any(s in text for s in ("ACCESS_DENIED", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                                   "403", "INVALID_ACCESS_KEY")):
+            return (f"the object store at {endpoint} refused the credentials: check AWS_ACCESS_KEY_ID and "
+                    "AWS_SECRET_ACCESS_KEY (and AWS_REGION)")
+        return f"object store at {endpoint} failed: {text.splitlines()[0]} (check the AWS_* settings)"
+    if not found:
+        return (f"bucket {bucket!r} does not exist at {endpoint}: create it, or fix the lake root "
+                "(--lake / TRAJLAKE_LAKE) or AWS_ENDPOINT_URL")
+    return None
+
+
 def _sql(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
 def list_tables(lake: Lake) -> list[str]:
-    """Names of the Delta tables in the lake, one folder level deep (``events``, ``datasets/nightly``)."""
+    """Names of the Delta tables in the lake, one folder level deep (``events``, ``datasets/nightly``).
+
+    Raises ``StoreUnreachable`` when an object-store lake's bucket does not answer.
+    """
     if lake.is_local:
         root = Path(lake.root.removeprefix("file://"))
         if not root.is_dir():
@@ -141,6 +177,8 @@ def list_tables(lake: Lake) -> list[str]:
             for path in root.glob(pattern)
             if path.is_dir()
         )
+    if problem := store_problem(lake.root, lake.storage_options):
+        raise StoreUnreachable(problem)
     filesystem, prefix = arrow_filesystem(lake.root, lake.storage_options)
     names: list[str] = []
     for parent in ("", *_child_dirs(filesystem, prefix)):

@@ -12,11 +12,17 @@ import json
 import os
 import subprocess
 import sys
+import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 
+from ingest.broker import free_port
+from schemas.tables import SAMPLES
 from store.lake import Lake
 from tests.ingest.ingester_support import produce, stream
+from trainer.synthetic import synthetic_samples
 
 
 def trajlake(env: dict[str, str], *args: str, input: str | None = None) -> subprocess.CompletedProcess:
@@ -47,11 +53,16 @@ def s3(s3_server, broker):
     return env, root, rollouts
 
 
+def lake_of(env: dict[str, str], root: str) -> Lake:
+    from store.storage import storage_options
+
+    return Lake(root, storage_options=storage_options(root, env))
+
+
 def test_ingest_wrote_every_event_to_the_object_store(s3) -> None:
     env, root, rollouts = s3
-    lake = Lake(root, storage_options={k: v for k, v in env.items() if k.startswith("AWS_")} | {
-        "aws_conditional_put": "etag"})
-    assert sorted(set(lake.read("events", columns=["rollout_id"]).column("rollout_id").to_pylist())) == rollouts
+    events = lake_of(env, root).read("events", columns=["rollout_id"])
+    assert sorted(set(events.column("rollout_id").to_pylist())) == rollouts
 
 
 def test_sql_and_tables_read_the_object_store(s3) -> None:
@@ -76,17 +87,81 @@ def test_build_dataset_list_show_and_lineage(s3) -> None:
     env, _, _ = s3
     ok(env, "build-dataset", "objstore", "--include-unfinished")
     ok(env, "datasets", "list")
-    ok(env, "datasets", "show", "objstore@1", "--json")
-    ok(env, "lineage", "objstore@1", "--json")
+    assert json.loads(ok(env, "datasets", "show", "objstore", "--json"))["version"] == 0
+    ok(env, "lineage", "objstore@0", "--json")
+
+
+def test_train_on_the_tiny_model_reads_its_dataset_from_the_object_store(s3, tiny_model_dir, tmp_path) -> None:
+    env, root, _ = s3
+    lake_of(env, root).append("datasets/tiny", synthetic_samples(str(tiny_model_dir), groups=2), schema=SAMPLES)
+    ok(env, "train", "--dataset", "tiny", "--model", str(tiny_model_dir), "--epochs", "1", "--out", str(tmp_path))
+    assert "ckpt-tiny-v0" in ok(env, "checkpoints", "--json")
+
+
+def test_scheduler_once_and_retention(s3) -> None:
+    env, _, _ = s3
+    assert "succeeded" in ok(env, "scheduler", "--once", "--job", "compact")
+    ok(env, "runs", "--json")
+    ok({**env, "TRAJLAKE_RETENTION_DAYS": '{"nobody": 1}'}, "retention", "apply")
+
+
+def test_query_api_answers_sql_from_the_object_store(s3, tmp_path: Path) -> None:
+    env, _, rollouts = s3
+    keys = tmp_path / "keys"
+    keys.write_text("k1=acme\n")
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "trajlake.cli", "query-api", "--host", "127.0.0.1",
+                               "--port", str(port), "--keys-file", str(keys)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/sql", data=json.dumps({"sql": "SELECT count(*) AS n FROM rollouts"}).encode(),
+            headers={"Authorization": "Bearer k1", "Content-Type": "application/json"})
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(request, timeout=30) as reply:
+                    body = json.loads(reply.read())
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    finally:
+        server.terminate()
+        server.wait(30)
+    assert body["rows"] == [[len(rollouts)]]
 
 
 def test_rewrites_then_every_reader_again(s3) -> None:
     env, _, rollouts = s3
-    ok(env, "forget", "--tenant", "default", "--rollout", rollouts[0], "--yes", "--reason", "test")
+    ok(env, "forget", "--tenant", "acme", "--rollout", rollouts[0], "--yes", "--reason", "test")
     ok(env, "compact", "--vacuum-hours", "0")
     ok(env, "rebuild")
     out = ok(env, "sql", "SELECT count(*) AS n FROM rollouts", "--format", "json")
     assert json.loads(out.splitlines()[0])["n"] == len(rollouts) - 1
     ok(env, "tables")
     ok(env, "rollout", "show", rollouts[1], "--json")
-    ok(env, "lineage", "objstore@1", "--json")
+    ok(env, "lineage", "objstore@0", "--json")
+
+
+UNREACHABLE = {"AWS_ENDPOINT_URL": "http://127.0.0.1:1", "AWS_ENDPOINT": "http://127.0.0.1:1"}
+NO_BUCKET = {"TRAJLAKE_LAKE": "s3://no-such-bucket-here/lake"}
+
+
+@pytest.mark.parametrize(
+    ("settings", "command", "named"),
+    [
+        (UNREACHABLE, ["sql", "SELECT count(*) FROM rollouts"], "AWS_ENDPOINT_URL"),
+        (UNREACHABLE, ["runs", "--json"], "AWS_ENDPOINT_URL"),
+        (UNREACHABLE, ["rollout", "show", "r-1"], "AWS_ENDPOINT_URL"),
+        (NO_BUCKET, ["tables"], "bucket 'no-such-bucket-here' does not exist"),
+        (NO_BUCKET, ["compact"], "bucket 'no-such-bucket-here' does not exist"),
+    ],
+)
+def test_a_wrong_object_store_setting_is_one_clear_line(s3, settings: dict[str, str], command: list[str],
+                                                        named: str) -> None:
+    result = trajlake({**s3[0], **settings, "COLUMNS": "400"}, *command)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr + result.stdout
+    assert named in result.stderr + result.stdout

@@ -10,6 +10,7 @@ import importlib
 import logging
 import os
 import pkgutil
+import sys
 
 import typer
 
@@ -37,7 +38,26 @@ def main() -> None:
         level=os.environ.get("TRAJLAKE_LOG_LEVEL", "WARNING"),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
-    build_app()()
+    try:
+        build_app()()
+    except Exception:
+        if (problem := _store_problem(sys.argv[1:])) is None:
+            raise
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _store_problem(args: list[str]) -> str | None:
+    """After a crash: what is wrong with the lake's object store, if anything (one line)."""
+    from store.storage import storage_options, store_problem
+
+    root = os.environ.get("TRAJLAKE_LAKE", "")
+    for i, arg in enumerate(args):
+        if arg == "--lake" and i + 1 < len(args):
+            root = args[i + 1]
+        elif arg.startswith("--lake="):
+            root = arg.removeprefix("--lake=")
+    return store_problem(root, storage_options(root)) if root else None
 
 
 if __name__ == "__main__":
