@@ -20,7 +20,9 @@ table's own schema in plain Arrow types (``string``, ``list<int32>``):
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import functools
+import operator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,17 +78,27 @@ class Lake:
             return None
         return self.table(table).version()
 
-    def dataset(self, table: str | DeltaTable, *, version: int | None = None) -> ds.Dataset:
+    def dataset(self, table: str | DeltaTable, *, version: int | None = None,
+                prune_on: Sequence[str] = ()) -> ds.Dataset:
         """The table's files as a ``pyarrow.dataset`` typed with the table's plain Arrow schema.
 
         ``table`` is a name (opened at ``version``) or an open ``DeltaTable``.
         Projections and unfiltered scans always yield the catalogue's types;
         filter string columns through ``scan(filter=)`` (see the module doc).
+        ``prune_on`` names columns whose per-file min/max from the Delta log
+        become each file's guarantee, so ``get_fragments(filter=)`` skips files.
         """
         delta = self.table(table, version=version) if isinstance(table, str) else table
+        schema = table_schema(delta)
         filesystem, _ = arrow_filesystem(self.root, self.storage_options)
-        files = [uri if self.is_local else uri.split("://", 1)[1] for uri in delta.file_uris()]
-        return ds.dataset(files, schema=table_schema(delta), format="parquet", filesystem=filesystem)
+        parquet = ds.ParquetFileFormat()
+        guarantees = _file_guarantees(delta, prune_on)
+        fragments = [
+            parquet.make_fragment(uri if self.is_local else uri.split("://", 1)[1], filesystem,
+                                  partition_expression=guarantees.get(uri.rsplit("/", 1)[-1], ds.scalar(True)))
+            for uri in delta.file_uris()
+        ]
+        return ds.FileSystemDataset(fragments, schema, parquet, filesystem)
 
     def scan(
         self,
@@ -206,6 +218,24 @@ def _is_plain(fragment: ds.FileFragment) -> bool:
             _PLAIN_FILES.clear()
         plain = _PLAIN_FILES[fragment.path] = all(plain_type(f.type) == f.type for f in fragment.physical_schema)
     return plain
+
+
+def _file_guarantees(delta: DeltaTable, columns: Sequence[str]) -> dict[str, pc.Expression]:
+    """File name -> ``min <= column <= max`` for ``columns`` without nulls in that file (Delta's add stats)."""
+    if not columns:
+        return {}
+    actions = pa.table(delta.get_add_actions(flatten=True))
+    guarantees: dict[str, pc.Expression] = {}
+    for i, path in enumerate(actions.column("path").to_pylist()):
+        bounds = [
+            (pc.field(c) >= actions[f"min.{c}"][i]) & (pc.field(c) <= actions[f"max.{c}"][i])
+            for c in columns
+            if f"max.{c}" in actions.column_names and actions[f"null_count.{c}"][i].as_py() == 0
+            and actions[f"min.{c}"][i].is_valid and actions[f"max.{c}"][i].is_valid
+        ]
+        if bounds:
+            guarantees[path.rsplit("/", 1)[-1]] = functools.reduce(operator.and_, bounds)
+    return guarantees
 
 
 def _filtered_batches(dataset: ds.Dataset, columns: list[str] | None, filter: pc.Expression,
