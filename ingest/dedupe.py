@@ -59,9 +59,9 @@ class SeenEventIds:
         parts = list(partitions)
         if not parts or not lake.exists("events"):
             return 0
-        stored = lake.table("events").to_pyarrow_table(
-            columns=["event_id", "kafka_partition", "kafka_offset"],
-            filters=[("kafka_topic", "=", topic), ("kafka_partition", "in", parts)],
+        stored = lake.read(
+            "events", columns=["event_id", "kafka_partition", "kafka_offset"],
+            filter=(pc.field("kafka_topic") == topic) & pc.field("kafka_partition").isin(parts),
         )
         newest = _newest(stored, self.max_ids)
         for event_id, p, o in zip(*(newest.column(c).to_pylist() for c in newest.column_names)):

@@ -111,11 +111,11 @@ class TokenTables:
 
     def __init__(self, lake: Lake, snapshot: Snapshot) -> None:
         self.requests = DecodedFiles(
-            lake.table("llm_requests", version=snapshot.versions["llm_requests"]).to_pyarrow_dataset(),
+            lake.dataset("llm_requests", version=snapshot.versions["llm_requests"], prune_on=["rollout_id"]),
             ["event_id", "span_id", "tokenizer", "chat_template_hash", "prompt_token_ids"],
         )
         self.responses = DecodedFiles(
-            lake.table("llm_responses", version=snapshot.versions["llm_responses"]).to_pyarrow_dataset(),
+            lake.dataset("llm_responses", version=snapshot.versions["llm_responses"], prune_on=["rollout_id"]),
             ["event_id", "response_token_ids", "logprobs", "policy_version"],
         )
 

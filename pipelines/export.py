@@ -39,7 +39,7 @@ def export_parquet(
     if data.exists() and any(data.iterdir()):
         raise FileExistsError(f"{data} already holds files: export into an empty directory")
     data.mkdir(parents=True, exist_ok=True)
-    dataset = lake.table(dataset_table(name), version=manifest["version"]).to_pyarrow_dataset()
+    dataset = lake.dataset(dataset_table(name), version=manifest["version"])
     files: list[Path] = []
     writer: pq.ParquetWriter | None = None
     in_file = rows = 0

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import duckdb
 
 from store.lake import Lake
-from store.sql import delta_extension_path
+from store.sql import lock_down, open_duckdb
 
 SOURCE_TABLES = ("rollout_starts", "rollout_ends", "llm_requests", "llm_responses", "rewards")
 """Physical tables a build reads (the joined SQL views are deliberately not used)."""
@@ -45,22 +45,12 @@ class Snapshot:
 
 def pinned_connection(lake: Lake, snapshot: Snapshot, *, memory_limit: str = "1GB") -> duckdb.DuckDBPyConnection:
     """DuckDB with one view per source table, each at its pinned version."""
-    con = duckdb.connect(":memory:", config={"allow_unsigned_extensions": "true", "python_enable_replacements": "false"})
-    con.load_extension(delta_extension_path())
+    con = open_duckdb(lake)
     con.execute(f"SET memory_limit = '{memory_limit}'")
     con.execute("SET preserve_insertion_order = false")
     con.execute("SET enable_external_file_cache = false")  # cached Parquet blocks grew RSS with the lake
     for name, version in snapshot.versions.items():
         uri = lake.uri(name).replace("'", "''")
         con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM delta_scan(\'{uri}\', version={int(version)})')
-    _confine(con, lake)
+    lock_down(con, lake)  # a --where predicate may read nothing outside the lake and change no setting
     return con
-
-
-def _confine(con: duckdb.DuckDBPyConnection, lake: Lake) -> None:
-    """A --where predicate may read nothing outside the lake and change no setting."""
-    con.execute("SET allowed_directories = [?]", [lake.root.removeprefix("file://").rstrip("/") + "/"])
-    con.execute("SET enable_external_access = false")
-    con.execute("SET autoinstall_known_extensions = false")
-    con.execute("SET autoload_known_extensions = false")
-    con.execute("SET lock_configuration = true")

@@ -67,7 +67,7 @@ import pyarrow.fs as pafs
 from deltalake.exceptions import CommitFailedError
 
 from store.lake import Lake
-from store.storage import list_tables
+from store.storage import arrow_filesystem, list_tables
 
 log = logging.getLogger(__name__)
 
@@ -303,7 +303,7 @@ def _drop_log_history(lake: Lake, name: str, *, through: int) -> None:
     """
     table = lake.table(name)
     table.create_checkpoint()
-    filesystem, log_dir = pafs.FileSystem.from_uri(f"{lake.uri(name)}/_delta_log")
+    filesystem, log_dir = arrow_filesystem(f"{lake.uri(name)}/_delta_log", lake.storage_options)
     for info in filesystem.get_file_info(pafs.FileSelector(log_dir)):
         version = info.base_name.split(".", 1)[0]
         if info.type == pafs.FileType.File and version.isdigit() and int(version) <= through < table.version():

@@ -16,8 +16,7 @@ from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
-from deltalake import CommitProperties, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from schemas.tables import TYPED_TABLES
 from store.commit import WRITER_PROPERTIES, marker_app_id
@@ -43,13 +42,12 @@ def rebuild_typed_tables(lake: Lake, *, group: str = "trajlake-ingest", batch_ro
     """
     events = lake.table("events")
     version = events.version()
-    dataset = events.to_pyarrow_dataset()
-    txns = _markers(lake, dataset, group)
+    txns = _markers(lake, events, group)
     counts: dict[str, int] = {}
     for event_type, (name, schema) in TYPED_TABLES.items():
         counter = _Counter(name, progress)
         reader = pa.RecordBatchReader.from_batches(
-            schema, counter.wrap(_typed_batches(dataset, event_type, name, batch_rows))
+            schema, counter.wrap(_typed_batches(lake, events, event_type, name, batch_rows))
         )
         write_deltalake(
             lake.uri(name), reader, mode="overwrite", schema_mode="overwrite",
@@ -66,18 +64,17 @@ def rebuild_typed_tables(lake: Lake, *, group: str = "trajlake-ingest", batch_ro
     return counts
 
 
-def _typed_batches(dataset: ds.Dataset, event_type: str, name: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
-    scanner = dataset.scanner(filter=pc.field("type") == event_type, batch_size=batch_rows)
-    for batch in scanner.to_batches():
+def _typed_batches(lake: Lake, events: DeltaTable, event_type: str, name: str,
+                   batch_rows: int) -> Iterator[pa.RecordBatch]:
+    for batch in lake.scan(events, filter=pc.field("type") == event_type, batch_rows=batch_rows):
         if batch.num_rows:
             yield from typed_tables(pa.Table.from_batches([batch]))[name].to_batches()
 
 
-def _markers(lake: Lake, dataset: ds.Dataset, group: str) -> list[Transaction]:
+def _markers(lake: Lake, events: DeltaTable, group: str) -> list[Transaction]:
     """The events table's markers of ``group`` for every (topic, partition) it holds."""
-    sources = dataset.to_table(columns=["kafka_topic", "kafka_partition"]).group_by(
+    sources = lake.read(events, columns=["kafka_topic", "kafka_partition"]).group_by(
         ["kafka_topic", "kafka_partition"]).aggregate([])
-    events = lake.table("events")
     txns = []
     for topic, partition in zip(sources.column("kafka_topic").to_pylist(), sources.column("kafka_partition").to_pylist()):
         app_id = marker_app_id(group, topic, partition)

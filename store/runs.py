@@ -17,7 +17,9 @@ over the new owner.
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
@@ -25,6 +27,7 @@ from enum import StrEnum
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from schemas.tables import TS
@@ -130,8 +133,8 @@ class RunsTable:
     def history(self, snapshot: DeltaTable | None = None, *, job: str | None = None,
                 window_key: str | None = None) -> list[RunRecord]:
         """Every row (of one job / one run), oldest first."""
-        filters = [(name, "=", value) for name, value in (("job", job), ("window_key", window_key)) if value is not None]
-        table = (snapshot or self.snapshot()).to_pyarrow_table(filters=filters or None)
+        wanted = [pc.field(name) == value for name, value in (("job", job), ("window_key", window_key)) if value is not None]
+        table = self.lake.read(snapshot or self.snapshot(), filter=functools.reduce(operator.and_, wanted) if wanted else None)
         records = [RunRecord.from_row(row) for row in table.to_pylist()]
         return sorted(records, key=_order)
 

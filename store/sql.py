@@ -1,7 +1,9 @@
 """SQL over the lake: a DuckDB connection with every table as a named view.
 
-Tables are read with ``delta_scan`` from the pip-installed delta extension
-(loaded from the file the wheel ships; nothing downloads).
+Tables are read with ``delta_scan`` from the pip-installed delta extension,
+and object-store lakes through the pip-installed ``httpfs`` extension (both
+loaded from the files the wheels ship; nothing downloads) with a secret built
+from the lake's storage options (``store.storage.duckdb_secret``).
 
 View names: every Delta table of the lake (a folder holding a ``_delta_log``
 one or two levels under the root, local or object store) becomes a view named
@@ -39,7 +41,7 @@ import pyarrow.parquet as pq
 
 from schemas.tables import INGESTED_TABLES
 from store.lake import Lake
-from store.storage import list_tables
+from store.storage import duckdb_secret, list_tables, store_problem
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +74,13 @@ class WriteRefused(QueryError):
 
 
 class LakeMissing(LookupError):
-    """The lake root does not exist."""
+    """The lake root does not exist (or its object store does not answer: ``problem`` says why)."""
 
-    def __init__(self, root: str) -> None:
-        super().__init__(
+    def __init__(self, root: str, problem: str | None = None) -> None:
+        super().__init__(problem or (
             f"no lake at {root!r}: point --lake / TRAJLAKE_LAKE at an existing lake, "
             "or ingest some events first (trajlake ingest)"
-        )
+        ))
         self.root = root
 
 
@@ -100,13 +102,44 @@ def delta_extension_path() -> str:
     """The delta extension file shipped by duckdb-extension-delta for this duckdb."""
     import duckdb_extension_delta
 
-    path = Path(duckdb_extension_delta.__file__).parent / "extensions" / f"v{duckdb.__version__}" / "delta.duckdb_extension"
+    return _extension_path(duckdb_extension_delta.__file__, "delta")
+
+
+def httpfs_extension_path() -> str:
+    """The httpfs extension file shipped by duckdb-extension-httpfs for this duckdb."""
+    import duckdb_extension_httpfs
+
+    return _extension_path(duckdb_extension_httpfs.__file__, "httpfs")
+
+
+def _extension_path(package_file: str, name: str) -> str:
+    path = Path(package_file).parent / "extensions" / f"v{duckdb.__version__}" / f"{name}.duckdb_extension"
     if not path.exists():
         raise RuntimeError(
-            f"no delta extension for duckdb {duckdb.__version__} at {path}: "
-            "duckdb and duckdb-extension-delta must have the same version (reinstall with `make install`)"
+            f"no {name} extension for duckdb {duckdb.__version__} at {path}: "
+            f"duckdb and duckdb-extension-{name} must have the same version (reinstall with `make install`)"
         )
     return str(path)
+
+
+def open_duckdb(lake: Lake, *, config: dict[str, str] | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB that can ``delta_scan`` the lake's tables, local or on an object store.
+
+    Loads the delta extension (and httpfs plus the lake's secret for an
+    object-store lake); ``config`` adds connection settings.
+    """
+    con = duckdb.connect(":memory:", config={**CONNECTION_CONFIG, **(config or {})})
+    try:
+        con.execute("SET enable_progress_bar = false")  # it would print into csv/json on stdout
+        secret = duckdb_secret(lake.root, lake.storage_options)
+        if secret is not None:
+            con.load_extension(httpfs_extension_path())
+            con.execute(secret)
+        con.load_extension(delta_extension_path())
+    except BaseException:
+        con.close()
+        raise
+    return con
 
 
 def view_name(table: str) -> str:
@@ -146,21 +179,23 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, sandbox: bool = 
     >>> con.sql("SELECT status, count(*) FROM rollouts GROUP BY ALL").fetchall()  # doctest: +SKIP
     """
     found = discover_tables(lake) if tables is None else {view_name(t): t for t in tables if lake.exists(t)}
-    con = duckdb.connect(":memory:", config=CONNECTION_CONFIG)
-    con.execute("SET enable_progress_bar = false")  # it would print into csv/json on stdout
-    con.load_extension(delta_extension_path())
-    for name, path in found.items():
-        con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM delta_scan(\'{_quote(lake.uri(path))}\')')
-    for name, schema in INGESTED_TABLES.items():
-        if name not in found:
-            con.register(name, schema.empty_table())
-    for statement in joined_view_statements():
-        try:
-            con.execute(statement)
-        except duckdb.Error as e:  # e.g. a table written with an older schema: keep the other views
-            log.warning("joined_view_skipped error=%r", str(e).splitlines()[0])
-    if sandbox:
-        _lock_down(con, lake)
+    con = open_duckdb(lake)
+    try:
+        for name, path in found.items():
+            con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM delta_scan(\'{_quote(lake.uri(path))}\')')
+        for name, schema in INGESTED_TABLES.items():
+            if name not in found:
+                con.register(name, schema.empty_table())
+        for statement in joined_view_statements():
+            try:
+                con.execute(statement)
+            except duckdb.Error as e:  # e.g. a table written with an older schema: keep the other views
+                log.warning("joined_view_skipped error=%r", str(e).splitlines()[0])
+        if sandbox:
+            lock_down(con, lake)
+    except BaseException:
+        con.close()
+        raise
     return con
 
 
@@ -169,7 +204,8 @@ def joined_view_statements() -> list[str]:
     return [part.strip() for part in text.split("-- view\n")[1:] if part.strip()]
 
 
-def _lock_down(con: duckdb.DuckDBPyConnection, lake: Lake) -> None:
+def lock_down(con: duckdb.DuckDBPyConnection, lake: Lake) -> None:
+    """No file access outside the lake, no extension loading, configuration locked."""
     root = lake.root.removeprefix("file://").rstrip("/") + "/"
     con.execute("SET allowed_directories = [?]", [root])
     con.execute("SET enable_external_access = false")
@@ -214,9 +250,11 @@ def run_read_only(con: duckdb.DuckDBPyConnection, sql: str, *, max_rows: int | N
 
 
 def check_lake(lake: Lake) -> None:
-    """Raise ``LakeMissing`` when a local lake root does not exist."""
+    """Raise ``LakeMissing`` when a local lake root does not exist, or an object store's bucket does not answer."""
     if lake.is_local and not Path(lake.root.removeprefix("file://")).is_dir():
         raise LakeMissing(lake.root)
+    if not lake.is_local and (problem := store_problem(lake.root, lake.storage_options)):
+        raise LakeMissing(lake.root, problem)
 
 
 def _check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:

@@ -1,12 +1,20 @@
-"""Storage options for object-store lakes, built from the environment.
+"""Object-store settings for every reader and writer of the lake, built in one place.
 
 Local lakes need none. An ``s3://`` lake reads the standard ``AWS_*``
-variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``,
-``AWS_ENDPOINT_URL`` for MinIO, ``AWS_ALLOW_HTTP`` for a plain-http endpoint)
-and, unless a DynamoDB locking provider is configured, asks for conditional
-puts (``aws_conditional_put=etag``): MinIO, R2 and S3 itself refuse to
-overwrite an existing Delta log entry, which is what makes concurrent writers
-(two schedulers, several ingesters) safe without an external lock.
+variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_SESSION_TOKEN``, ``AWS_REGION``, ``AWS_ENDPOINT_URL`` for MinIO and
+other S3-compatible servers, ``AWS_ALLOW_HTTP=true`` for a plain-http
+endpoint). ``storage_options`` turns them into delta-rs options (Polars'
+``read_delta``/``scan_delta`` take the same dict); ``arrow_filesystem`` and
+``duckdb_secret`` derive the pyarrow filesystem and DuckDB's ``httpfs``
+secret from those options, so the three engines can never disagree.
+
+Unless a DynamoDB locking provider is configured, S3 lakes ask for
+conditional puts (``aws_conditional_put=etag``): MinIO, R2 and S3 itself
+refuse to overwrite an existing Delta log entry, which is what makes
+concurrent writers (two schedulers, several ingesters) safe without an
+external lock. With keys given, nothing reaches for the cloud's instance
+metadata; without keys, delta-rs and DuckDB use the usual credential chain.
 """
 
 from __future__ import annotations
@@ -14,23 +22,31 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from store.lake import Lake
+if TYPE_CHECKING:
+    from store.lake import Lake
 
 _OBJECT_STORE_PREFIXES = ("AWS_", "AZURE_", "GOOGLE_")
 
 
+def is_local(root: str) -> bool:
+    """True for a folder (or ``file://``) lake root."""
+    return "://" not in root or root.startswith("file://")
+
+
 def storage_options(root: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """deltalake storage options for the lake at ``root``.
+    """delta-rs storage options for the lake at ``root``.
 
     >>> storage_options("./lake", {"AWS_REGION": "eu-west-1"})
     {}
     >>> storage_options("s3://b/lake", {"AWS_REGION": "eu-west-1"})
     {'AWS_REGION': 'eu-west-1', 'aws_conditional_put': 'etag'}
     """
-    if "://" not in root or root.startswith("file://"):
+    if is_local(root):
         return {}
     env = os.environ if env is None else env
     options = {key: value for key, value in env.items() if key.startswith(_OBJECT_STORE_PREFIXES)}
@@ -39,8 +55,118 @@ def storage_options(root: str, env: Mapping[str, str] | None = None) -> dict[str
     return options
 
 
+def _option(options: Mapping[str, str], *names: str) -> str | None:
+    lowered = {key.lower(): value for key, value in options.items()}
+    for name in names:
+        if lowered.get(name.lower()):
+            return lowered[name.lower()]
+    return None
+
+
+def s3_endpoint(options: Mapping[str, str]) -> str | None:
+    """The custom S3 endpoint URL of ``options`` (None for AWS itself)."""
+    return _option(options, "AWS_ENDPOINT_URL", "AWS_ENDPOINT", "AWS_ENDPOINT_URL_S3")
+
+
+def _region(options: Mapping[str, str]) -> str:
+    return _option(options, "AWS_REGION", "AWS_DEFAULT_REGION") or "us-east-1"
+
+
+def arrow_filesystem(root: str, options: Mapping[str, str]) -> tuple[pafs.FileSystem, str]:
+    """A pyarrow filesystem for ``root`` and the path of ``root`` on it.
+
+    >>> arrow_filesystem("/tmp/lake", {})[1]
+    '/tmp/lake'
+    """
+    if is_local(root):
+        return pafs.LocalFileSystem(), root.removeprefix("file://")
+    if not root.startswith(("s3://", "s3a://")):
+        return pafs.FileSystem.from_uri(root)
+    endpoint = s3_endpoint(options)
+    parsed = urlparse(endpoint) if endpoint else None
+    filesystem = pafs.S3FileSystem(
+        access_key=_option(options, "AWS_ACCESS_KEY_ID"),
+        secret_key=_option(options, "AWS_SECRET_ACCESS_KEY"),
+        session_token=_option(options, "AWS_SESSION_TOKEN"),
+        region=_region(options),
+        endpoint_override=parsed.netloc if parsed else None,
+        scheme=parsed.scheme if parsed else "https",
+        allow_bucket_creation=False,
+        allow_bucket_deletion=False,
+        connect_timeout=5,
+        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2),
+    )
+    return filesystem, root.split("://", 1)[1].rstrip("/")
+
+
+def duckdb_secret(root: str, options: Mapping[str, str]) -> str | None:
+    """``CREATE SECRET`` SQL that gives DuckDB's httpfs (and delta_scan) the same S3 settings.
+
+    None for a local lake. With keys, the secret carries them (DuckDB never
+    asks the instance metadata address); without, it uses the credential chain.
+
+    >>> duckdb_secret("/tmp/lake", {}) is None
+    True
+    """
+    if is_local(root) or not root.startswith(("s3://", "s3a://")):
+        return None
+    parts = ["TYPE s3", f"REGION {_sql(_region(options))}"]
+    key, secret = _option(options, "AWS_ACCESS_KEY_ID"), _option(options, "AWS_SECRET_ACCESS_KEY")
+    if key and secret:
+        parts += [f"KEY_ID {_sql(key)}", f"SECRET {_sql(secret)}"]
+        if token := _option(options, "AWS_SESSION_TOKEN"):
+            parts.append(f"SESSION_TOKEN {_sql(token)}")
+    else:
+        parts.append("PROVIDER credential_chain")
+    if endpoint := s3_endpoint(options):
+        parsed = urlparse(endpoint)
+        parts += [f"ENDPOINT {_sql(parsed.netloc)}", "URL_STYLE 'path'",
+                  f"USE_SSL {'true' if parsed.scheme == 'https' else 'false'}"]
+    return f"CREATE OR REPLACE SECRET trajlake_lake ({', '.join(parts)})"
+
+
+class StoreUnreachable(OSError):
+    """The lake's object store does not answer, refuses the credentials, or lacks the bucket."""
+
+
+def store_problem(root: str, options: Mapping[str, str]) -> str | None:
+    """None when the object store of the lake at ``root`` answers; else one line naming the setting to fix.
+
+    Used after a command failed, to turn whatever the engine raised (a Rust
+    error chain, an AWS SDK message) into what the user has to change.
+    """
+    if is_local(root) or not root.startswith(("s3://", "s3a://")):
+        return None
+    endpoint = s3_endpoint(options) or "the AWS default endpoint"
+    filesystem, path = arrow_filesystem(root, options)
+    bucket = path.split("/", 1)[0]
+    try:
+        found = filesystem.get_file_info(bucket).type != pafs.FileType.NotFound
+    except OSError as e:
+        text = str(e)
+        if any(s in text for s in ("NETWORK_CONNECTION", "Could not connect", "Couldn't resolve", "curlCode")):
+            return (f"cannot reach the object store at {endpoint}: check AWS_ENDPOINT_URL (a plain-http server "
+                    "also needs AWS_ALLOW_HTTP=true) and that the server is up")
+        if any(s in text for s in ("ACCESS_DENIED", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                                   "403", "INVALID_ACCESS_KEY")):
+            return (f"the object store at {endpoint} refused the credentials: check AWS_ACCESS_KEY_ID and "
+                    "AWS_SECRET_ACCESS_KEY (and AWS_REGION)")
+        return f"object store at {endpoint} failed: {text.splitlines()[0]} (check the AWS_* settings)"
+    if not found:
+        return (f"bucket {bucket!r} does not exist at {endpoint}: create it, or fix the lake root "
+                "(--lake / TRAJLAKE_LAKE) or AWS_ENDPOINT_URL")
+    return None
+
+
+def _sql(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
 def list_tables(lake: Lake) -> list[str]:
-    """Names of the Delta tables in the lake, one folder level deep (``events``, ``datasets/nightly``)."""
+    """Names of the Delta tables in the lake, one folder level deep (``events``, ``datasets/nightly``).
+
+    Raises ``StoreUnreachable`` when an object-store lake's bucket does not answer.
+    """
     if lake.is_local:
         root = Path(lake.root.removeprefix("file://"))
         if not root.is_dir():
@@ -51,7 +177,9 @@ def list_tables(lake: Lake) -> list[str]:
             for path in root.glob(pattern)
             if path.is_dir()
         )
-    filesystem, prefix = pafs.FileSystem.from_uri(lake.root)
+    if problem := store_problem(lake.root, lake.storage_options):
+        raise StoreUnreachable(problem)
+    filesystem, prefix = arrow_filesystem(lake.root, lake.storage_options)
     names: list[str] = []
     for parent in ("", *_child_dirs(filesystem, prefix)):
         for child in _child_dirs(filesystem, f"{prefix}/{parent}".rstrip("/")):

@@ -53,7 +53,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from schemas.tables import INGESTED_TABLES
-from store.lake import Lake
+from store.lake import Lake, for_duckdb
 from store.sql import JOINED_VIEWS, QueryError, WriteRefused, joined_view_statements
 from store.tenant_functions import ALLOWED_FUNCTIONS, PARSER_FUNCTIONS
 
@@ -136,7 +136,7 @@ def delta_dataset(lake: Lake, table: str, *, version: int | None = None) -> ds.D
 
     Use it to expose more tables to a tenant (``open_tenant_sandbox(extra=)``).
     """
-    dataset = lake.table(table, version=version).to_pyarrow_dataset()
+    dataset = lake.dataset(table, version=version)
     if TENANT_COLUMN not in dataset.schema.names:
         raise ValueError(f"table {table!r} has no {TENANT_COLUMN!r} column: it cannot be scoped to a tenant")
     return dataset
@@ -149,7 +149,7 @@ def take_snapshot(lake: Lake) -> LakeSnapshot:
     for name in TENANT_TABLES:
         if lake.exists(name):
             delta = lake.table(name)
-            tables[name], versions[name] = delta.to_pyarrow_dataset(), delta.version()
+            tables[name], versions[name] = lake.dataset(delta), delta.version()
         else:
             tables[name], versions[name] = INGESTED_TABLES[name].empty_table(), None
     return LakeSnapshot(tables, versions)
@@ -203,7 +203,7 @@ def open_tenant_sandbox(
     try:
         con.execute("SET enable_progress_bar = false")
         for name, table in tables.items():
-            _register_tenant_relation(con, name, table, tenant)
+            con.register(name, _only_tenant(name, table, tenant))
         relations = set(tables) | _create_joined_views(con)
         con.execute("SET lock_configuration = true")
     except BaseException:
@@ -212,60 +212,10 @@ def open_tenant_sandbox(
     return TenantSandbox(con, tenant, frozenset(relations), limits)
 
 
-def _register_tenant_relation(con: duckdb.DuckDBPyConnection, name: str, table: ds.Dataset | pa.Table,
-                              tenant: str) -> None:
-    """Register ``name`` as the tenant's rows of ``table``: one filtered relation, or a view over two parts.
-
-    Files rewritten by delta-rs (DELETE, OPTIMIZE) can hold ``string_view``
-    where the table says ``string``; Arrow evaluates a dataset filter on the
-    file's own types and has no kernel for ``string`` vs ``string_view``, so
-    neither the tenant filter nor DuckDB's pushed-down filters can run on
-    those files. They are read through a scanner instead (it casts to the
-    table's schema before DuckDB filters), the other files keep the pushdown.
-    """
+def _only_tenant(name: str, table: ds.Dataset | pa.Table, tenant: str) -> ds.Dataset | ds.Scanner | pa.Table:
     if TENANT_COLUMN not in table.schema.names:
         raise ValueError(f"relation {name!r} has no {TENANT_COLUMN!r} column: it cannot be scoped to a tenant")
-    keep = pc.field(TENANT_COLUMN).cast(pa.string()) == pa.scalar(tenant, pa.string())
-    if not isinstance(table, ds.FileSystemDataset):
-        con.register(name, table.filter(keep))
-        return
-    same, rewritten = _split_by_file_types(table)
-    if not rewritten:
-        con.register(name, table.filter(keep))
-        return
-    parts = [_sub_dataset(table, rewritten).scanner(filter=keep)]
-    if same:
-        parts.insert(0, _sub_dataset(table, same).filter(keep))
-    for index, part in enumerate(parts):
-        con.register(f"{name}{_PART_SUFFIX}{index}", part)
-    con.execute(f'CREATE VIEW "{name}" AS '
-                + " UNION ALL ".join(f'SELECT * FROM "{name}{_PART_SUFFIX}{i}"' for i in range(len(parts))))
-
-
-_PART_SUFFIX = "__part"
-_FILE_TYPES_MATCH: dict[str, bool] = {}
-"""File path -> whether its column types are the table's (files never change; bounded by ``_MAX_CACHED_FILES``)."""
-_MAX_CACHED_FILES = 200_000
-
-
-def _split_by_file_types(dataset: ds.FileSystemDataset) -> tuple[list[ds.Fragment], list[ds.Fragment]]:
-    """(fragments whose file types are the dataset's, fragments whose types differ)."""
-    if len(_FILE_TYPES_MATCH) > _MAX_CACHED_FILES:
-        _FILE_TYPES_MATCH.clear()
-    same, other = [], []
-    for fragment in dataset.get_fragments():
-        matches = _FILE_TYPES_MATCH.get(fragment.path)
-        if matches is None:
-            physical = fragment.physical_schema
-            matches = all(physical.field(f.name).type == f.type for f in dataset.schema
-                          if physical.get_field_index(f.name) >= 0)
-            _FILE_TYPES_MATCH[fragment.path] = matches
-        (same if matches else other).append(fragment)
-    return same, other
-
-
-def _sub_dataset(dataset: ds.FileSystemDataset, fragments: list[ds.Fragment]) -> ds.FileSystemDataset:
-    return ds.FileSystemDataset(fragments, schema=dataset.schema, format=dataset.format, filesystem=dataset.filesystem)
+    return for_duckdb(table, filter=pc.field(TENANT_COLUMN).isin([tenant]))
 
 
 def _create_joined_views(con: duckdb.DuckDBPyConnection) -> set[str]:

@@ -83,10 +83,26 @@ def main() -> None:
     except Exception as exc:  # the one error handler: an error no command anticipated, as one line and exit 1
         if logging.getLogger("trajlake").isEnabledFor(logging.DEBUG):
             raise
+        if (problem := _store_problem(sys.argv[1:])) is not None:
+            print(f"error: {problem}", file=sys.stderr)
+            raise SystemExit(2) from None
         first_line = str(exc).strip().partition("\n")[0]
         print(f"error: {type(exc).__name__}: {first_line}\n"
               "(unexpected: trajlake --debug shows where it happened; please report it)", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+def _store_problem(args: list[str]) -> str | None:
+    """After a crash: what is wrong with the lake's object store, if anything (one line)."""
+    from store.storage import storage_options, store_problem
+
+    root = os.environ.get("TRAJLAKE_LAKE", "")
+    for i, arg in enumerate(args):
+        if arg == "--lake" and i + 1 < len(args):
+            root = args[i + 1]
+        elif arg.startswith("--lake="):
+            root = arg.removeprefix("--lake=")
+    return store_problem(root, storage_options(root)) if root else None
 
 
 if __name__ == "__main__":

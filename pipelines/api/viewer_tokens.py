@@ -24,7 +24,6 @@ from pipelines.api.visibility import VisibleVersion, visible_versions
 from pipelines.api.workers import RemoteSandbox
 from pipelines.registry import LINEAGE_TABLE, dataset_table
 from store.lake import Lake
-from store.tenant_sql import delta_dataset
 
 log = logging.getLogger(__name__)
 
@@ -108,19 +107,17 @@ def _newest_version_with(lake: Lake, tenant: str, rollout_id: str) -> VisibleVer
     versions = [v for vs in visible_versions(lake, tenant).values() for v in vs]
     if not versions or not lake.exists(LINEAGE_TABLE):
         return None
-    used = lake.table(LINEAGE_TABLE).to_pyarrow_dataset().to_table(
-        columns=["dataset", "version"],
-        filter=pc.field("rollout_id").cast(pa.string()) == pa.scalar(rollout_id, pa.string()))
+    used = lake.read(
+        LINEAGE_TABLE, columns=["dataset", "version"], filter=pc.field("rollout_id") == pa.scalar(rollout_id, pa.string()))
     holding = set(zip(used["dataset"].to_pylist(), used["version"].to_pylist()))
     found = [v for v in versions if (v.dataset, v.version) in holding and v.read_version is not None]
     return max(found, key=lambda v: (v.row["created_at"], v.version), default=None)
 
 
 def _sample_rows(lake: Lake, version: VisibleVersion, tenant: str, rollout_id: str) -> list[dict[str, Any]]:
-    wanted = (pc.field("rollout_id").cast(pa.string()) == pa.scalar(rollout_id, pa.string())) & (
-        pc.field("tenant").cast(pa.string()) == pa.scalar(tenant, pa.string()))  # files a forget rewrote: string_view
-    rows = delta_dataset(lake, dataset_table(version.dataset), version=version.read_version).to_table(
-        columns=_SAMPLE_COLUMNS, filter=wanted)
+    wanted = (pc.field("rollout_id") == pa.scalar(rollout_id, pa.string())) & (
+        pc.field("tenant") == pa.scalar(tenant, pa.string()))
+    rows = lake.read(dataset_table(version.dataset), version=version.read_version, columns=_SAMPLE_COLUMNS, filter=wanted)
     return sorted(rows.to_pylist(), key=lambda r: r["sample_index"])
 
 

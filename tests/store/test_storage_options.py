@@ -14,3 +14,38 @@ def test_explicit_options_win_and_local_lakes_need_none(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
     assert Lake("s3://bucket/lake", storage_options={"AWS_REGION": "eu"}).storage_options == {"AWS_REGION": "eu"}
     assert dict(Lake(str(tmp_path)).storage_options) == {}
+
+
+def test_duckdb_gets_the_same_endpoint_and_keys_as_delta_rs() -> None:
+    from store.storage import duckdb_secret, storage_options
+
+    env = {"AWS_ACCESS_KEY_ID": "ak", "AWS_SECRET_ACCESS_KEY": "s'k", "AWS_REGION": "eu-west-1",
+           "AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ALLOW_HTTP": "true"}
+    secret = duckdb_secret("s3://b/lake", storage_options("s3://b/lake", env))
+    assert "KEY_ID 'ak'" in secret and "SECRET 's''k'" in secret and "REGION 'eu-west-1'" in secret
+    assert "ENDPOINT '127.0.0.1:9000'" in secret and "USE_SSL false" in secret and "URL_STYLE 'path'" in secret
+    assert "credential_chain" not in secret  # keys given: nothing asks the instance metadata address
+    assert duckdb_secret("/tmp/lake", {}) is None
+
+
+def test_pyarrow_filesystem_follows_the_endpoint(tmp_path) -> None:
+    import pyarrow.fs as pafs
+
+    from store.storage import arrow_filesystem
+
+    filesystem, path = arrow_filesystem("s3://b/lake", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+                                                        "AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "s"})
+    assert isinstance(filesystem, pafs.S3FileSystem) and path == "b/lake"
+    settings = filesystem.__reduce__()[1][0]
+    assert (settings["endpoint_override"], settings["scheme"]) == ("127.0.0.1:9000", "http")
+    assert arrow_filesystem(str(tmp_path), {})[1] == str(tmp_path)
+
+
+def test_a_store_problem_names_the_setting(s3_server, s3_env) -> None:
+    from store.storage import storage_options, store_problem
+
+    root = f"s3://{s3_server.new_bucket()}/lake"
+    assert store_problem(root, storage_options(root)) is None
+    assert "does not exist" in store_problem("s3://missing-bucket/lake", storage_options(root))
+    unreachable = {**storage_options(root), "AWS_ENDPOINT_URL": "http://127.0.0.1:1", "AWS_ENDPOINT": "http://127.0.0.1:1"}
+    assert "AWS_ENDPOINT_URL" in store_problem(root, unreachable)
