@@ -12,8 +12,8 @@ table's own schema in plain Arrow types (``string``, ``list<int32>``):
   ``string_view`` columns (optimize/z-order writes ``string`` again); the
   plain schema casts them back, so every reader sees the catalogue's types.
   PyArrow has no comparison kernels for ``string_view``, so ``scan(filter=)``
-  filters such a file after the cast, and ``for_duckdb`` hands DuckDB a
-  scanner rather than a dataset it would push its WHERE into.
+  filters such a file after the cast, and ``split_rewritten`` lets DuckDB
+  read such files through a scanner rather than push its WHERE into them.
 - deltalake's own PyArrow route (``to_pyarrow_table``/``to_pyarrow_dataset``,
   which scans through deltalake's Rust object store wrapped as a PyArrow
   filesystem) ends the process in SIGABRT at interpreter shutdown ("terminate
@@ -196,18 +196,23 @@ def table_schema(delta: DeltaTable) -> pa.Schema:
     return pa.schema([plain_field(f) for f in pa.schema(delta.schema().to_arrow())])
 
 
-def for_duckdb(data: ds.Dataset | pa.Table, *, filter: pc.Expression | None = None) -> ds.Dataset | ds.Scanner | pa.Table:
-    """What to register in DuckDB for the rows of ``data`` (a ``Lake.dataset`` or a table) matching ``filter``.
+def split_rewritten(dataset: ds.FileSystemDataset) -> tuple[ds.FileSystemDataset | None, ds.FileSystemDataset | None]:
+    """``dataset`` split into (its files in plain types, its files delta-rs rewrote with ``string_view``).
 
     DuckDB pushes its WHERE clauses into a registered dataset, and PyArrow
-    cannot compare ``string_view`` (files delta-rs rewrote): for a dataset
-    with such files this returns a scanner, whose batches DuckDB gets after
-    the cast and filters itself (reading every column of the table). Write
-    ``filter`` with ``is_in`` for string columns: it has view kernels, ``==`` not.
+    cannot compare ``string_view``: register the first part as a dataset (it
+    keeps the pushdown) and the second as a ``scanner()`` (DuckDB gets its
+    batches after the cast to plain types and filters them itself). Either
+    part is None when it holds no file.
     """
-    if isinstance(data, ds.FileSystemDataset) and not all(map(_is_plain, data.get_fragments())):
-        return data.scanner(filter=filter)
-    return data if filter is None else data.filter(filter)
+    plain, rewritten = [], []
+    for fragment in dataset.get_fragments():
+        (plain if _is_plain(fragment) else rewritten).append(fragment)
+
+    def part(fragments: list[ds.Fragment]) -> ds.FileSystemDataset | None:
+        return ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem) if fragments else None
+
+    return part(plain), part(rewritten)
 
 
 _PLAIN_FILES: dict[str, bool] = {}

@@ -53,7 +53,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from schemas.tables import INGESTED_TABLES
-from store.lake import Lake, for_duckdb
+from store.lake import Lake, split_rewritten
 from store.sql import JOINED_VIEWS, QueryError, WriteRefused, joined_view_statements
 from store.tenant_functions import ALLOWED_FUNCTIONS, PARSER_FUNCTIONS
 
@@ -203,7 +203,7 @@ def open_tenant_sandbox(
     try:
         con.execute("SET enable_progress_bar = false")
         for name, table in tables.items():
-            con.register(name, _only_tenant(name, table, tenant))
+            _register_tenant_relation(con, name, table, tenant)
         relations = set(tables) | _create_joined_views(con)
         con.execute("SET lock_configuration = true")
     except BaseException:
@@ -212,10 +212,25 @@ def open_tenant_sandbox(
     return TenantSandbox(con, tenant, frozenset(relations), limits)
 
 
-def _only_tenant(name: str, table: ds.Dataset | pa.Table, tenant: str) -> ds.Dataset | ds.Scanner | pa.Table:
+def _register_tenant_relation(con: duckdb.DuckDBPyConnection, name: str, table: ds.Dataset | pa.Table,
+                              tenant: str) -> None:
+    """Register ``name`` as the tenant's rows of ``table``: one filtered relation, or a view over two parts
+    when delta-rs rewrote some of its files with ``string_view`` (``store.lake.split_rewritten``)."""
     if TENANT_COLUMN not in table.schema.names:
         raise ValueError(f"relation {name!r} has no {TENANT_COLUMN!r} column: it cannot be scoped to a tenant")
-    return for_duckdb(table, filter=pc.field(TENANT_COLUMN).isin([tenant]))
+    keep = pc.field(TENANT_COLUMN).cast(pa.string()) == pa.scalar(tenant, pa.string())
+    plain, rewritten = split_rewritten(table) if isinstance(table, ds.FileSystemDataset) else (table, None)
+    if rewritten is None:
+        con.register(name, (plain if plain is not None else table).filter(keep))
+        return
+    parts = [rewritten.scanner(filter=keep)] if plain is None else [plain.filter(keep), rewritten.scanner(filter=keep)]
+    for index, part in enumerate(parts):
+        con.register(f"{name}{_PART_SUFFIX}{index}", part)
+    con.execute(f'CREATE VIEW "{name}" AS '
+                + " UNION ALL ".join(f'SELECT * FROM "{name}{_PART_SUFFIX}{i}"' for i in range(len(parts))))
+
+
+_PART_SUFFIX = "__part"
 
 
 def _create_joined_views(con: duckdb.DuckDBPyConnection) -> set[str]:
