@@ -22,18 +22,20 @@ def records(messages, partition=0, start=0):
 
 def test_first_copy_wins_and_a_replay_decides_the_same():
     seen = SeenEventIds(max_ids=10)
-    assert not seen.is_duplicate("e1", 0, 5)
-    assert seen.is_duplicate("e1", 0, 9)  # a producer retry
-    assert not seen.is_duplicate("e1", 0, 5)  # the original, replayed after a crash
-    assert seen.is_duplicate("e1", 1, 5)
+    assert not seen.is_duplicate(("a", "e1"), 0, 5)
+    assert seen.is_duplicate(("a", "e1"), 0, 9)  # a producer retry
+    assert not seen.is_duplicate(("a", "e1"), 0, 5)  # the original, replayed after a crash
+    assert seen.is_duplicate(("a", "e1"), 1, 5)
+    assert not seen.is_duplicate(("b", "e1"), 0, 7)  # another tenant's event with the same id
+    assert seen.first_copy(("a", "e1")) == (0, 5)
 
 
 def test_seen_ids_are_bounded_oldest_first():
     seen = SeenEventIds(max_ids=2)
     for i, event_id in enumerate(["a", "b", "c"]):
-        seen.is_duplicate(event_id, 0, i)
+        seen.is_duplicate(("t", event_id), 0, i)
     assert len(seen) == 2
-    assert not seen.is_duplicate("a", 0, 99)  # evicted: the bound is documented
+    assert not seen.is_duplicate(("t", "a"), 0, 99)  # evicted: the bound is documented
     with pytest.raises(ValueError, match="max_ids"):
         SeenEventIds(max_ids=0)
 
@@ -47,7 +49,7 @@ def test_seen_ids_load_from_the_events_table(lake):
                                                                      refresh_offsets=0)
     seen = SeenEventIds()
     assert seen.load(lake, topic="t", partitions=[2]) == len(events)
-    assert seen.is_duplicate(events[0]["event_id"], 2, 1000)
+    assert seen.is_duplicate(("acme", events[0]["event_id"]), 2, 1000)
     assert seen.load(lake, topic="t", partitions=[0]) == 0
 
 
