@@ -41,7 +41,7 @@ from ingest.consumer import AssignmentFlag, open_consumer, report_progress, seek
 from ingest.dead_letters import DeadLetters
 from ingest.dedupe import DEFAULT_MAX_IDS, SeenEventIds
 from ingest.held import LakeRecords, not_held
-from ingest.log_check import LogGuard, LogProbe, LogWentBackwards
+from ingest.log_check import LogGuard, LogProbe, LogUnverifiable, LogWentBackwards
 from ingest.redaction import Redactor
 from ingest.topics import ensure_topic
 from schemas.events import DEFAULT_TOPIC
@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 
 POLL_MS = 200
 """Longest wait inside one poll: bounds how late a stop request or batch deadline is seen."""
+IDLE_LOG_CHECK_S = 5.0
+"""While nothing arrives, re-read the last committed records this often: a log that restarted behind the
+markers is reported within seconds, not when (if ever) it grows past them."""
 
 
 @dataclass(frozen=True)
@@ -219,12 +222,12 @@ class _Loop:
         self.records = LakeRecords(lake, topic=config.topic, seen=self.seen, max_event_bytes=config.max_event_bytes)
         self.batch = Batch()
         self.stats = IngestStats()
-        self.last_activity = time.monotonic()
+        self.last_activity = self.last_log_check = time.monotonic()
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set() and not self._idle_too_long():
-            if self.flag.take():
-                self._resume()
+            if self.flag.take() and not self._resumed():
+                continue
             try:
                 polled = self.consumer.poll(timeout_ms=POLL_MS, max_records=self.config.batch_max_events)
             except (OffsetOutOfRangeError, LogTruncationError) as exc:
@@ -234,7 +237,7 @@ class _Loop:
                 self.flag.raise_()
                 continue
             if self.flag.take():  # records fetched across a rebalance may belong to the old assignment
-                self._resume()
+                self._resumed()
                 continue
             for records in polled.values():
                 self.batch.add(records)
@@ -243,7 +246,35 @@ class _Loop:
                 log.debug("polled batch_in_hand=%d batch_bytes=%d", len(self.batch), self.batch.bytes)
             if self._batch_due(caught_up=not polled):
                 self._commit_batch()
+            elif not polled and not self.batch:
+                self._idle_log_check()
         self._commit_batch()
+        if self.batch:
+            log.warning("stopping with %d messages not committed: the log could not be checked (broker down); "
+                        "they are read again on the next start", len(self.batch))
+
+    def _resumed(self) -> bool:
+        """``_resume``, or False (flag up again, after a pause) when the broker cannot answer the log check."""
+        try:
+            self._resume()
+        except LogUnverifiable as exc:
+            log.warning("cannot check the log against the lake yet, retrying: %s", exc)
+            self.flag.raise_()
+            time.sleep(1.0)
+            return False
+        return True
+
+    def _idle_log_check(self) -> None:
+        if time.monotonic() - self.last_log_check < IDLE_LOG_CHECK_S:
+            return
+        self.last_log_check = time.monotonic()
+        try:
+            problems = self.guard.recheck(sorted(self.stats.partitions))
+        except LogUnverifiable as exc:
+            log.debug("idle log check skipped: %s", exc)
+            return
+        if problems:
+            raise LogWentBackwards(self.config.topic, self.config.group, problems)
 
     def _idle_too_long(self) -> bool:
         """Nothing arrived for ``stop_after_idle_s``; a group join in progress does not count as idle."""
@@ -269,7 +300,11 @@ class _Loop:
         record read is a broker whose end offsets are wrong (tansu after a restart): the batch in hand and
         the positions stay, and the fetch is retried after a pause.
         """
-        problems = self.guard.recheck(sorted(self.stats.partitions))
+        try:
+            problems = self.guard.recheck(sorted(self.stats.partitions))
+        except LogUnverifiable as unverifiable:
+            log.warning("fetch out of range and the log cannot be checked yet: %s", unverifiable)
+            problems = {}
         if problems:
             raise LogWentBackwards(self.config.topic, self.config.group, problems) from exc
         log.info("fetch out of range but the log holds every record read; retrying error=%s", exc)
@@ -313,7 +348,12 @@ class _Loop:
         if not self.batch:
             return
         last_records = self.batch.last_records()
-        problems = self.guard.recheck(sorted(last_records))
+        try:
+            problems = self.guard.recheck(sorted(last_records))
+        except LogUnverifiable as exc:
+            log.warning("batch of %d kept, not committed: %s", len(self.batch), exc)
+            return
+        self.last_log_check = time.monotonic()
         if problems:
             raise LogWentBackwards(self.config.topic, self.config.group, problems)
         try:

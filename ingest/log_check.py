@@ -17,7 +17,10 @@ records:
   anything read from the new log lands in the lake.
 
 ``LogWentBackwards`` names the topic, partitions, markers and what the log
-holds, and the recovery command.
+holds, and the recovery command. A record not found is only called missing
+once the broker has answered a ListOffsets request for its partition; a broker
+that does not answer makes the check ``LogUnverifiable`` (wait and retry),
+never a false alarm.
 """
 
 from __future__ import annotations
@@ -54,6 +57,10 @@ class LogWentBackwards(RuntimeError):
         )
 
 
+class LogUnverifiable(ConnectionError):
+    """The broker did not answer, so the log could not be checked; nothing is committed until it can be."""
+
+
 @dataclass(frozen=True)
 class Fingerprint:
     """The record the ingester read at ``offset``, by a digest of its bytes."""
@@ -77,7 +84,10 @@ class LogProbe:
         )
 
     def read(self, offsets: Mapping[int, int]) -> dict[int, tuple[int, bytes | None] | None]:
-        """Partition -> (offset, value) of the first record at or after the wanted offset; None: the log has none."""
+        """Partition -> (offset, value) of the first record at or after the wanted offset; None: the log has none.
+
+        Raises ``LogUnverifiable`` when a record was not found and the broker does not answer for its partition.
+        """
         if not offsets:
             return {}
         tps = {p: TopicPartition(self.topic, p) for p in offsets}
@@ -99,7 +109,18 @@ class LogProbe:
                     found[tp.partition] = (records[0].offset, records[0].value)
                     self._consumer.pause(tp)
         self._consumer.assign([])
+        if len(found) < len(offsets):
+            self._broker_answers([tps[p] for p in offsets if p not in found])
         return {p: found.get(p) for p in offsets}
+
+    def _broker_answers(self, tps: list[TopicPartition]) -> None:
+        try:
+            ends = self._consumer.end_offsets(tps, timeout_ms=int(self.timeout_s * 1000))
+        except KafkaError as exc:
+            raise LogUnverifiable(f"the broker did not answer for {self.topic} partitions "
+                                  f"{sorted(tp.partition for tp in tps)}: {exc}") from exc
+        log.debug("log probe found no record partitions=%s end_offsets=%s", [tp.partition for tp in tps],
+                  {tp.partition: o for tp, o in ends.items()})
 
     def close(self) -> None:
         try:
