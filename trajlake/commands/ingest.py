@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
+from rich.text import Text
 
 from ingest.consumer import BrokerUnreachable
 from ingest.ingester import IngesterConfig, IngestStats, run_ingester
@@ -37,6 +38,8 @@ class IngestSettings(CommonSettings):
     dedupe_max_ids: int = 1_000_000
     session_timeout_ms: int = 6_000
     heartbeat_interval_ms: int = 2_000
+    bootstrap_timeout_ms: int = 30_000
+    """How long to look for a broker at start (TRAJLAKE_BOOTSTRAP_TIMEOUT_MS)."""
     redaction_rules: Path | None = None
     """JSON/TOML redaction rules applied to every event before it is written (TRAJLAKE_REDACTION_RULES)."""
 
@@ -81,8 +84,8 @@ def ingest(
         partitions=_parse_partitions(partitions), dlq_topic=s.dlq_topic, batch_max_events=s.batch_max_events,
         batch_max_bytes=s.batch_max_bytes, batch_max_ms=s.batch_max_ms, max_event_bytes=s.max_event_bytes,
         dedupe_max_ids=s.dedupe_max_ids, session_timeout_ms=s.session_timeout_ms,
-        heartbeat_interval_ms=s.heartbeat_interval_ms, stop_after_idle_s=stop_after_idle_s, redactor=redactor,
-        recover=recover,
+        heartbeat_interval_ms=s.heartbeat_interval_ms, bootstrap_timeout_ms=s.bootstrap_timeout_ms,
+        stop_after_idle_s=stop_after_idle_s, redactor=redactor, recover=recover,
     )
     console = Console()
     mode = f"partitions {partitions}" if partitions else f"group {s.group}"
@@ -108,7 +111,7 @@ def ingest(
 
 
 def _fail(message: object, *, code: int) -> None:
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, markup=False)
+    Console(stderr=True).print(Text.assemble(("error: ", "bold red"), str(message)), soft_wrap=True)
     raise typer.Exit(code=code)
 
 
