@@ -91,27 +91,32 @@ class LogProbe:
         if not offsets:
             return {}
         tps = {p: TopicPartition(self.topic, p) for p in offsets}
-        self._consumer.assign(list(tps.values()))
-        for p, offset in offsets.items():
-            self._consumer.seek(tps[p], offset)
         found: dict[int, tuple[int, bytes | None] | None] = {}
+        self._assign({p: o for p, o in offsets.items()}, tps)
         deadline = time.monotonic() + self.timeout_s
         while len(found) < len(offsets) and time.monotonic() < deadline:
+            answered = len(found)
             try:
                 polled = self._consumer.poll(timeout_ms=200)
             except OffsetOutOfRangeError as exc:
+                polled = {}
                 for tp in _partitions_of(exc):
                     found.setdefault(tp.partition, None)
-                    self._consumer.pause(tp)
-                continue
             for tp, records in polled.items():
                 if records and tp.partition not in found:
                     found[tp.partition] = (records[0].offset, records[0].value)
-                    self._consumer.pause(tp)
+            if answered < len(found) < len(offsets):
+                # drop the partitions answered (pausing them instead can stall the others' buffered fetches)
+                self._assign({p: o for p, o in offsets.items() if p not in found}, tps)
         self._consumer.assign([])
         if len(found) < len(offsets):
             self._broker_answers([tps[p] for p in offsets if p not in found])
         return {p: found.get(p) for p in offsets}
+
+    def _assign(self, offsets: Mapping[int, int], tps: Mapping[int, TopicPartition]) -> None:
+        self._consumer.assign([tps[p] for p in offsets])
+        for p, offset in offsets.items():
+            self._consumer.seek(tps[p], offset)
 
     def _broker_answers(self, tps: list[TopicPartition]) -> None:
         try:
