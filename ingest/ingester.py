@@ -377,6 +377,7 @@ class _Loop:
         self.stats.batches += 1
         self.stats.commit_retries = sum(t.retries for t in self.tables.all)
         self.batch.clear()
+        self.last_activity = time.monotonic()  # a long commit is not idleness
         report_progress(self.consumer, self.config.topic, decoded.last_offsets)
         self._report()
 
