@@ -145,3 +145,38 @@ def _recreated(broker, topic) -> bool:
     except Exception:  # noqa: BLE001 - the deletion is still in progress
         return False
     return True
+
+
+def test_broker_restarted_with_a_persistent_log_is_no_alarm_and_loses_nothing(s3_server, lake, monkeypatch):
+    """tansu on s3:// storage keeps every record at its offset across SIGKILL (its end offsets are still wrong):
+    the ingester must carry on, neither refusing nor skipping."""
+    monkeypatch.setattr("ingest.broker.port_is_free", lambda port: True)
+    broker = EmbeddedBroker(storage_url=f"s3://{s3_server.new_bucket()}/", env=s3_server.env).start()
+    topic = "events"
+    try:
+        broker.create_topic(topic, partitions=len(PARTITIONS))
+        before, after = list(stream(30, seed=61)), list(stream(30, seed=62))
+        produce(broker.bootstrap_servers, topic, before)
+        latest: dict[str, IngestStats] = {}
+        stop, outcome = threading.Event(), {}
+
+        def ingest() -> None:
+            try:
+                run_ingester(config(broker, topic, lake), stop, on_progress=lambda st: latest.update(stats=st))
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                outcome["error"] = exc
+
+        ingester = threading.Thread(target=ingest, daemon=True)
+        ingester.start()
+        wait_for(lambda: "stats" in latest and latest["stats"].events == len(before), what="the first events")
+        broker.kill()
+        broker.start()
+        produce(broker.bootstrap_servers, topic, after + before[:10])  # and a spool's re-sends
+        wait_for(lambda: latest["stats"].events >= len(before) + len(after) or "error" in outcome,
+                 what="the events sent after the restart", timeout_s=120)
+        stop.set()
+        ingester.join(60)
+        assert "error" not in outcome, repr(outcome.get("error"))
+        assert_exactly_once(lake, before + after)
+    finally:
+        broker.kill()
