@@ -15,6 +15,7 @@ from ingester_support import produce, stream
 from kafka.admin import KafkaAdminClient
 
 from ingest.broker import EmbeddedBroker
+from ingest.consumer import AssignmentFlag, open_consumer
 from ingest.ingester import IngesterConfig, IngestStats, ingest_until_idle, run_ingester
 from ingest.log_check import LogWentBackwards
 from schemas.tables import TYPED_TABLES
@@ -180,3 +181,12 @@ def test_broker_restarted_with_a_persistent_log_is_no_alarm_and_loses_nothing(s3
         assert_exactly_once(lake, before + after)
     finally:
         broker.kill()
+
+
+def test_the_consumer_never_resets_its_own_position(broker, topic):
+    """An out-of-range fetch must reach the ingester as an error (``ingester._Loop._out_of_range``)."""
+    consumer = open_consumer(broker.bootstrap_servers, topic, group=None, partitions=[0], flag=AssignmentFlag())
+    try:
+        assert consumer.config["auto_offset_reset"] == "none"
+    finally:
+        consumer.close()

@@ -91,3 +91,51 @@ def test_input_the_contract_cannot_process_is_quarantined_not_raised():
     reasons = [r.reason for r in decoded.rejected]
     assert "nested too deeply" in reasons[0] and "out of range" in reasons[1]
     assert all(r.field for r in decoded.rejected) and len(reasons) == 4
+
+
+def test_a_replay_below_the_marker_is_checked_against_what_the_lake_holds():
+    events = list(stream(1, seed=11))
+    first = Batch()
+    first.add(records(events, start=100))
+    seen = SeenEventIds()
+    first.decode(seen, max_event_bytes=100_000)  # what the lake holds: these events at 100, 101, ...
+    marker = {0: 100 + len(events) - 1}
+
+    replay = Batch()
+    replay.add(records([*events, events[0]], start=100))  # the same messages, then a retry above the marker
+    decoded = replay.decode(seen, max_event_bytes=100_000, replayed_through=marker)
+    assert decoded.unheld == [] and decoded.events.num_rows == len(events) and decoded.duplicates == 1
+
+    strangers = list(stream(1, seed=12))  # a log that went backwards: other events at the same offsets
+    changed = Batch()
+    changed.add(records(strangers, start=100))
+    decoded = changed.decode(seen, max_event_bytes=100_000, replayed_through=marker)
+    assert decoded.events.num_rows == 0
+    assert [(u.offset, u.event_id) for u in decoded.unheld] == [(100 + i, e["event_id"])
+                                                                for i, e in enumerate(strangers)]
+
+
+def test_an_out_of_range_fetch_is_checked_against_the_log(lake):
+    from kafka import TopicPartition
+    from kafka.errors import OffsetOutOfRangeError
+
+    from ingest.consumer import AssignmentFlag
+    from ingest.ingester import _Loop, _Tables
+    from ingest.log_check import LogWentBackwards
+
+    class Guard:
+        def __init__(self, problems):
+            self.problems = problems
+
+        def recheck(self, partitions):
+            return self.problems
+
+    def loop(guard) -> _Loop:
+        config = IngesterConfig(lake=lake.root, bootstrap_servers="unused", topic="t")
+        return _Loop(config, lake, _Tables(lake, group="g", topic="t"), None, None, AssignmentFlag(), None, guard)
+
+    out_of_range = OffsetOutOfRangeError({TopicPartition("t", 0): 500})
+    loop(Guard({}))._out_of_range(out_of_range)  # the log still holds what was read (tansu's wrong end offsets)
+    with pytest.raises(LogWentBackwards, match="partition 0: marker 499"):
+        loop(Guard({0: "marker 499, but the log holds no record at offset 499"}))._out_of_range(out_of_range)
+
