@@ -60,7 +60,8 @@ def ingest(
     stop_after_idle_s: float | None = typer.Option(None, min=0.1, help="Exit once nothing arrived for this many seconds."),
     redaction_rules: Path | None = typer.Option(None, help="Redaction rules file (.json/.toml)."),
     recover: bool = typer.Option(False, "--recover", help="Re-read partitions whose log went backwards from their "
-                                 "earliest offset; write only events the lake does not hold yet."),
+                                 "earliest offset; write only events the lake does not hold yet (checked against the "
+                                 "tables, so slower: run until caught up, then restart without it)."),
 ) -> None:
     """Consume trajectory events and append them to the lake's Delta tables, exactly once.
 
