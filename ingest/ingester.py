@@ -165,8 +165,7 @@ def run_ingester(config: IngesterConfig, stop: threading.Event, *, on_progress: 
         tables = _Tables(lake, group=config.group, topic=config.topic)
         probe = LogProbe(config.bootstrap_servers, config.topic)
         dead_letters = _open_dead_letters(config)
-        loop = _Loop(config, lake, tables, consumer, dead_letters, flag, on_progress,
-                     LogGuard(probe, topic=config.topic, group=config.group))
+        loop = _Loop(config, lake, tables, consumer, dead_letters, flag, on_progress, probe)
         try:
             loop.run(stop)
         finally:
@@ -219,11 +218,12 @@ class _Loop:
 
     def __init__(self, config: IngesterConfig, lake: Lake, tables: _Tables, consumer: KafkaConsumer,
                  dead_letters: DeadLetters | None, flag: AssignmentFlag, on_progress: OnProgress | None,
-                 guard: LogGuard) -> None:
+                 probe: LogProbe) -> None:
         self.config, self.lake, self.tables, self.consumer = config, lake, tables, consumer
-        self.dead_letters, self.flag, self.on_progress, self.guard = dead_letters, flag, on_progress, guard
+        self.dead_letters, self.flag, self.on_progress = dead_letters, flag, on_progress
         self.seen = SeenEventIds(max_ids=config.dedupe_max_ids)
         self.records = LakeRecords(lake, topic=config.topic, seen=self.seen, max_event_bytes=config.max_event_bytes)
+        self.guard = LogGuard(probe, topic=config.topic, group=config.group, lake_has=self.records.has_at)
         self.batch = Batch()
         self.stats = IngestStats()
         self.last_activity = self.last_log_check = time.monotonic()
@@ -322,7 +322,7 @@ class _Loop:
         resume = resume_offsets(self.tables.all, parts)
         ids = self.seen.load(self.lake, topic=self.config.topic, partitions=parts)
         self.records.load({p: o or 0 for p, o in resume.items()})
-        problems = self.guard.check_markers(self._furthest_markers(parts), self.records.holds)
+        problems = self.guard.check_markers(self._furthest_markers(parts))
         if problems and not self.config.recover:
             raise LogWentBackwards(self.config.topic, self.config.group, problems)
         if problems:
