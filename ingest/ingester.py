@@ -227,11 +227,17 @@ class _Loop:
         self.batch = Batch()
         self.stats = IngestStats()
         self.last_activity = self.last_log_check = time.monotonic()
+        self.unverified = False
+        """The batch in hand waits for a log check the broker could not answer."""
         self.pool = ThreadPoolExecutor(max_workers=len(tables.all), thread_name_prefix="commit")
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set() and not self._idle_too_long():
             if self.flag.take() and not self._resumed():
+                continue
+            if self.unverified:  # no more records into a batch the log check could not pass yet
+                time.sleep(1.0)
+                self._commit_batch()
                 continue
             try:
                 polled = self.consumer.poll(timeout_ms=POLL_MS, max_records=self.config.batch_max_events)
@@ -318,6 +324,7 @@ class _Loop:
     def _resume(self) -> None:
         """Drop the batch in hand, re-read the markers of the assigned partitions, check the log, seek past them."""
         self.batch.clear()
+        self.unverified = False
         parts = sorted(tp.partition for tp in self.consumer.assignment() if tp.topic == self.config.topic)
         resume = resume_offsets(self.tables.all, parts)
         ids = self.seen.load(self.lake, topic=self.config.topic, partitions=parts)
@@ -357,7 +364,9 @@ class _Loop:
             problems = self.guard.recheck(sorted(last_records))
         except LogUnverifiable as exc:
             log.warning("batch of %d kept, not committed: %s", len(self.batch), exc)
+            self.unverified = True
             return
+        self.unverified = False
         self.last_log_check = time.monotonic()
         if problems:
             raise LogWentBackwards(self.config.topic, self.config.group, problems)
