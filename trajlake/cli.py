@@ -10,6 +10,7 @@ import importlib
 import logging
 import os
 import pkgutil
+import signal
 import sys
 
 import typer
@@ -63,6 +64,11 @@ def build_app() -> typer.Typer:
     return app
 
 
+STOPPABLE_WHILE_STARTING = frozenset({"ingest"})
+"""Services for which SIGTERM during start-up (seconds of imports) is a clean stop, exit 0; each installs
+its own stop handler first thing once it runs."""
+
+
 def _add_epilog(app: typer.Typer) -> None:
     """Every command's --help ends with the exit codes."""
     for command in app.registered_commands:
@@ -73,6 +79,8 @@ def _add_epilog(app: typer.Typer) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:2] and sys.argv[1] in STOPPABLE_WHILE_STARTING:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         configure_logging(os.environ.get("TRAJLAKE_LOG_LEVEL", "WARNING"))
     except ValueError as exc:

@@ -22,18 +22,20 @@ def records(messages, partition=0, start=0):
 
 def test_first_copy_wins_and_a_replay_decides_the_same():
     seen = SeenEventIds(max_ids=10)
-    assert not seen.is_duplicate("e1", 0, 5)
-    assert seen.is_duplicate("e1", 0, 9)  # a producer retry
-    assert not seen.is_duplicate("e1", 0, 5)  # the original, replayed after a crash
-    assert seen.is_duplicate("e1", 1, 5)
+    assert not seen.is_duplicate(("a", "e1"), 0, 5)
+    assert seen.is_duplicate(("a", "e1"), 0, 9)  # a producer retry
+    assert not seen.is_duplicate(("a", "e1"), 0, 5)  # the original, replayed after a crash
+    assert seen.is_duplicate(("a", "e1"), 1, 5)
+    assert not seen.is_duplicate(("b", "e1"), 0, 7)  # another tenant's event with the same id
+    assert seen.first_copy(("a", "e1")) == (0, 5)
 
 
 def test_seen_ids_are_bounded_oldest_first():
     seen = SeenEventIds(max_ids=2)
     for i, event_id in enumerate(["a", "b", "c"]):
-        seen.is_duplicate(event_id, 0, i)
+        seen.is_duplicate(("t", event_id), 0, i)
     assert len(seen) == 2
-    assert not seen.is_duplicate("a", 0, 99)  # evicted: the bound is documented
+    assert not seen.is_duplicate(("t", "a"), 0, 99)  # evicted: the bound is documented
     with pytest.raises(ValueError, match="max_ids"):
         SeenEventIds(max_ids=0)
 
@@ -47,7 +49,7 @@ def test_seen_ids_load_from_the_events_table(lake):
                                                                      refresh_offsets=0)
     seen = SeenEventIds()
     assert seen.load(lake, topic="t", partitions=[2]) == len(events)
-    assert seen.is_duplicate(events[0]["event_id"], 2, 1000)
+    assert seen.is_duplicate(("acme", events[0]["event_id"]), 2, 1000)
     assert seen.load(lake, topic="t", partitions=[0]) == 0
 
 
@@ -89,3 +91,92 @@ def test_input_the_contract_cannot_process_is_quarantined_not_raised():
     reasons = [r.reason for r in decoded.rejected]
     assert "nested too deeply" in reasons[0] and "out of range" in reasons[1]
     assert all(r.field for r in decoded.rejected) and len(reasons) == 4
+
+
+def test_a_replay_below_the_marker_is_checked_against_what_the_lake_holds():
+    events = list(stream(1, seed=11))
+    first = Batch()
+    first.add(records(events, start=100))
+    seen = SeenEventIds()
+    first.decode(seen, max_event_bytes=100_000)  # what the lake holds: these events at 100, 101, ...
+    marker = {0: 100 + len(events) - 1}
+
+    replay = Batch()
+    replay.add(records([*events, events[0]], start=100))  # the same messages, then a retry above the marker
+    decoded = replay.decode(seen, max_event_bytes=100_000, replayed_through=marker)
+    assert decoded.unheld == [] and decoded.events.num_rows == len(events) and decoded.duplicates == 1
+
+    strangers = list(stream(1, seed=12))  # a log that went backwards: other events at the same offsets
+    changed = Batch()
+    changed.add(records(strangers, start=100))
+    decoded = changed.decode(seen, max_event_bytes=100_000, replayed_through=marker)
+    assert decoded.events.num_rows == 0
+    assert [(u.offset, u.event_id) for u in decoded.unheld] == [(100 + i, e["event_id"])
+                                                                for i, e in enumerate(strangers)]
+
+
+def test_an_out_of_range_fetch_is_checked_against_the_log(lake):
+    from kafka import TopicPartition
+    from kafka.errors import OffsetOutOfRangeError
+
+    from ingest.consumer import AssignmentFlag
+    from ingest.ingester import _Loop, _Tables
+    from ingest.log_check import LogWentBackwards
+
+    class Guard:
+        def __init__(self, problems):
+            self.problems = problems
+
+        def recheck(self, partitions):
+            return self.problems
+
+    def loop(guard) -> _Loop:
+        config = IngesterConfig(lake=lake.root, bootstrap_servers="unused", topic="t")
+        made = _Loop(config, lake, _Tables(lake, group="g", topic="t"), None, None, AssignmentFlag(), None, None)
+        made.guard = guard
+        return made
+
+    out_of_range = OffsetOutOfRangeError({TopicPartition("t", 0): 500})
+    loop(Guard({}))._out_of_range(out_of_range)  # the log still holds what was read (tansu's wrong end offsets)
+    with pytest.raises(LogWentBackwards, match="partition 0: marker 499"):
+        loop(Guard({0: "marker 499, but the log holds no record at offset 499"}))._out_of_range(out_of_range)
+
+
+
+class FakeProbe:
+    """Serves records from a dict, and nothing at the offsets in ``silent`` (a slow broker)."""
+
+    def __init__(self, log: dict[int, bytes], silent: set[int] = frozenset()):
+        self.log, self.silent = log, silent
+
+    def read(self, offsets):
+        out = {}
+        for p, wanted in offsets.items():
+            at = min(self.log, default=None) if wanted is None else wanted
+            out[p] = None if at in self.silent or at not in self.log else (at, self.log[at])
+        return out
+
+    def end_offsets(self, partitions):
+        return {p: max(self.log, default=-1) + 1 for p in partitions}
+
+
+def test_a_record_the_broker_does_not_serve_is_no_false_alarm():
+    from ingest.log_check import LogGuard, LogUnverifiable
+
+    lake = {0: b"a", 1: b"b", 2: b"c"}  # what the lake holds, per offset of partition 0
+    lake_has = lambda p, o, value: lake.get(o) == value  # noqa: E731
+
+    same_log_slow = LogGuard(FakeProbe({0: b"a", 1: b"b", 2: b"c"}, silent={2}), topic="t", group="g",
+                             lake_has=lake_has)
+    with pytest.raises(LogUnverifiable):  # tansu on S3 after a restart: nothing yet at the marker
+        same_log_slow.check_markers({0: 2})
+
+    restarted = LogGuard(FakeProbe({0: b"x"}), topic="t", group="g", lake_has=lake_has)
+    assert "is not the one the lake holds" in restarted.check_markers({0: 2})[0]
+    emptied = LogGuard(FakeProbe({}), topic="t", group="g", lake_has=lake_has)
+    assert "the log is empty" in emptied.check_markers({0: 2})[0]
+
+    same_log = LogGuard(FakeProbe({0: b"a", 1: b"b", 2: b"c"}), topic="t", group="g", lake_has=lake_has)
+    assert same_log.check_markers({0: 2}) == {}
+    same_log.probe.log[2] = b"z"  # the log changed under a running ingester
+    assert "changed since it was read" in same_log.recheck([0])[0]

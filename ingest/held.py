@@ -1,0 +1,114 @@
+"""What the lake holds of a partition's messages: the truth a replayed or probed record is checked against.
+
+A message the ingester has passed (at or below a marker) is held when the lake
+has it: a valid event whose (tenant, event_id) is in ``events`` (at that offset,
+or as the first copy of a duplicate), an invalid message with a ``quarantine``
+row at that offset, or an event ``trajlake forget`` deleted on purpose (its
+tenant and rollout are in ``forget_audit``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ingest.batch import decode
+from ingest.dedupe import EventKey, SeenEventIds
+from schemas.errors import InvalidEvent
+from store.forget import AUDIT_TABLE
+from store.lake import Lake
+
+
+class LakeRecords:
+    """Answers "does the lake hold this message?" for the assigned partitions of one topic."""
+
+    def __init__(self, lake: Lake, *, topic: str, seen: SeenEventIds, max_event_bytes: int) -> None:
+        self.lake, self.topic, self.seen, self.max_event_bytes = lake, topic, seen, max_event_bytes
+        self._quarantined: set[tuple[int, int]] = set()
+        self._forgotten: set[tuple[str | None, str]] = set()
+        self._rewound: dict[int, datetime] = {}
+
+    def load(self, since: Mapping[int, int], *, rewound_ms: Mapping[int, int | None]) -> None:
+        """Remember the quarantined positions at or after ``since`` (partition -> offset), what was forgotten,
+        and when each partition was last rewound by ``--recover`` (rows ingested before are of a log that is gone)."""
+        self._rewound = {p: datetime.fromtimestamp(ms / 1000, timezone.utc) for p, ms in rewound_ms.items()
+                         if ms is not None}
+        self._quarantined = set()
+        if since and self.lake.exists("quarantine"):
+            rows = self.lake.table("quarantine").to_pyarrow_table(
+                columns=["kafka_partition", "kafka_offset"],
+                filters=[("kafka_topic", "=", self.topic), ("kafka_partition", "in", list(since))],
+            )
+            for p, o in zip(rows.column("kafka_partition").to_pylist(), rows.column("kafka_offset").to_pylist()):
+                if o >= since[p]:
+                    self._quarantined.add((p, o))
+        self._forgotten = _forgotten(self.lake)
+
+    def quarantined(self, partition: int, offset: int) -> bool:
+        """Whether ``quarantine`` holds the message at this offset (positions since the resume point are cached)."""
+        return (partition, offset) in self._quarantined or self._rows_at("quarantine", partition, offset,
+                                                                          ["kafka_offset"]).num_rows > 0
+
+    def has_at(self, partition: int, offset: int, value: bytes | None) -> bool:
+        """Whether the lake holds this very message at this offset: the newest ``events`` row there carries its
+        event_id; without an events row there, ``holds`` decides (a duplicate, a quarantined or forgotten one)."""
+        rows = self._rows_at("events", partition, offset, ["event_id", "ingested_at"])
+        if partition in self._rewound and rows.num_rows:
+            rows = rows.filter(pc.greater_equal(rows.column("ingested_at"), pa.scalar(self._rewound[partition],
+                                                                                     rows.schema.field("ingested_at").type)))
+        if rows.num_rows == 0:
+            return self.holds(partition, offset, value)
+        newest = rows.sort_by([("ingested_at", "descending")]).column("event_id")[0].as_py()
+        try:
+            return decode(value, max_bytes=self.max_event_bytes).event_id == newest
+        except InvalidEvent:
+            return False
+
+    def _rows_at(self, table: str, partition: int, offset: int, columns: list[str]) -> pa.Table:
+        if not self.lake.exists(table):
+            return pa.table({c: [] for c in columns})
+        return self.lake.table(table).to_pyarrow_table(columns=columns, filters=[
+            ("kafka_topic", "=", self.topic), ("kafka_partition", "=", partition), ("kafka_offset", "=", offset)])
+
+    def holds(self, partition: int, offset: int, value: bytes | None) -> bool:
+        """Whether the lake holds (or deliberately forgot) the message read at ``partition``/``offset``."""
+        try:
+            event = decode(value, max_bytes=self.max_event_bytes)
+        except InvalidEvent:
+            return self.quarantined(partition, offset)
+        key = (event.tenant, event.event_id)
+        return self.seen.first_copy(key) is not None or self.forgotten(event.tenant, event.rollout_id) \
+            or key in self.stored_keys([key])
+
+    def forgotten(self, tenant: str, rollout_id: str) -> bool:
+        return (tenant, rollout_id) in self._forgotten or (None, rollout_id) in self._forgotten
+
+    def stored_keys(self, keys: Iterable[EventKey], table: str = "events") -> set[EventKey]:
+        """Which of ``keys`` the table holds, read from the table itself (not from memory)."""
+        wanted = set(keys)
+        if not wanted or not self.lake.exists(table):
+            return set()
+        stored = self.lake.table(table).to_pyarrow_table(
+            columns=["tenant", "event_id"], filters=[("event_id", "in", sorted({e for _, e in wanted}))],
+        )
+        found = zip(stored.column("tenant").to_pylist(), stored.column("event_id").to_pylist())
+        return {k for k in found if k in wanted}
+
+
+def not_held(rows: pa.Table, held: set[EventKey]) -> pa.Table:
+    """The rows whose (tenant, event_id) is not in ``held``."""
+    if not held or rows.num_rows == 0:
+        return rows
+    keys = zip(rows.column("tenant").to_pylist(), rows.column("event_id").to_pylist())
+    return rows.filter(pa.array([k not in held for k in keys], type=pa.bool_()))
+
+
+def _forgotten(lake: Lake) -> set[tuple[str | None, str]]:
+    """(tenant, rollout_id) pairs that ``trajlake forget`` deleted; tenant None when the request named none."""
+    if not lake.exists(AUDIT_TABLE):
+        return set()
+    audit = lake.read(AUDIT_TABLE, columns=["tenant", "rollouts"]).to_pylist()
+    return {(row["tenant"], r) for row in audit for r in row["rollouts"] or []}

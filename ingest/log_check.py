@@ -1,0 +1,247 @@
+"""Is the log still the one the lake's markers describe? Checked by reading records, not end offsets.
+
+A Kafka log can go backwards under an ingester: the embedded broker's memory
+storage starts again at offset 0 after a restart, a topic can be deleted and
+recreated, a consumer can be pointed at another cluster. Markers in the lake
+then point past data the ingester never read, and seeking to them would skip
+it without a word. End offsets cannot tell (tansu reports the last batch's
+base offset + 1, measured: 1 with 100 records, 9 with 10), so the guard reads
+records:
+
+* on every (re)assignment, the record at each partition's marker must exist and
+  be the one the lake holds there (the ``events`` row at that offset has its
+  event_id; without one: its duplicate's first copy, or a quarantined message
+  at that offset);
+* before every commit, the record at the last committed offset must still be
+  the very record the ingester read there (a digest of its bytes), so a log
+  that restarted or was recreated under a running ingester is caught before
+  anything read from the new log lands in the lake.
+
+``LogWentBackwards`` names the topic, partitions, markers and what the log
+holds, and the recovery command. A record that does not come back (tansu on
+object storage can answer a fetch with nothing, or out of range, for a while)
+is never taken as missing by itself: the log's earliest record decides. If it
+is the one the lake holds at its offset, this is still the log that was read
+and the check is ``LogUnverifiable`` (wait and retry); if not, the log went
+backwards. A broker that does not answer is ``LogUnverifiable`` too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError, OffsetOutOfRangeError
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 5.0
+"""How long to wait for a record before concluding the log does not hold it (tansu answers in ~0.1 s)."""
+
+Held = Callable[[int, int, bytes | None], bool]
+"""(partition, offset, message value) -> whether the lake holds that very message at that offset."""
+
+
+class LogWentBackwards(RuntimeError):
+    """The log no longer holds what the lake's markers say was read: restarted, truncated or recreated."""
+
+    def __init__(self, topic: str, group: str, problems: Mapping[int, str]) -> None:
+        self.topic, self.group, self.problems = topic, group, dict(problems)
+        where = "; ".join(f"partition {p}: {why}" for p, why in sorted(problems.items()))
+        super().__init__(
+            f"topic {topic!r} no longer matches the lake's markers of group {group!r}: {where}. "
+            "Nothing past the markers was written. If the log was reset or the topic recreated, run "
+            "`trajlake ingest --recover` with the same --lake, --topic and --group: it re-reads these partitions "
+            "from their earliest offset and writes only events the lake does not hold yet"
+        )
+
+
+class LogUnverifiable(ConnectionError):
+    """The broker did not answer, so the log could not be checked; nothing is committed until it can be."""
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """The record the ingester read at ``offset``, by a digest of its bytes."""
+
+    offset: int
+    digest: bytes
+
+    @classmethod
+    def of(cls, offset: int, value: bytes | None) -> Fingerprint:
+        return cls(offset, hashlib.blake2b(value or b"", digest_size=16).digest())
+
+
+class LogProbe:
+    """A second consumer, without a group, that reads the record at given offsets."""
+
+    def __init__(self, bootstrap_servers: str, topic: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+        self.topic, self.timeout_s = topic, timeout_s
+        self._consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False, auto_offset_reset="none",
+            fetch_max_wait_ms=100, max_partition_fetch_bytes=1024 * 1024,
+        )
+
+    def read(self, offsets: Mapping[int, int | None]) -> dict[int, tuple[int, bytes | None] | None]:
+        """Partition -> (offset, value) of the first record at or after the wanted offset (None: the earliest);
+        None when none came back within the timeout.
+
+        Raises ``LogUnverifiable`` when a record was not found and the broker does not answer for its partition.
+        """
+        if not offsets:
+            return {}
+        tps = {p: TopicPartition(self.topic, p) for p in offsets}
+        found: dict[int, tuple[int, bytes | None] | None] = {}
+        self._assign({p: o for p, o in offsets.items()}, tps)
+        deadline = time.monotonic() + self.timeout_s
+        while len(found) < len(offsets) and time.monotonic() < deadline:
+            answered = len(found)
+            try:
+                polled = self._consumer.poll(timeout_ms=200)
+            except OffsetOutOfRangeError as exc:
+                polled = {}
+                for tp in _partitions_of(exc):
+                    found.setdefault(tp.partition, None)
+            for tp, records in polled.items():
+                if records and tp.partition not in found:
+                    found[tp.partition] = (records[0].offset, records[0].value)
+            if answered < len(found) < len(offsets):
+                # drop the partitions answered (pausing them instead can stall the others' buffered fetches)
+                self._assign({p: o for p, o in offsets.items() if p not in found}, tps)
+        self._consumer.assign([])
+        if len(found) < len(offsets):
+            self._broker_answers([tps[p] for p in offsets if p not in found])
+        return {p: found.get(p) for p in offsets}
+
+    def _assign(self, offsets: Mapping[int, int | None], tps: Mapping[int, TopicPartition]) -> None:
+        self._consumer.assign([tps[p] for p in offsets])
+        for p, offset in offsets.items():
+            if offset is None:
+                self._consumer.seek_to_beginning(tps[p])
+            else:
+                self._consumer.seek(tps[p], offset)
+
+    def _broker_answers(self, tps: list[TopicPartition]) -> dict[int, int]:
+        try:
+            ends = self._consumer.end_offsets(tps, timeout_ms=int(self.timeout_s * 1000))
+        except KafkaError as exc:
+            raise LogUnverifiable(f"the broker did not answer for {self.topic} partitions "
+                                  f"{sorted(tp.partition for tp in tps)}: {exc}") from exc
+        log.debug("log probe found no record partitions=%s end_offsets=%s", [tp.partition for tp in tps],
+                  {tp.partition: o for tp, o in ends.items()})
+        return {tp.partition: o for tp, o in ends.items()}
+
+    def end_offsets(self, partitions: list[int]) -> dict[int, int]:
+        """What the broker reports as each partition's end (wrong on tansu unless 0: use only to tell empty)."""
+        return self._broker_answers([TopicPartition(self.topic, p) for p in partitions])
+
+    def close(self) -> None:
+        try:
+            self._consumer.close(autocommit=False)
+        except KafkaError as exc:  # closing a probe of a broker that went away
+            log.debug("log probe close error=%s", exc)
+
+
+class LogGuard:
+    """Checks the log against the lake on assignment and against what was read before each commit.
+
+    ``lake_has(partition, offset, value)`` says whether the lake holds that very message at that offset
+    (``ingest.held.LakeRecords.has_at``).
+    """
+
+    def __init__(self, probe: LogProbe, *, topic: str, group: str, lake_has: Held) -> None:
+        self.probe, self.topic, self.group, self.lake_has = probe, topic, group, lake_has
+        self._read: dict[int, Fingerprint] = {}
+
+    def check_markers(self, markers: Mapping[int, int | None]) -> dict[int, str]:
+        """Problems per partition whose record at its marker is missing or not the one the lake holds."""
+        self._read = {p: f for p, f in self._read.items() if p in markers}
+        wanted = {p: m for p, m in markers.items() if m is not None and m >= 0}
+        got = self.probe.read(wanted)
+        problems: dict[int, str] = {}
+        for p, marker in wanted.items():
+            record = got[p]
+            if record is None:
+                continue
+            if record[0] != marker:
+                problems[p] = _gone(marker, record[0])
+            elif not self.lake_has(p, marker, record[1]):
+                problems[p] = (f"marker {marker}, but the record at offset {marker} is not the one the lake holds "
+                               "(topic recreated, or another cluster?)")
+            else:
+                self._read[p] = Fingerprint.of(marker, record[1])
+        return self._unanswered(wanted, got, problems)
+
+    def recheck(self, partitions: list[int]) -> dict[int, str]:
+        """Problems per partition whose last committed record is no longer the one that was read."""
+        wanted = {p: self._read[p] for p in partitions if p in self._read}
+        offsets = {p: f.offset for p, f in wanted.items()}
+        got = self.probe.read(offsets)
+        problems: dict[int, str] = {}
+        for p, expected in wanted.items():
+            record = got[p]
+            if record is None:
+                continue
+            if record[0] != expected.offset:
+                problems[p] = _gone(expected.offset, record[0])
+            elif Fingerprint.of(record[0], record[1]) != expected:
+                problems[p] = (f"marker {expected.offset}, but the record at offset {expected.offset} changed since "
+                               "it was read (log restarted or topic recreated under the ingester?)")
+        return self._unanswered(offsets, got, problems)
+
+    def _unanswered(self, offsets: Mapping[int, int], got: Mapping[int, tuple[int, bytes | None] | None],
+                    problems: dict[int, str]) -> dict[int, str]:
+        """For partitions whose record at the marker did not come back, tell a log that went backwards from a
+        slow broker (tansu on object storage can answer a fetch with nothing, or out of range, for a while).
+
+        The log's earliest record decides: if it is the one the lake holds at that offset, this is still the
+        log that was read (``LogUnverifiable``: retry later); if it is another, the log went backwards. A log
+        with no record at all whose end offset is 0 is empty (tansu's wrong end offsets are >= 1 otherwise).
+        """
+        missing = {p: o for p, o in offsets.items() if got.get(p) is None}
+        if not missing:
+            return problems
+        earliest = self.probe.read({p: None for p in missing})
+        unserved = [p for p in missing if earliest[p] is None]
+        ends = self.probe.end_offsets(unserved) if unserved else {}
+        slow: list[int] = []
+        for p, marker in missing.items():
+            first = earliest[p]
+            if first is None and ends.get(p) == 0:
+                problems[p] = (f"marker {marker}, but the log is empty (broker restarted with memory storage, "
+                               "or topic recreated?)")
+            elif first is None:
+                slow.append(p)
+            elif first[0] > marker:
+                problems[p] = _gone(marker, first[0])
+            elif self.lake_has(p, first[0], first[1]):
+                slow.append(p)
+            else:
+                problems[p] = (f"marker {marker}, but the log holds no record at offset {marker} and its record at "
+                               f"offset {first[0]} is not the one the lake holds there (broker restarted with memory "
+                               "storage, topic recreated, or another cluster?)")
+        if slow and not problems:
+            raise LogUnverifiable(f"the broker did not serve {self.topic} partitions {slow} at their markers yet")
+        return problems
+
+    def remember(self, partition: int, offset: int, value: bytes | None) -> None:
+        """The last record of a committed batch: what ``recheck`` expects at that offset next time."""
+        self._read[partition] = Fingerprint.of(offset, value)
+
+    def forget(self, partition: int) -> None:
+        self._read.pop(partition, None)
+
+
+def _gone(marker: int, first: int) -> str:
+    return (f"marker {marker}, but the log's first record from there is at offset {first} "
+            "(records the lake says were read are gone: truncated, or deleted by retention before they were read)")
+
+
+def _partitions_of(exc: OffsetOutOfRangeError) -> list[TopicPartition]:
+    """kafka-python raises ``OffsetOutOfRangeError({tp: offset})``."""
+    arg = exc.args[0] if exc.args else {}
+    return list(arg) if isinstance(arg, dict) else []
