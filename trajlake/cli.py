@@ -19,6 +19,8 @@ import trajlake.commands
 from trajlake.options import EXIT_CODES
 
 OWN_PACKAGES = ("schemas", "store", "ingest", "pipelines", "trainer", "trajlake")
+LOUD_LIBRARIES = ("DeepSpeed", "torch", "transformers", "urllib3", "filelock")
+"""Libraries that set their own logger level (DeepSpeed logs at INFO with its own handler): WARNING unless DEBUG."""
 """Loggers at TRAJLAKE_LOG_LEVEL; every other library logs WARNING and up only, unless the level is DEBUG."""
 SILENT_LIBRARIES = ("kafka",)
 """Libraries whose errors our code reports in its own words (kafka-python logs every reconnect attempt as
@@ -36,6 +38,8 @@ def configure_logging(level_name: str) -> None:
     logging.getLogger().setLevel(level if debug else max(level, logging.WARNING))
     for name in OWN_PACKAGES:
         logging.getLogger(name).setLevel(level)
+    for name in LOUD_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.NOTSET if debug else logging.WARNING)
     for name in SILENT_LIBRARIES:
         logging.getLogger(name).setLevel(logging.NOTSET if debug else logging.CRITICAL)
 

@@ -78,8 +78,8 @@ def _follow_output(broker, lake, tiny_model_dir, *extra: str) -> str:
     cli = Path(sys.executable).parent / "trajlake"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env |= {"TRAJLAKE_LOG_LEVEL": "INFO", "TRAJLAKE_CONTROL_TOPIC": f"control-{os.urandom(4).hex()}", "COLUMNS": "200"}
-    cmd = [str(cli), "train", "--follow", "--lake", lake.root, "--bootstrap-servers", broker.bootstrap_servers,
-           "--model", str(tiny_model_dir), *extra]  # fmt: skip
+    cmd = [str(cli), *extra, "train", "--follow", "--lake", lake.root, "--bootstrap-servers", broker.bootstrap_servers,
+           "--model", str(tiny_model_dir)]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     try:

@@ -9,7 +9,6 @@ alone prints and writes tables.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import threading
@@ -55,18 +54,6 @@ class TrainSettings(CommonSettings):
     """How long a version stays claimed by a trainer that stopped renewing (TRAJLAKE_TRAIN_LEASE_S)."""
 
 
-LIBRARY_LOGGERS = ("kafka", "DeepSpeed", "torch", "transformers", "urllib3", "filelock")
-"""Libraries whose logs below WARNING only ``--debug`` shows (kafka-python logs every connection at INFO)."""
-
-
-def _library_logs(*, debug: bool) -> None:
-    """Keep library logs at WARNING whatever TRAJLAKE_LOG_LEVEL says, unless ``--debug`` (then everything)."""
-    if debug:
-        logging.getLogger().setLevel(logging.DEBUG)
-    for name in LIBRARY_LOGGERS:
-        logging.getLogger(name).setLevel(logging.NOTSET if debug else logging.WARNING)
-
-
 def _is_main_rank() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
@@ -95,10 +82,8 @@ def train(
     poll_s: float | None = typer.Option(None, min=0.1, help="Registry poll interval of --follow (default 30 s)."),
     metrics_port: int | None = typer.Option(None, min=1, max=65535, help="Serve Prometheus metrics on this port (/metrics, rank 0)."),
     retry: str | None = typer.Option(None, help="NAME@VERSION that failed (e.g. refused at validation): followers train it again."),
-    debug: bool = typer.Option(False, "--debug", help="Show library logs (kafka-python, DeepSpeed...) below WARNING."),
 ) -> None:
     """Train on a dataset version with DeepSpeed and record the checkpoint and its lineage."""
-    _library_logs(debug=debug)
     s = TrainSettings(**{k: v for k, v in dict(lake=lake, bootstrap_servers=bootstrap_servers, train_out=out,
                                                  train_model=model, follow_poll_s=poll_s).items() if v is not None})  # fmt: skip
     if dataset is None and not follow_mode and retry is None:
