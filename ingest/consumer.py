@@ -70,7 +70,7 @@ def open_consumer(
 ) -> KafkaConsumer:
     """A consumer subscribed with ``group`` or, when ``partitions`` is given, statically assigned."""
     try:
-        with _quiet_client_logs():
+        with quiet_client_logs():
             consumer = _consumer(bootstrap_servers, group=None if partitions is not None else group,
                                  session_timeout_ms=session_timeout_ms,
                                  heartbeat_interval_ms=heartbeat_interval_ms,
@@ -102,7 +102,7 @@ def _consumer(bootstrap_servers: str, *, group: str | None, session_timeout_ms: 
 
 
 @contextmanager
-def _quiet_client_logs() -> Iterator[None]:
+def quiet_client_logs() -> Iterator[None]:
     """Keep kafka-python's own connection warnings (about 20 lines per failed bootstrap) off the terminal:
     a failed bootstrap becomes one ``BrokerUnreachable`` line. They stay visible at DEBUG."""
     client = logging.getLogger("kafka")

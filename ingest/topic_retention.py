@@ -8,14 +8,13 @@ topic until its retention drops them, so the command says when that will be
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 from kafka.errors import KafkaError
+
+from ingest.consumer import quiet_client_logs
 
 RETENTION_KEY = "retention.ms"
 
@@ -42,7 +41,7 @@ def topic_retention(bootstrap_servers: str, topic: str, *, timeout_s: float = 5.
     """Ask the broker for ``topic``'s ``retention.ms``; never raises (an unknown answer says why)."""
     timeout_ms = int(timeout_s * 1000)
     try:
-        with _quiet_kafka():
+        with quiet_client_logs():
             admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=timeout_ms,
                                      bootstrap_timeout_ms=timeout_ms, client_id="trajlake-forget")
             try:
@@ -68,15 +67,3 @@ def _parse(topic: str, responses: object) -> TopicRetention:
                 if entry[0] == RETENTION_KEY and entry[1] is not None:
                     return TopicRetention(topic, int(entry[1]))
     return TopicRetention(topic, None, f"the broker's answer held no {RETENTION_KEY} for topic {topic!r}")
-
-
-@contextmanager
-def _quiet_kafka() -> Iterator[None]:
-    """kafka-python logs every failed connection attempt; the caller reports the outcome in one line."""
-    logger = logging.getLogger("kafka")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)

@@ -175,38 +175,28 @@ def _event_message(event_name: str, attrs: dict[str, Any]) -> dict[str, Any]:
 
 def _indexed(attrs: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     """OpenLLMetry's ``gen_ai.prompt.N.role`` / ``.content`` / ``.tool_call_id`` / ``.tool_calls.M.*``."""
-    messages: dict[int, dict[str, Any]] = {}
-    calls: dict[tuple[int, int], dict[str, Any]] = {}
-    for key, value in attrs.items():
-        match = _INDEXED.fullmatch(key)
-        if not match or match.group(1) != kind:
-            continue
-        index, rest = int(match.group(2)), match.group(3)
-        message = messages.setdefault(index, {})
-        call = _TOOL_CALL_KEY.fullmatch(rest)
-        if call:
-            calls.setdefault((index, int(call.group(1))), {})[call.group(2)] = value
-        elif rest in ("role", "content", "tool_call_id"):
-            message[rest] = value
-    for (index, _), call in sorted(calls.items()):
-        messages[index].setdefault("tool_calls", []).append(
-            _tool_call(call.get("id"), call.get("name"), call.get("arguments"))
-        )
-    return [messages[i] for i in sorted(messages)]
+    return _numbered_messages(attrs, kind, _INDEXED, _TOOL_CALL_KEY)
 
 
 def _openinference(attrs: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     """OpenInference's ``llm.input_messages.N.message.role`` / ``.content`` / ``.tool_call_id`` /
     ``.tool_calls.M.tool_call.{id,function.name,function.arguments}``."""
+    return _numbered_messages(attrs, kind, _OPENINFERENCE, _OPENINFERENCE_CALL)
+
+
+def _numbered_messages(attrs: dict[str, Any], kind: str, message_key: re.Pattern[str],
+                       call_key: re.Pattern[str]) -> list[dict[str, Any]]:
+    """Messages flattened into numbered attributes: ``message_key`` matches (kind, N, rest of the key) and
+    ``call_key`` matches a tool call's part of the rest (M, field; a dotted field keeps its last part)."""
     messages: dict[int, dict[str, Any]] = {}
     calls: dict[tuple[int, int], dict[str, Any]] = {}
     for key, value in attrs.items():
-        match = _OPENINFERENCE.fullmatch(key)
+        match = message_key.fullmatch(key)
         if not match or match.group(1) != kind:
             continue
         index, rest = int(match.group(2)), match.group(3)
         message = messages.setdefault(index, {})
-        call = _OPENINFERENCE_CALL.fullmatch(rest)
+        call = call_key.fullmatch(rest)
         if call:
             calls.setdefault((index, int(call.group(1))), {})[call.group(2).rpartition(".")[2]] = value
         elif rest in ("role", "content", "tool_call_id"):
