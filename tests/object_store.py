@@ -18,7 +18,6 @@ import sys
 import time
 import urllib.request
 import uuid
-from pathlib import Path
 
 from ingest.broker import free_port
 
@@ -45,9 +44,8 @@ class S3Server:
         }
 
     def start(self) -> "S3Server":
-        moto = Path(sys.executable).parent / "moto_server"
         self._proc = subprocess.Popen(
-            [str(moto), "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **self.env},
         )
         deadline = time.monotonic() + 30
@@ -60,6 +58,13 @@ class S3Server:
                     self.stop()
                     raise RuntimeError(f"moto_server did not start on port {self.port}")
                 time.sleep(0.05)
+
+    @property
+    def pid(self) -> int:
+        """The server's process id (to freeze it with SIGSTOP in fault tests)."""
+        if self._proc is None:
+            raise RuntimeError("the S3 server is not running")
+        return self._proc.pid
 
     def new_bucket(self, name: str | None = None) -> str:
         """Create a bucket (a fresh unique one unless ``name`` is given) and return its name."""

@@ -1,0 +1,34 @@
+"""The mixed-fault soak, short: about 100 s of calls through the gateway while the ingester, the broker and
+the gateway are SIGKILLed, the object store freezes and the broker stays down a while; then every answered
+call must be in the lake exactly once (``tests/soak/harness.py`` says how it is checked).
+
+``TRAJLAKE_SOAK_SEED`` picks another fault schedule; the long run is ``python -m tests.soak --minutes 30``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.soak.harness import FAULT_KINDS, SoakPlan, fault_schedule, run_soak
+
+SEED = int(os.environ.get("TRAJLAKE_SOAK_SEED", "1"))
+
+
+def test_the_schedule_is_the_seeds_and_has_every_fault_kind():
+    plan = SoakPlan(seed=SEED, load_s=100)
+    assert fault_schedule(plan) == fault_schedule(plan)
+    assert {f.kind for f in fault_schedule(plan)} == set(FAULT_KINDS)
+    assert fault_schedule(plan) != fault_schedule(SoakPlan(seed=SEED + 1, load_s=100))
+
+
+@pytest.mark.slow
+def test_mixed_faults_lose_and_duplicate_nothing(tmp_path):
+    report = run_soak(SoakPlan(seed=SEED, load_s=100), workdir=tmp_path)
+    print(report.render())
+    assert report.answered > 0 and sum(report.faults.values()) >= len(FAULT_KINDS), report.render()
+    assert not report.lost, report.render()
+    assert not any(report.duplicated.values()), report.render()
+    assert report.log_accounting["unaccounted"] == 0 and report.log_accounting["moved"] == 0, report.render()
+    assert report.quarantined == 0 and not report.notes, report.render()
