@@ -1,17 +1,22 @@
 """One batch of Kafka records: bounded by count, bytes and age; decoded at commit.
 
 ``Batch.decode`` validates every record (msgspec fast path, pydantic for
-whatever it refuses: ``schemas.fast``), drops duplicates (by event_id) and
-returns the ``events`` rows, the rejected inputs and, per partition, the last
-offset the batch covers (what the commit's transaction markers say).
+whatever it refuses: ``schemas.fast``), drops duplicates (by tenant and
+event_id) and returns the ``events`` rows, the rejected inputs and, per
+partition, the last offset the batch covers (what the commit's transaction
+markers say). A valid record at or below the ``events`` marker is a replay:
+it must be an event the lake holds (at that offset, or as the duplicate of one
+it holds); one that is not is reported in ``unheld``, never dropped quietly.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import pyarrow as pa
 
@@ -23,6 +28,18 @@ from schemas.fast import FastEvent, decode_batch
 from schemas.versions import decode_event
 from store.event_rows import KafkaCoordinates, Rejected, events_table
 
+log = logging.getLogger(__name__)
+
+
+class Unheld(NamedTuple):
+    """A replayed event (at or below the ``events`` marker) whose id ``SeenEventIds`` does not know."""
+
+    partition: int
+    offset: int
+    tenant: str
+    event_id: str
+    rollout_id: str
+
 
 @dataclass
 class DecodedBatch:
@@ -32,6 +49,10 @@ class DecodedBatch:
     rejected: list[Rejected]
     last_offsets: dict[int, int]
     duplicates: int
+    unheld: list[Unheld] = field(default_factory=list)
+    """Valid events at or below the events marker that ``seen`` does not know (the lake may not hold them)."""
+    key_mismatches: int = 0
+    """Valid events whose Kafka key is null or not their rollout_id (stored; see schemas/EVENTS.md)."""
 
 
 @dataclass
@@ -56,20 +77,33 @@ class Batch:
     def __len__(self) -> int:
         return len(self.records)
 
+    def last_records(self) -> dict:
+        """Partition -> its record with the highest offset in this batch."""
+        last: dict = {}
+        for r in self.records:
+            if r.partition not in last or r.offset > last[r.partition].offset:
+                last[r.partition] = r
+        return last
+
     def age_ms(self) -> float:
         return (time.monotonic() - self.started) * 1000 if self.records else 0.0
 
-    def decode(self, seen: SeenEventIds, *, max_event_bytes: int, redactor: Redactor | None = None) -> DecodedBatch:
+    def decode(self, seen: SeenEventIds, *, max_event_bytes: int, redactor: Redactor | None = None,
+               replayed_through: Mapping[int, int | None] | None = None) -> DecodedBatch:
         """Validate, dedupe and convert the records, in offset order per partition.
 
         The whole batch goes through the msgspec fast path first; each record it
         refuses takes ``decode_event``, which accepts it or names the problem.
+        ``replayed_through`` is the ``events`` marker per partition: records at or
+        below it were decided before and are checked against ``seen``, not added to it.
         """
         events: list[Event | FastEvent] = []
         where: list[KafkaCoordinates] = []
         rejected: list[Rejected] = []
         last: dict[int, int] = {}
-        duplicates = 0
+        duplicates = key_mismatches = 0
+        unheld: list[Unheld] = []
+        marks = replayed_through or {}
         fast = decode_batch([r.value for r in self.records], max_bytes=max_event_bytes)
         for r, event in zip(self.records, fast):
             at = KafkaCoordinates(r.topic, r.partition, r.offset)
@@ -80,12 +114,27 @@ class Batch:
                 except InvalidEvent as exc:
                     rejected.append(_rejected(r.value, r.key, at, exc, max_event_bytes, redactor))
                     continue
-            if seen.is_duplicate(event.event_id, r.partition, r.offset):
+            key = (event.tenant, event.event_id)
+            mark = marks.get(r.partition)
+            replay = mark is not None and r.offset <= mark
+            if replay:
+                first = seen.first_copy(key)
+                if first is None:
+                    unheld.append(Unheld(r.partition, r.offset, event.tenant, event.event_id, event.rollout_id))
+                    continue
+                if first != (r.partition, r.offset):
+                    duplicates += 1
+                    continue
+            elif seen.is_duplicate(key, r.partition, r.offset):
                 duplicates += 1
+                log.debug("duplicate event_id=%s tenant=%s at=%d:%d first_copy=%s", event.event_id, event.tenant,
+                          r.partition, r.offset, seen.first_copy(key))
                 continue
+            if not replay and (r.key is None or r.key != event.rollout_id.encode()):
+                key_mismatches += 1
             events.append(event if redactor is None else redactor.redact(event))
             where.append(at)
-        return DecodedBatch(events_table(events, where), rejected, last, duplicates)
+        return DecodedBatch(events_table(events, where), rejected, last, duplicates, unheld, key_mismatches)
 
 
 def decode(raw: bytes | None, *, max_bytes: int) -> Event:

@@ -2,7 +2,10 @@
 
 Offsets live in the Delta log, never in Kafka. With a consumer group the
 rebalance callbacks only raise a flag (no I/O inside kafka-python's poll);
-the loop then re-reads the Delta markers and seeks. In static mode
+the loop then re-reads the Delta markers and seeks. The consumer never moves
+its own position: ``auto_offset_reset="none"`` turns an out-of-range fetch into
+an error the loop handles (``ingest.log_check``), where "earliest" would jump
+silently past or back over data. In static mode
 (``partitions=[0, 1]``) the consumer assigns itself the partitions, without
 a group: the right mode for kill tests and for pinning work by hand.
 """
@@ -11,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
@@ -66,10 +70,12 @@ def open_consumer(
 ) -> KafkaConsumer:
     """A consumer subscribed with ``group`` or, when ``partitions`` is given, statically assigned."""
     try:
-        consumer = _consumer(bootstrap_servers, group=None if partitions is not None else group,
-                             session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms,
-                             max_partition_fetch_bytes=max_partition_fetch_bytes,
-                             bootstrap_timeout_ms=bootstrap_timeout_ms)
+        with _quiet_client_logs():
+            consumer = _consumer(bootstrap_servers, group=None if partitions is not None else group,
+                                 session_timeout_ms=session_timeout_ms,
+                                 heartbeat_interval_ms=heartbeat_interval_ms,
+                                 max_partition_fetch_bytes=max_partition_fetch_bytes,
+                                 bootstrap_timeout_ms=bootstrap_timeout_ms)
     except KafkaError:
         raise BrokerUnreachable(bootstrap_servers) from None
     if partitions is not None:
@@ -86,13 +92,29 @@ def _consumer(bootstrap_servers: str, *, group: str | None, session_timeout_ms: 
         bootstrap_servers=bootstrap_servers,
         group_id=group,
         enable_auto_commit=False,
-        auto_offset_reset="earliest",
+        auto_offset_reset="none",
         session_timeout_ms=session_timeout_ms,
         heartbeat_interval_ms=heartbeat_interval_ms,
         max_partition_fetch_bytes=max_partition_fetch_bytes,
         fetch_max_bytes=64 * 1024 * 1024,
         bootstrap_timeout_ms=bootstrap_timeout_ms,
     )
+
+
+@contextmanager
+def _quiet_client_logs() -> Iterator[None]:
+    """Keep kafka-python's own connection warnings (about 20 lines per failed bootstrap) off the terminal:
+    a failed bootstrap becomes one ``BrokerUnreachable`` line. They stay visible at DEBUG."""
+    client = logging.getLogger("kafka")
+    if client.isEnabledFor(logging.DEBUG):
+        yield
+        return
+    level = client.level
+    client.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        client.setLevel(level)
 
 
 def seek(consumer: KafkaConsumer, topic: str, resume: dict[int, int | None]) -> None:

@@ -3,10 +3,20 @@
 Per batch, in this order: ``events`` (every valid, first-seen event), the
 typed tables derived from those rows, then ``quarantine`` (after its dead
 letters are flushed). Each commit carries the batch's last offset per
-partition as a Delta transaction marker (``store.commit``); on start and on
-every (re)assignment the loop seeks each partition to the smallest marker + 1.
-A crash at any point therefore replays at most one batch (plus the bounded lag
-of idle tables), and the markers make the replay write nothing twice.
+partition as a Delta transaction marker (``store.commit``), in every table,
+idle or not; on start and on every (re)assignment the loop seeks each
+partition to the smallest marker + 1. A crash at any point therefore replays
+at most one batch, and the markers make the replay write nothing twice.
+
+The log is checked, not trusted (``ingest.log_check``): on assignment the
+record at each marker must be one the lake holds, before each commit the last
+committed record must be unchanged, and every replayed record must be one the
+lake holds; otherwise ``LogWentBackwards`` stops the ingester. ``recover=True``
+re-reads such partitions from their earliest offset instead, writing only
+events whose (tenant, event_id) the tables do not hold yet.
+
+Every consumed message is counted once: written, duplicate, quarantined, or
+replayed (at or below a marker, verified).
 
 >>> stop = threading.Event()  # doctest: +SKIP
 >>> stats = run_ingester(IngesterConfig(lake="./lake", bootstrap_servers="127.0.0.1:9092"), stop)
@@ -24,12 +34,15 @@ from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 from kafka import KafkaConsumer
+from kafka.errors import LogTruncationError, NoOffsetForPartitionError, OffsetOutOfRangeError
 
 from ingest.batch import Batch, DecodedBatch
 from ingest.consumer import AssignmentFlag, open_consumer, report_progress, seek
 from ingest.dead_letters import DeadLetters
-from ingest.redaction import Redactor
 from ingest.dedupe import DEFAULT_MAX_IDS, SeenEventIds
+from ingest.held import LakeRecords, not_held
+from ingest.log_check import LogGuard, LogProbe, LogUnverifiable, LogWentBackwards
+from ingest.redaction import Redactor
 from ingest.topics import ensure_topic
 from schemas.events import DEFAULT_TOPIC
 from schemas.tables import EVENTS, QUARANTINE, TYPED_TABLES
@@ -42,6 +55,9 @@ log = logging.getLogger(__name__)
 
 POLL_MS = 200
 """Longest wait inside one poll: bounds how late a stop request or batch deadline is seen."""
+IDLE_LOG_CHECK_S = 5.0
+"""While nothing arrives, re-read the last committed records this often: a log that restarted behind the
+markers is reported within seconds, not when (if ever) it grows past them."""
 
 
 @dataclass(frozen=True)
@@ -63,8 +79,9 @@ class IngesterConfig:
     """Oldest a batch gets while records keep arriving; a drained topic commits the batch in hand at once."""
     max_event_bytes: int = MAX_EVENT_BYTES
     dedupe_max_ids: int = DEFAULT_MAX_IDS
-    marker_refresh_offsets: int = 50_000
-    """An idle table's marker is committed once it trails by this many offsets (bounds restart replay)."""
+    marker_refresh_offsets: int = 0
+    """An idle table's marker is committed once it trails by more than this many offsets; 0 = every commit
+    cycle moves every table's markers, so a restart replays at most one batch."""
     session_timeout_ms: int = 6_000
     heartbeat_interval_ms: int = 2_000
     bootstrap_timeout_ms: int = 30_000
@@ -73,6 +90,8 @@ class IngesterConfig:
     """Stop once nothing arrived for this long (demos, tests, backfills); None = run until stopped."""
     redactor: Redactor | None = None
     """``ingest.redaction`` rules, applied to every event and to quarantined raw text before they are written."""
+    recover: bool = False
+    """Re-read partitions whose log went backwards from their earliest offset, deduping against the tables."""
 
     @property
     def dead_letter_topic(self) -> str:
@@ -88,7 +107,14 @@ class IngestStats:
     events: int = 0
     """Rows written to ``events`` (first copies, not already in the table)."""
     duplicates: int = 0
+    """Valid messages whose (tenant, event_id) has a first copy elsewhere (logged at DEBUG with its position)."""
     quarantined: int = 0
+    replayed: int = 0
+    """Messages at or below a marker, each verified to be one the lake holds (a replay after a restart)."""
+    key_mismatches: int = 0
+    """Events stored although their Kafka key is null or not their rollout_id."""
+    recovered_partitions: tuple[int, ...] = ()
+    """Partitions re-read from their earliest offset by ``recover``."""
     batches: int = 0
     assignments: int = 0
     conflicts: int = 0
@@ -131,24 +157,27 @@ def run_ingester(config: IngesterConfig, stop: threading.Event, *, on_progress: 
         session_timeout_ms=config.session_timeout_ms, heartbeat_interval_ms=config.heartbeat_interval_ms,
         bootstrap_timeout_ms=config.bootstrap_timeout_ms,
     )
+    probe: LogProbe | None = None
+    dead_letters: DeadLetters | None = None
     try:
         lake = Lake(config.lake)
         tables = _Tables(lake, group=config.group, topic=config.topic)
+        probe = LogProbe(config.bootstrap_servers, config.topic)
         dead_letters = _open_dead_letters(config)
-    except BaseException:
-        consumer.close(autocommit=False)
-        raise
-    loop = _Loop(config, lake, tables, consumer, dead_letters, flag, on_progress)
-    try:
+        loop = _Loop(config, lake, tables, consumer, dead_letters, flag, on_progress,
+                     LogGuard(probe, topic=config.topic, group=config.group))
         loop.run(stop)
     finally:
         consumer.close(autocommit=False)
+        if probe is not None:
+            probe.close()
         if dead_letters is not None:
             dead_letters.close()
-    log.info("ingester stopped consumed=%d events=%d duplicates=%d quarantined=%d batches=%d commit_retries=%d",
-             loop.stats.consumed, loop.stats.events, loop.stats.duplicates, loop.stats.quarantined, loop.stats.batches,
-             loop.stats.commit_retries)
-    return loop.stats
+    st = loop.stats
+    log.info("ingester stopped consumed=%d events=%d duplicates=%d quarantined=%d replayed=%d key_mismatches=%d "
+             "batches=%d commit_retries=%d", st.consumed, st.events, st.duplicates, st.quarantined, st.replayed,
+             st.key_mismatches, st.batches, st.commit_retries)
+    return st
 
 
 def ingest_until_idle(config: IngesterConfig, *, idle_s: float = 3.0, on_progress: OnProgress | None = None) -> IngestStats:
@@ -185,21 +214,30 @@ class _Loop:
     """poll -> batch -> commit, re-seeking from the Delta log whenever the assignment changes."""
 
     def __init__(self, config: IngesterConfig, lake: Lake, tables: _Tables, consumer: KafkaConsumer,
-                 dead_letters: DeadLetters | None, flag: AssignmentFlag, on_progress: OnProgress | None) -> None:
+                 dead_letters: DeadLetters | None, flag: AssignmentFlag, on_progress: OnProgress | None,
+                 guard: LogGuard) -> None:
         self.config, self.lake, self.tables, self.consumer = config, lake, tables, consumer
-        self.dead_letters, self.flag, self.on_progress = dead_letters, flag, on_progress
+        self.dead_letters, self.flag, self.on_progress, self.guard = dead_letters, flag, on_progress, guard
         self.seen = SeenEventIds(max_ids=config.dedupe_max_ids)
+        self.records = LakeRecords(lake, topic=config.topic, seen=self.seen, max_event_bytes=config.max_event_bytes)
         self.batch = Batch()
         self.stats = IngestStats()
-        self.last_activity = time.monotonic()
+        self.last_activity = self.last_log_check = time.monotonic()
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set() and not self._idle_too_long():
-            if self.flag.take():
-                self._resume()
-            polled = self.consumer.poll(timeout_ms=POLL_MS, max_records=self.config.batch_max_events)
+            if self.flag.take() and not self._resumed():
+                continue
+            try:
+                polled = self.consumer.poll(timeout_ms=POLL_MS, max_records=self.config.batch_max_events)
+            except (OffsetOutOfRangeError, LogTruncationError) as exc:
+                self._out_of_range(exc)
+                continue
+            except NoOffsetForPartitionError:  # assigned in a rebalance, not positioned yet: the flag is up
+                self.flag.raise_()
+                continue
             if self.flag.take():  # records fetched across a rebalance may belong to the old assignment
-                self._resume()
+                self._resumed()
                 continue
             for records in polled.values():
                 self.batch.add(records)
@@ -208,7 +246,35 @@ class _Loop:
                 log.debug("polled batch_in_hand=%d batch_bytes=%d", len(self.batch), self.batch.bytes)
             if self._batch_due(caught_up=not polled):
                 self._commit_batch()
+            elif not polled and not self.batch:
+                self._idle_log_check()
         self._commit_batch()
+        if self.batch:
+            log.warning("stopping with %d messages not committed: the log could not be checked (broker down); "
+                        "they are read again on the next start", len(self.batch))
+
+    def _resumed(self) -> bool:
+        """``_resume``, or False (flag up again, after a pause) when the broker cannot answer the log check."""
+        try:
+            self._resume()
+        except LogUnverifiable as exc:
+            log.warning("cannot check the log against the lake yet, retrying: %s", exc)
+            self.flag.raise_()
+            time.sleep(1.0)
+            return False
+        return True
+
+    def _idle_log_check(self) -> None:
+        if time.monotonic() - self.last_log_check < IDLE_LOG_CHECK_S:
+            return
+        self.last_log_check = time.monotonic()
+        try:
+            problems = self.guard.recheck(sorted(self.stats.partitions))
+        except LogUnverifiable as exc:
+            log.debug("idle log check skipped: %s", exc)
+            return
+        if problems:
+            raise LogWentBackwards(self.config.topic, self.config.group, problems)
 
     def _idle_too_long(self) -> bool:
         """Nothing arrived for ``stop_after_idle_s``; a group join in progress does not count as idle."""
@@ -227,26 +293,75 @@ class _Loop:
             or self.batch.age_ms() >= c.batch_max_ms
         )
 
+    def _out_of_range(self, exc: Exception) -> None:
+        """The broker says a position is outside its log: check the log against what was read.
+
+        A log that went backwards stops the ingester (``LogWentBackwards``). One that still holds every
+        record read is a broker whose end offsets are wrong (tansu after a restart): the batch in hand and
+        the positions stay, and the fetch is retried after a pause.
+        """
+        try:
+            problems = self.guard.recheck(sorted(self.stats.partitions))
+        except LogUnverifiable as unverifiable:
+            log.warning("fetch out of range and the log cannot be checked yet: %s", unverifiable)
+            problems = {}
+        if problems:
+            raise LogWentBackwards(self.config.topic, self.config.group, problems) from exc
+        log.info("fetch out of range but the log holds every record read; retrying error=%s", exc)
+        time.sleep(POLL_MS / 1000)
+
     def _resume(self) -> None:
-        """Drop the batch in hand, re-read the markers of the assigned partitions and seek past them."""
+        """Drop the batch in hand, re-read the markers of the assigned partitions, check the log, seek past them."""
         self.batch.clear()
         parts = sorted(tp.partition for tp in self.consumer.assignment() if tp.topic == self.config.topic)
         resume = resume_offsets(self.tables.all, parts)
-        seek(self.consumer, self.config.topic, resume)
         ids = self.seen.load(self.lake, topic=self.config.topic, partitions=parts)
+        self.records.load({p: o or 0 for p, o in resume.items()})
+        problems = self.guard.check_markers(self._furthest_markers(parts), self.records.holds)
+        if problems and not self.config.recover:
+            raise LogWentBackwards(self.config.topic, self.config.group, problems)
+        if problems:
+            self._rewind(sorted(problems), problems)
+            resume.update({p: None for p in problems})
+        seek(self.consumer, self.config.topic, resume)
         self.stats.assignments += 1
         self.stats.partitions = tuple(parts)
         self.last_activity = time.monotonic()
         log.info("assigned partitions=%s resume=%s dedupe_ids=%d", parts, resume, ids)
         self._report()
 
+    def _furthest_markers(self, partitions: list[int]) -> dict[int, int | None]:
+        """Per partition, the furthest offset any table says it has read through."""
+        marks = [t.markers for t in self.tables.all]
+        return {p: max((m[p] for m in marks if m.get(p) is not None), default=None) for p in partitions}
+
+    def _rewind(self, partitions: list[int], problems: dict[int, str]) -> None:
+        """``recover``: markers of these partitions back to -1 in every table, the log re-read from its start."""
+        for p in partitions:
+            log.warning("recovering partition=%d from its earliest offset: %s", p, problems[p])
+            self.guard.forget(p)
+        for table in self.tables.all:
+            table.rewind(partitions)
+        self.stats.recovered_partitions = tuple(sorted({*self.stats.recovered_partitions, *partitions}))
+
     def _commit_batch(self) -> None:
         if not self.batch:
             return
+        last_records = self.batch.last_records()
+        try:
+            problems = self.guard.recheck(sorted(last_records))
+        except LogUnverifiable as exc:
+            log.warning("batch of %d kept, not committed: %s", len(self.batch), exc)
+            return
+        self.last_log_check = time.monotonic()
+        if problems:
+            raise LogWentBackwards(self.config.topic, self.config.group, problems)
         try:
             with _cyclic_gc_paused():
                 decoded = self.batch.decode(self.seen, max_event_bytes=self.config.max_event_bytes,
-                                            redactor=self.config.redactor)
+                                            redactor=self.config.redactor,
+                                            replayed_through=self.tables.events.markers)
+                self._check_replay(decoded)
                 self._write(decoded)
         except OffsetConflict as exc:
             self.stats.conflicts += 1
@@ -254,14 +369,30 @@ class _Loop:
             self.flag.raise_()
             self.batch.clear()
             return
+        for p, record in last_records.items():
+            self.guard.remember(p, record.offset, record.value)
         self.stats.consumed += len(self.batch)
         self.stats.bytes += self.batch.bytes
-        self.stats.duplicates += decoded.duplicates
+        self.stats.key_mismatches += decoded.key_mismatches
         self.stats.batches += 1
         self.stats.commit_retries = sum(t.retries for t in self.tables.all)
         self.batch.clear()
+        self.last_activity = time.monotonic()  # a long commit is not idleness
         report_progress(self.consumer, self.config.topic, decoded.last_offsets)
         self._report()
+
+    def _check_replay(self, decoded: DecodedBatch) -> None:
+        """Replayed events the dedupe memory does not know must be in the lake (or forgotten on purpose)."""
+        if not decoded.unheld:
+            return
+        stored = self.records.stored_keys((u.tenant, u.event_id) for u in decoded.unheld)
+        missing = [u for u in decoded.unheld
+                   if (u.tenant, u.event_id) not in stored and not self.records.forgotten(u.tenant, u.rollout_id)]
+        self.stats.replayed += len(decoded.unheld) - len(missing)
+        if missing:
+            problems = {u.partition: f"marker {self.tables.events.markers.get(u.partition)}, but the record at offset "
+                        f"{u.offset} (event {u.event_id}) is not in the lake" for u in missing}
+            raise LogWentBackwards(self.config.topic, self.config.group, problems)
 
     def _report(self) -> None:
         if self.on_progress is not None:
@@ -269,19 +400,45 @@ class _Loop:
 
     def _write(self, decoded: DecodedBatch) -> None:
         last, refresh = decoded.last_offsets, self.config.marker_refresh_offsets
-        self._count("events", self.tables.events.commit(decoded.events, last, refresh_offsets=refresh))
+        events = self._fresh(decoded.events, "events")
+        written = self.tables.events.commit(events, last, refresh_offsets=refresh)
+        self.stats.duplicates += decoded.duplicates + decoded.events.num_rows - events.num_rows
+        self.stats.replayed += events.num_rows - written
+        self._count("events", written)
         derived = typed_tables(decoded.events)
         for table in self.tables.typed:
-            rows = derived.get(table.name, table.schema.empty_table())
+            rows = self._fresh(derived.get(table.name, table.schema.empty_table()), table.name)
             self._count(table.name, table.commit(rows, last, refresh_offsets=refresh))
         rejected = quarantine_table(decoded.rejected)
         fresh = self.tables.quarantine.unwritten(rejected)
+        self._check_quarantine_replay(rejected, fresh)
         if self.dead_letters is not None and fresh.num_rows:
             positions = set(zip(fresh.column("kafka_partition").to_pylist(), fresh.column("kafka_offset").to_pylist()))
             self.dead_letters.send_all(
                 [r for r in decoded.rejected if (r.coordinates.partition, r.coordinates.offset) in positions]
             )
-        self._count("quarantine", self.tables.quarantine.commit(rejected, last, refresh_offsets=refresh))
+        quarantined = self.tables.quarantine.commit(rejected, last, refresh_offsets=refresh)
+        self.stats.replayed += rejected.num_rows - quarantined
+        self._count("quarantine", quarantined)
+
+    def _fresh(self, rows: pa.Table, table: str) -> pa.Table:
+        """``recover``: only the rows whose (tenant, event_id) the table does not hold, read from the table."""
+        if not self.config.recover or rows.num_rows == 0:
+            return rows
+        keys = zip(rows.column("tenant").to_pylist(), rows.column("event_id").to_pylist())
+        return not_held(rows, self.records.stored_keys(keys, table))
+
+    def _check_quarantine_replay(self, rejected: pa.Table, fresh: pa.Table) -> None:
+        """Rejected messages at or below the quarantine marker must be quarantined at that very offset."""
+        if fresh.num_rows == rejected.num_rows:
+            return
+        positions = zip(rejected.column("kafka_partition").to_pylist(), rejected.column("kafka_offset").to_pylist())
+        fresh_at = set(zip(fresh.column("kafka_partition").to_pylist(), fresh.column("kafka_offset").to_pylist()))
+        missing = {p: o for p, o in positions if (p, o) not in fresh_at and not self.records.quarantined(p, o)}
+        if missing:
+            problems = {p: f"marker {self.tables.quarantine.markers.get(p)}, but the invalid record at offset {o} "
+                        "is not in the quarantine table" for p, o in missing.items()}
+            raise LogWentBackwards(self.config.topic, self.config.group, problems)
 
     def _count(self, table: str, written: int) -> None:
         self.stats.rows[table] = self.stats.rows.get(table, 0) + written

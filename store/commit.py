@@ -15,15 +15,16 @@ that table is complete through (kafka-delta-ingest's design). Invariants:
   nothing landed), or finds log entries gone (``store.forget`` drops the log
   before its delete), is retried on a reloaded table, markers re-checked first.
 * A table that gets no rows in a batch is not committed unless its marker
-  trails by more than ``refresh_offsets`` (or it has none), which bounds the
-  replay after a restart while saving a commit per idle table per batch.
+  trails by more than ``refresh_offsets`` (or it has none). The ingester passes
+  0: every table's marker moves in every commit cycle, so a restart replays at
+  most the one batch whose cycle a crash cut short, however idle a table is.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -119,6 +120,11 @@ class MarkedTable:
                 time.sleep(_backoff(attempt))
         raise AssertionError("unreachable")
 
+    @property
+    def markers(self) -> Markers:
+        """The markers loaded (and since committed) for the assigned partitions."""
+        return dict(self._markers)
+
     def load(self, partitions: Iterable[int]) -> Markers:
         """Refresh from the log and remember these partitions' markers as ours."""
         self._refresh()
@@ -152,11 +158,28 @@ class MarkedTable:
         """
         if not last_offsets:
             return 0
+        return self._retrying(lambda: self._commit_once(rows, last_offsets, refresh_offsets))
+
+    def rewind(self, partitions: Iterable[int]) -> None:
+        """Set these partitions' markers to -1 (nothing read) in one commit, markers re-checked first.
+
+        Only for a log that went backwards (``trajlake ingest --recover``): the offsets the old markers
+        counted are gone, and the new log is read again from its earliest offset.
+        """
+        parts = sorted(partitions)
+        if parts:
+            self._retrying(lambda: self._rewind_once(parts))
+
+    def _rewind_once(self, partitions: list[int]) -> int:
+        self._check_markers(partitions)
+        return self._write_markers(self.schema.empty_table(), {p: -1 for p in partitions})
+
+    def _retrying(self, attempt_once: Callable[[], int]) -> int:
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             try:
                 if attempt > 1:
                     self._table = self._reopen()
-                return self._commit_once(rows, last_offsets, refresh_offsets)
+                return attempt_once()
             except DeltaError as exc:
                 if not _lost_to_a_concurrent_change(exc):
                     raise
@@ -167,20 +190,18 @@ class MarkedTable:
                 time.sleep(_backoff(attempt))
         raise AssertionError("unreachable")
 
-    def _commit_once(self, rows: pa.Table, last_offsets: Mapping[int, int], refresh_offsets: int) -> int:
+    def _check_markers(self, partitions: Iterable[int]) -> Markers:
+        """Refresh and re-read the markers; ``OffsetConflict`` if they moved since we loaded them."""
         self._refresh()
-        fresh = self._read_markers(last_offsets)
+        fresh = self._read_markers(partitions)
         moved = {p: (self._markers.get(p), m) for p, m in fresh.items() if m != self._markers.get(p)}
         if moved:
             raise OffsetConflict(
                 f"table {self.name}: markers moved under us {moved} (partition reassigned?); re-seeking"
             )
-        rows = self.unwritten(rows)
-        if rows.num_rows == 0 and not self._stale(last_offsets, refresh_offsets):
-            return 0
-        # A replay (resumed at the smallest marker over the tables) covers offsets this table may already hold:
-        # its marker never moves back, or a later replay would write those rows again.
-        marks = {p: max(o, fresh[p] if fresh[p] is not None else -1) for p, o in last_offsets.items()}
+        return fresh
+
+    def _write_markers(self, rows: pa.Table, marks: Mapping[int, int]) -> int:
         txns = [Transaction(app_id=marker_app_id(self._group, self._topic, p), version=int(o))
                 for p, o in sorted(marks.items())]
         write_deltalake(
@@ -190,6 +211,16 @@ class MarkedTable:
         self._markers.update(marks)
         log.debug("commit table=%s rows=%d version=%d", self.name, rows.num_rows, self._table.version())
         return rows.num_rows
+
+    def _commit_once(self, rows: pa.Table, last_offsets: Mapping[int, int], refresh_offsets: int) -> int:
+        fresh = self._check_markers(last_offsets)
+        rows = self.unwritten(rows)
+        if rows.num_rows == 0 and not self._stale(last_offsets, refresh_offsets):
+            return 0
+        # A replay (resumed at the smallest marker over the tables) covers offsets this table may already hold:
+        # its marker never moves back, or a later replay would write those rows again.
+        marks = {p: max(o, fresh[p] if fresh[p] is not None else -1) for p, o in last_offsets.items()}
+        return self._write_markers(rows, marks)
 
     def _stale(self, last_offsets: Mapping[int, int], refresh_offsets: int) -> bool:
         marks = [self._markers.get(p) for p in last_offsets]

@@ -10,6 +10,8 @@ import importlib
 import logging
 import os
 import pkgutil
+import signal
+import sys
 
 import typer
 
@@ -32,7 +34,14 @@ def build_app() -> typer.Typer:
     return app
 
 
+STOPPABLE_WHILE_STARTING = frozenset({"ingest"})
+"""Services for which SIGTERM during start-up (seconds of imports) is a clean stop, exit 0; each installs
+its own stop handler first thing once it runs."""
+
+
 def main() -> None:
+    if sys.argv[1:2] and sys.argv[1] in STOPPABLE_WHILE_STARTING:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     logging.basicConfig(
         level=os.environ.get("TRAJLAKE_LOG_LEVEL", "WARNING"),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",

@@ -22,18 +22,20 @@ def records(messages, partition=0, start=0):
 
 def test_first_copy_wins_and_a_replay_decides_the_same():
     seen = SeenEventIds(max_ids=10)
-    assert not seen.is_duplicate("e1", 0, 5)
-    assert seen.is_duplicate("e1", 0, 9)  # a producer retry
-    assert not seen.is_duplicate("e1", 0, 5)  # the original, replayed after a crash
-    assert seen.is_duplicate("e1", 1, 5)
+    assert not seen.is_duplicate(("a", "e1"), 0, 5)
+    assert seen.is_duplicate(("a", "e1"), 0, 9)  # a producer retry
+    assert not seen.is_duplicate(("a", "e1"), 0, 5)  # the original, replayed after a crash
+    assert seen.is_duplicate(("a", "e1"), 1, 5)
+    assert not seen.is_duplicate(("b", "e1"), 0, 7)  # another tenant's event with the same id
+    assert seen.first_copy(("a", "e1")) == (0, 5)
 
 
 def test_seen_ids_are_bounded_oldest_first():
     seen = SeenEventIds(max_ids=2)
     for i, event_id in enumerate(["a", "b", "c"]):
-        seen.is_duplicate(event_id, 0, i)
+        seen.is_duplicate(("t", event_id), 0, i)
     assert len(seen) == 2
-    assert not seen.is_duplicate("a", 0, 99)  # evicted: the bound is documented
+    assert not seen.is_duplicate(("t", "a"), 0, 99)  # evicted: the bound is documented
     with pytest.raises(ValueError, match="max_ids"):
         SeenEventIds(max_ids=0)
 
@@ -47,7 +49,7 @@ def test_seen_ids_load_from_the_events_table(lake):
                                                                      refresh_offsets=0)
     seen = SeenEventIds()
     assert seen.load(lake, topic="t", partitions=[2]) == len(events)
-    assert seen.is_duplicate(events[0]["event_id"], 2, 1000)
+    assert seen.is_duplicate(("acme", events[0]["event_id"]), 2, 1000)
     assert seen.load(lake, topic="t", partitions=[0]) == 0
 
 
@@ -89,3 +91,51 @@ def test_input_the_contract_cannot_process_is_quarantined_not_raised():
     reasons = [r.reason for r in decoded.rejected]
     assert "nested too deeply" in reasons[0] and "out of range" in reasons[1]
     assert all(r.field for r in decoded.rejected) and len(reasons) == 4
+
+
+def test_a_replay_below_the_marker_is_checked_against_what_the_lake_holds():
+    events = list(stream(1, seed=11))
+    first = Batch()
+    first.add(records(events, start=100))
+    seen = SeenEventIds()
+    first.decode(seen, max_event_bytes=100_000)  # what the lake holds: these events at 100, 101, ...
+    marker = {0: 100 + len(events) - 1}
+
+    replay = Batch()
+    replay.add(records([*events, events[0]], start=100))  # the same messages, then a retry above the marker
+    decoded = replay.decode(seen, max_event_bytes=100_000, replayed_through=marker)
+    assert decoded.unheld == [] and decoded.events.num_rows == len(events) and decoded.duplicates == 1
+
+    strangers = list(stream(1, seed=12))  # a log that went backwards: other events at the same offsets
+    changed = Batch()
+    changed.add(records(strangers, start=100))
+    decoded = changed.decode(seen, max_event_bytes=100_000, replayed_through=marker)
+    assert decoded.events.num_rows == 0
+    assert [(u.offset, u.event_id) for u in decoded.unheld] == [(100 + i, e["event_id"])
+                                                                for i, e in enumerate(strangers)]
+
+
+def test_an_out_of_range_fetch_is_checked_against_the_log(lake):
+    from kafka import TopicPartition
+    from kafka.errors import OffsetOutOfRangeError
+
+    from ingest.consumer import AssignmentFlag
+    from ingest.ingester import _Loop, _Tables
+    from ingest.log_check import LogWentBackwards
+
+    class Guard:
+        def __init__(self, problems):
+            self.problems = problems
+
+        def recheck(self, partitions):
+            return self.problems
+
+    def loop(guard) -> _Loop:
+        config = IngesterConfig(lake=lake.root, bootstrap_servers="unused", topic="t")
+        return _Loop(config, lake, _Tables(lake, group="g", topic="t"), None, None, AssignmentFlag(), None, guard)
+
+    out_of_range = OffsetOutOfRangeError({TopicPartition("t", 0): 500})
+    loop(Guard({}))._out_of_range(out_of_range)  # the log still holds what was read (tansu's wrong end offsets)
+    with pytest.raises(LogWentBackwards, match="partition 0: marker 499"):
+        loop(Guard({0: "marker 499, but the log holds no record at offset 499"}))._out_of_range(out_of_range)
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 from pathlib import Path
@@ -11,9 +12,11 @@ from rich.console import Console
 from rich.live import Live
 from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
+from rich.text import Text
 
 from ingest.consumer import BrokerUnreachable
 from ingest.ingester import IngesterConfig, IngestStats, run_ingester
+from ingest.log_check import LogWentBackwards
 from ingest.redaction import RedactionConfigError, load_redactor
 from schemas.versions import MAX_EVENT_BYTES
 from store.lake import Lake, TableMissing
@@ -35,6 +38,8 @@ class IngestSettings(CommonSettings):
     dedupe_max_ids: int = 1_000_000
     session_timeout_ms: int = 6_000
     heartbeat_interval_ms: int = 2_000
+    bootstrap_timeout_ms: int = 30_000
+    """How long to look for a broker at start (TRAJLAKE_BOOTSTRAP_TIMEOUT_MS)."""
     redaction_rules: Path | None = None
     """JSON/TOML redaction rules applied to every event before it is written (TRAJLAKE_REDACTION_RULES)."""
 
@@ -54,8 +59,19 @@ def ingest(
     partitions: str | None = typer.Option(None, help="Static assignment without a group, e.g. 0,1 (default: join the group)."),
     stop_after_idle_s: float | None = typer.Option(None, min=0.1, help="Exit once nothing arrived for this many seconds."),
     redaction_rules: Path | None = typer.Option(None, help="Redaction rules file (.json/.toml)."),
+    recover: bool = typer.Option(False, "--recover", help="Re-read partitions whose log went backwards from their "
+                                 "earliest offset; write only events the lake does not hold yet (checked against the "
+                                 "tables, so slower: run until caught up, then restart without it)."),
 ) -> None:
-    """Consume trajectory events and append them to the lake's Delta tables, exactly once."""
+    """Consume trajectory events and append them to the lake's Delta tables, exactly once.
+
+    Exit codes: 0 stopped cleanly (SIGTERM/SIGINT at any point, or --stop-after-idle-s); 1 stopped on an
+    error (broker unreachable, lake write failed); 2 bad options or redaction rules; 3 the log went
+    backwards (broker restarted with memory storage, topic recreated): nothing was skipped, rerun with --recover.
+    """
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     s = _settings(lake=lake, bootstrap_servers=bootstrap_servers, topic=topic, group=group,
                   batch_max_events=batch_max_events, batch_max_ms=batch_max_ms, dlq_topic=dlq_topic,
                   redaction_rules=redaction_rules)
@@ -69,11 +85,9 @@ def ingest(
         partitions=_parse_partitions(partitions), dlq_topic=s.dlq_topic, batch_max_events=s.batch_max_events,
         batch_max_bytes=s.batch_max_bytes, batch_max_ms=s.batch_max_ms, max_event_bytes=s.max_event_bytes,
         dedupe_max_ids=s.dedupe_max_ids, session_timeout_ms=s.session_timeout_ms,
-        heartbeat_interval_ms=s.heartbeat_interval_ms, stop_after_idle_s=stop_after_idle_s, redactor=redactor,
+        heartbeat_interval_ms=s.heartbeat_interval_ms, bootstrap_timeout_ms=s.bootstrap_timeout_ms,
+        stop_after_idle_s=stop_after_idle_s, redactor=redactor, recover=recover,
     )
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     console = Console()
     mode = f"partitions {partitions}" if partitions else f"group {s.group}"
     redacting = f", redaction rules {s.redaction_rules}" if redactor else ""
@@ -84,9 +98,22 @@ def ingest(
             stats = run_ingester(config, stop, on_progress=lambda st: live.update(_summary(st)))
             live.update(_summary(stats))
     except BrokerUnreachable as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(code=1) from None
+        if stop.is_set():  # asked to stop while still looking for a broker: nothing was read, a clean stop
+            console.print("[green]stopped[/] before a broker answered: nothing consumed")
+            return
+        _fail(exc, code=1)
+    except LogWentBackwards as exc:
+        _fail(exc, code=3)
+    except Exception as exc:  # noqa: BLE001 - one line for the user, the traceback at DEBUG
+        logging.getLogger(__name__).debug("ingester failed", exc_info=True)
+        _fail(f"{type(exc).__name__}: {exc}. Nothing consumed since the last commit is lost; restart the "
+              "ingester (it resumes from the lake's markers)", code=1)
     console.print("[green]stopped[/]: every consumed message is committed")
+
+
+def _fail(message: object, *, code: int) -> None:
+    Console(stderr=True).print(Text.assemble(("error: ", "bold red"), str(message)), soft_wrap=True)
+    raise typer.Exit(code=code)
 
 
 def _parse_partitions(text: str | None) -> tuple[int, ...] | None:
@@ -105,7 +132,12 @@ def _summary(st: IngestStats) -> Table:
     rate = st.consumed / st.elapsed_s if st.elapsed_s > 0 else 0.0
     table = Table(show_header=False, box=None, padding=(0, 2))
     table.add_row("consumed", f"{st.consumed:,} msgs  {st.bytes / 1e6:,.1f} MB  ({rate:,.0f} msg/s)")
-    table.add_row("stored", f"{st.events:,} events  {st.duplicates:,} duplicates dropped  {st.quarantined:,} quarantined")
+    table.add_row("stored", f"{st.events:,} events  {st.duplicates:,} duplicates dropped  {st.quarantined:,} quarantined"
+                  f"  {st.replayed:,} replayed (at or below a marker, verified)")
+    if st.key_mismatches:
+        table.add_row("keys", f"{st.key_mismatches:,} events stored whose Kafka key is not their rollout_id")
+    if st.recovered_partitions:
+        table.add_row("recovered", f"partitions {list(st.recovered_partitions)} re-read from their earliest offset")
     typed = "  ".join(f"{name} {n:,}" for name, n in sorted(st.rows.items()) if name not in ("events", "quarantine"))
     table.add_row("typed", typed or "-")
     table.add_row("batches", f"{st.batches:,} committed  partitions {list(st.partitions)}  re-seeks {st.assignments + st.conflicts}")

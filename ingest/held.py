@@ -1,0 +1,85 @@
+"""What the lake holds of a partition's messages: the truth a replayed or probed record is checked against.
+
+A message the ingester has passed (at or below a marker) is held when the lake
+has it: a valid event whose (tenant, event_id) is in ``events`` (at that offset,
+or as the first copy of a duplicate), an invalid message with a ``quarantine``
+row at that offset, or an event ``trajlake forget`` deleted on purpose (its
+tenant and rollout are in ``forget_audit``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import pyarrow as pa
+
+from ingest.batch import decode
+from ingest.dedupe import EventKey, SeenEventIds
+from schemas.errors import InvalidEvent
+from store.forget import AUDIT_TABLE
+from store.lake import Lake
+
+
+class LakeRecords:
+    """Answers "does the lake hold this message?" for the assigned partitions of one topic."""
+
+    def __init__(self, lake: Lake, *, topic: str, seen: SeenEventIds, max_event_bytes: int) -> None:
+        self.lake, self.topic, self.seen, self.max_event_bytes = lake, topic, seen, max_event_bytes
+        self._quarantined: set[tuple[int, int]] = set()
+        self._forgotten: set[tuple[str | None, str]] = set()
+
+    def load(self, since: Mapping[int, int]) -> None:
+        """Remember the quarantined positions at or after ``since`` (partition -> offset) and what was forgotten."""
+        self._quarantined = set()
+        if since and self.lake.exists("quarantine"):
+            rows = self.lake.table("quarantine").to_pyarrow_table(
+                columns=["kafka_partition", "kafka_offset"],
+                filters=[("kafka_topic", "=", self.topic), ("kafka_partition", "in", list(since))],
+            )
+            for p, o in zip(rows.column("kafka_partition").to_pylist(), rows.column("kafka_offset").to_pylist()):
+                if o >= since[p]:
+                    self._quarantined.add((p, o))
+        self._forgotten = _forgotten(self.lake)
+
+    def quarantined(self, partition: int, offset: int) -> bool:
+        return (partition, offset) in self._quarantined
+
+    def holds(self, partition: int, offset: int, value: bytes | None) -> bool:
+        """Whether the lake holds (or deliberately forgot) the message read at ``partition``/``offset``."""
+        try:
+            event = decode(value, max_bytes=self.max_event_bytes)
+        except InvalidEvent:
+            return self.quarantined(partition, offset)
+        key = (event.tenant, event.event_id)
+        return self.seen.first_copy(key) is not None or self.forgotten(event.tenant, event.rollout_id) \
+            or key in self.stored_keys([key])
+
+    def forgotten(self, tenant: str, rollout_id: str) -> bool:
+        return (tenant, rollout_id) in self._forgotten or (None, rollout_id) in self._forgotten
+
+    def stored_keys(self, keys: Iterable[EventKey], table: str = "events") -> set[EventKey]:
+        """Which of ``keys`` the table holds, read from the table itself (not from memory)."""
+        wanted = set(keys)
+        if not wanted or not self.lake.exists(table):
+            return set()
+        stored = self.lake.table(table).to_pyarrow_table(
+            columns=["tenant", "event_id"], filters=[("event_id", "in", sorted({e for _, e in wanted}))],
+        )
+        found = zip(stored.column("tenant").to_pylist(), stored.column("event_id").to_pylist())
+        return {k for k in found if k in wanted}
+
+
+def not_held(rows: pa.Table, held: set[EventKey]) -> pa.Table:
+    """The rows whose (tenant, event_id) is not in ``held``."""
+    if not held or rows.num_rows == 0:
+        return rows
+    keys = zip(rows.column("tenant").to_pylist(), rows.column("event_id").to_pylist())
+    return rows.filter(pa.array([k not in held for k in keys], type=pa.bool_()))
+
+
+def _forgotten(lake: Lake) -> set[tuple[str | None, str]]:
+    """(tenant, rollout_id) pairs that ``trajlake forget`` deleted; tenant None when the request named none."""
+    if not lake.exists(AUDIT_TABLE):
+        return set()
+    audit = lake.read(AUDIT_TABLE, columns=["tenant", "rollouts"]).to_pylist()
+    return {(row["tenant"], r) for row in audit for r in row["rollouts"] or []}

@@ -1,0 +1,48 @@
+"""``trajlake ingest`` exit codes: SIGTERM at any point of start-up is a clean stop (0); no broker is one
+clear line and exit 1; the codes are in ``--help``."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+
+def start(broker_address: str, lake, topic: str, **env: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "trajlake.cli", "ingest", "--lake", lake.root, "--bootstrap-servers", broker_address,
+         "--topic", topic, "--group", f"g-{uuid.uuid4().hex[:10]}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **env},
+    )
+
+
+@pytest.mark.parametrize("when", ["importing", "joining the group"])
+def test_sigterm_during_start_up_is_a_clean_stop(broker, topic, lake, when):
+    proc = start(broker.bootstrap_servers, lake, topic)
+    if when == "importing":
+        time.sleep(0.5)
+    else:
+        assert proc.stdout.readline().startswith(b"ingesting")  # printed just before the consumer starts
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert b"Traceback" not in err
+
+
+def test_no_broker_is_one_clear_line_and_exit_1(lake):
+    proc = start("127.0.0.1:1", lake, "t", TRAJLAKE_BOOTSTRAP_TIMEOUT_MS="1500")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    lines = [line for line in err.decode().splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert "no Kafka broker answers at 127.0.0.1:1" in lines[0]
+
+
+def test_help_documents_the_exit_codes():
+    out = subprocess.run([sys.executable, "-m", "trajlake.cli", "ingest", "--help"], capture_output=True, text=True,
+                         env={**os.environ, "COLUMNS": "200"}).stdout
+    text = " ".join(out.split())
+    assert "Exit codes: 0 stopped cleanly" in text and "3 the log went backwards" in text and "--recover" in text
