@@ -68,7 +68,7 @@ class SoakPlan:
     """What one soak run does. Times in seconds."""
 
     seed: int
-    load_s: float = 90.0
+    load_s: float = 80.0
     """How long calls are made (faults happen inside this window)."""
     calls_per_s: float = 4.0
     ingesters: int = 2
@@ -76,12 +76,12 @@ class SoakPlan:
     partitions: int = 4
     lake_on_object_store: bool = True
     """The lake on the same S3 server as the broker's log; False: a local folder."""
-    warmup_s: float = 15.0
+    warmup_s: float = 12.0
     """No faults before this (processes start, the group forms)."""
-    fault_gap_s: tuple[float, float] = (4.0, 10.0)
+    fault_gap_s: tuple[float, float] = (3.0, 8.0)
     """Quiet time between the end of one fault and the next."""
-    freeze_s: tuple[float, float] = (5.0, 12.0)
-    broker_down_s: tuple[float, float] = (15.0, 25.0)
+    freeze_s: tuple[float, float] = (4.0, 10.0)
+    broker_down_s: tuple[float, float] = (10.0, 20.0)
     ingester_min_age_s: float = 15.0
     """Only an ingester that ran this long is killed (a member killed mid-join can wedge a tansu group)."""
     call_give_up_s: float = 120.0
@@ -276,6 +276,7 @@ class Load:
         self.attempts = 0
         self.failures: Counter[str] = Counter()
         """Failed attempts by cause (retried with the same key)."""
+        self.failed_at: list[float] = []
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="soak-call")
         self._issued = 0
@@ -311,6 +312,7 @@ class Load:
             except (openai.APIConnectionError, openai.APIStatusError) as exc:
                 with self._lock:
                     self.failures[str(getattr(exc, "status_code", None) or type(exc).__name__)] += 1
+                    self.failed_at.append(time.monotonic())
                 if time.monotonic() > give_up:
                     log.warning("soak: call %s unanswered: %r", key, exc)
                     with self._lock:
@@ -336,6 +338,9 @@ class Report:
     unanswered: int = 0
     attempts: int = 0
     failures: Counter[str] = field(default_factory=Counter)
+    failed_during: Counter[str] = field(default_factory=Counter)
+    """Failed attempts by the fault in progress (or ended < 5 s before); "none": a call failed on a quiet system."""
+    fault_windows: list[tuple[str, float, float]] = field(default_factory=list)
     lost: dict[str, list[str]] = field(default_factory=dict)
     """Answered calls missing somewhere: idempotency key -> what is missing."""
     duplicated: dict[str, int] = field(default_factory=dict)
@@ -351,7 +356,8 @@ class Report:
     @property
     def ok(self) -> bool:
         bad = self.log_accounting["unaccounted"] + self.log_accounting["moved"]
-        return not self.lost and not any(self.duplicated.values()) and bad == 0 and not self.notes
+        refused = self.ingester_exits[3]  # the ingester found the log behind its markers (went backwards)
+        return not self.lost and not any(self.duplicated.values()) and bad == 0 and not refused and not self.notes
 
     def render(self) -> str:
         faults = ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items()))
@@ -361,7 +367,7 @@ class Report:
             f"lake={'s3' if self.plan.lake_on_object_store else 'local'} wall={self.wall_s:.0f}s "
             f"load={self.plan.load_s:.0f}s at {self.plan.calls_per_s:g} calls/s",
             f"faults: {sum(self.faults.values())} ({faults})",
-            f"calls: {self.answered} answered, {self.unanswered} unanswered, {self.attempts} attempts (failed: {dict(self.failures)})",
+            f"calls: {self.answered} answered, {self.unanswered} unanswered, {self.attempts} attempts (failed: {dict(self.failures)}, during: {dict(self.failed_during)})",
             f"lost: {len(self.lost)} answered calls" + (f" (missing {dict(missing)})" if missing else ""),
             f"duplicated: {sum(self.duplicated.values())} {dict(self.duplicated)}",
             f"log: {dict(self.log_accounting)}; quarantined rows {self.quarantined}",
@@ -401,6 +407,9 @@ def run_soak(plan: SoakPlan, *, workdir: Path, s3: S3Server | None = None,
             faults.join()
         report.answered, report.unanswered, report.attempts = len(load.answered), len(load.unanswered), load.attempts
         report.failures = load.failures
+        for t in load.failed_at:
+            kinds = [k for k, began, ended in report.fault_windows if began <= t <= ended + 5]
+            report.failed_during[kinds[0] if kinds else "none"] += 1
         messages = _drain(cluster, load.answered, plan, report)
         for ingester in cluster.ingesters:
             ingester.kill(signal.SIGTERM)
@@ -424,8 +433,10 @@ def _run_faults(cluster: Cluster, schedule: list[Fault], report: Report, stop: t
         cluster.supervise()
         if pending and time.monotonic() - t0 >= pending[0].at_s:
             fault = pending.pop(0)
+            began = time.monotonic()
             if _inject(cluster, fault, rng):
                 report.faults[fault.kind] += 1
+                report.fault_windows.append((fault.kind, began, time.monotonic()))
             else:
                 pending.insert(0, fault)  # no ingester old enough yet: try again shortly
         stop.wait(0.25)

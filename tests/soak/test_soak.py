@@ -17,18 +17,18 @@ SEED = int(os.environ.get("TRAJLAKE_SOAK_SEED", "1"))
 
 
 def test_the_schedule_is_the_seeds_and_has_every_fault_kind():
-    plan = SoakPlan(seed=SEED, load_s=100)
+    plan = SoakPlan(seed=SEED, load_s=80)
     assert fault_schedule(plan) == fault_schedule(plan)
     assert {f.kind for f in fault_schedule(plan)} == set(FAULT_KINDS)
-    assert fault_schedule(plan) != fault_schedule(SoakPlan(seed=SEED + 1, load_s=100))
+    assert fault_schedule(plan) != fault_schedule(SoakPlan(seed=SEED + 1, load_s=80))
 
 
 @pytest.mark.slow
 def test_mixed_faults_lose_and_duplicate_nothing(tmp_path):
-    report = run_soak(SoakPlan(seed=SEED, load_s=100), workdir=tmp_path)
+    report = run_soak(SoakPlan(seed=SEED, load_s=80), workdir=tmp_path)
     print(report.render())
     assert report.answered > 0 and sum(report.faults.values()) >= len(FAULT_KINDS), report.render()
     assert not report.lost, report.render()
     assert not any(report.duplicated.values()), report.render()
     assert report.log_accounting["unaccounted"] == 0 and report.log_accounting["moved"] == 0, report.render()
-    assert report.quarantined == 0 and not report.notes, report.render()
+    assert report.quarantined == 0 and not report.notes and report.ok, report.render()
