@@ -348,6 +348,8 @@ class Report:
     log_accounting: Counter[str] = field(default_factory=Counter)
     """Every message in the topic, by what became of it."""
     quarantined: int = 0
+    not_in_log: int = 0
+    """Answered calls whose events never reached the topic (lost before the ingester: gateway, spool, broker)."""
     ingester_exits: Counter[int] = field(default_factory=Counter)
     ingester_stats: Counter[str] = field(default_factory=Counter)
     """Totals of the ``ingester stopped`` lines (clean exits only: a SIGKILLed run prints none)."""
@@ -370,7 +372,8 @@ class Report:
             f"calls: {self.answered} answered, {self.unanswered} unanswered, {self.attempts} attempts (failed: {dict(self.failures)}, during: {dict(self.failed_during)})",
             f"lost: {len(self.lost)} answered calls" + (f" (missing {dict(missing)})" if missing else ""),
             f"duplicated: {sum(self.duplicated.values())} {dict(self.duplicated)}",
-            f"log: {dict(self.log_accounting)}; quarantined rows {self.quarantined}",
+            f"log: {dict(self.log_accounting)}; quarantined rows {self.quarantined}; "
+            f"answered calls not in the log {self.not_in_log}",
             f"ingester exits by code: {dict(self.ingester_exits)}; clean-exit stats: {dict(self.ingester_stats)}",
             *[f"NOTE: {n}" for n in self.notes],
             f"logs: {self.workdir}",
@@ -489,7 +492,7 @@ def _drain(cluster: Cluster, answered: set[str], plan: SoakPlan, report: Report)
             report.notes.append("the gateway's spool did not drain within 300 s")
             break
         time.sleep(1)
-    messages = read_log(cluster.broker.bootstrap_servers, cluster.topic)
+    messages = read_log(cluster.broker.bootstrap_servers, cluster.topic, expect=expected_event_ids(answered))
     ends: dict[int, int] = {}
     for p, o, _ in messages:
         ends[p] = max(ends.get(p, -1), o)
@@ -598,13 +601,17 @@ def verify(lake: Lake, messages: list[Message], answered: set[str], report: Repo
     quarantined = {(p, o) for p, o in zip(*_query(lake, "quarantine", "SELECT kafka_partition, kafka_offset "
                                                   "FROM quarantine").values())}
     report.log_accounting = account_for_log(messages, stored, quarantined)
+    in_log = {e for _, _, e in messages}
+    report.not_in_log = len({k for k in answered if not expected_event_ids({k}) <= in_log})
 
 
-def read_log(bootstrap_servers: str, topic: str, *, quiet_s: float = 10.0) -> list[Message]:
-    """(partition, offset, event_id) of every message in ``topic``, read from the beginning until quiet.
+def read_log(bootstrap_servers: str, topic: str, *, expect: set[str], quiet_s: float = 10.0,
+             give_up_s: float = 300.0) -> list[Message]:
+    """(partition, offset, event_id) of every message in ``topic``, read from the beginning.
 
-    tansu's end offsets are wrong (see the broker notes), so "the end" is: no
-    record for ``quiet_s`` seconds.
+    tansu's end offsets are wrong and, on ``s3://`` storage, a fetch can come back empty while records
+    exist (see the broker notes and soak findings), so "the end" is: every id in ``expect`` seen, then no
+    record for ``quiet_s``; or ``give_up_s`` passed (then some expected ids never reached the log).
     """
     from kafka import KafkaConsumer, TopicPartition
 
@@ -614,8 +621,9 @@ def read_log(bootstrap_servers: str, topic: str, *, quiet_s: float = 10.0) -> li
         consumer.assign(parts)
         consumer.seek_to_beginning(*parts)
         out: list[Message] = []
-        last = time.monotonic()
-        while time.monotonic() - last < quiet_s:
+        waiting = set(expect)
+        started = last = time.monotonic()
+        while time.monotonic() - started < give_up_s and (waiting or time.monotonic() - last < quiet_s):
             for tp, records in consumer.poll(timeout_ms=500).items():
                 last = time.monotonic()
                 for r in records:
@@ -624,9 +632,15 @@ def read_log(bootstrap_servers: str, topic: str, *, quiet_s: float = 10.0) -> li
                     except (ValueError, AttributeError):
                         event_id = None
                     out.append((tp.partition, r.offset, event_id))
+                    waiting.discard(event_id)
         return out
     finally:
         consumer.close()
+
+
+def expected_event_ids(keys: set[str]) -> set[str]:
+    """The ids the gateway gives a keyed call's request and (successful) response events."""
+    return {stable_id(TENANT, key, kind) for key in keys for kind in ("llm.request", "llm.response")}
 
 
 def account_for_log(messages: list[Message], stored: dict[tuple[int, int], str],
