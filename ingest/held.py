@@ -42,7 +42,27 @@ class LakeRecords:
         self._forgotten = _forgotten(self.lake)
 
     def quarantined(self, partition: int, offset: int) -> bool:
-        return (partition, offset) in self._quarantined
+        """Whether ``quarantine`` holds the message at this offset (positions since the resume point are cached)."""
+        return (partition, offset) in self._quarantined or self._rows_at("quarantine", partition, offset,
+                                                                          ["kafka_offset"]).num_rows > 0
+
+    def has_at(self, partition: int, offset: int, value: bytes | None) -> bool:
+        """Whether the lake holds this very message at this offset: the newest ``events`` row there carries its
+        event_id; without an events row there, ``holds`` decides (a duplicate, a quarantined or forgotten one)."""
+        rows = self._rows_at("events", partition, offset, ["event_id", "ingested_at"])
+        if rows.num_rows == 0:
+            return self.holds(partition, offset, value)
+        newest = rows.sort_by([("ingested_at", "descending")]).column("event_id")[0].as_py()
+        try:
+            return decode(value, max_bytes=self.max_event_bytes).event_id == newest
+        except InvalidEvent:
+            return False
+
+    def _rows_at(self, table: str, partition: int, offset: int, columns: list[str]) -> pa.Table:
+        if not self.lake.exists(table):
+            return pa.table({c: [] for c in columns})
+        return self.lake.table(table).to_pyarrow_table(columns=columns, filters=[
+            ("kafka_topic", "=", self.topic), ("kafka_partition", "=", partition), ("kafka_offset", "=", offset)])
 
     def holds(self, partition: int, offset: int, value: bytes | None) -> bool:
         """Whether the lake holds (or deliberately forgot) the message read at ``partition``/``offset``."""

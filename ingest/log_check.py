@@ -9,18 +9,21 @@ base offset + 1, measured: 1 with 100 records, 9 with 10), so the guard reads
 records:
 
 * on every (re)assignment, the record at each partition's marker must exist and
-  be one the lake holds (the caller's ``held``: an event in ``events``, its
-  duplicate, or a quarantined message at that offset);
+  be the one the lake holds there (the ``events`` row at that offset has its
+  event_id; without one: its duplicate's first copy, or a quarantined message
+  at that offset);
 * before every commit, the record at the last committed offset must still be
   the very record the ingester read there (a digest of its bytes), so a log
   that restarted or was recreated under a running ingester is caught before
   anything read from the new log lands in the lake.
 
 ``LogWentBackwards`` names the topic, partitions, markers and what the log
-holds, and the recovery command. A record not found is only called missing
-once the broker has answered a ListOffsets request for its partition; a broker
-that does not answer makes the check ``LogUnverifiable`` (wait and retry),
-never a false alarm.
+holds, and the recovery command. A record that does not come back (tansu on
+object storage can answer a fetch with nothing, or out of range, for a while)
+is never taken as missing by itself: the log's earliest record decides. If it
+is the one the lake holds at its offset, this is still the log that was read
+and the check is ``LogUnverifiable`` (wait and retry); if not, the log went
+backwards. A broker that does not answer is ``LogUnverifiable`` too.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ PROBE_TIMEOUT_S = 5.0
 """How long to wait for a record before concluding the log does not hold it (tansu answers in ~0.1 s)."""
 
 Held = Callable[[int, int, bytes | None], bool]
-"""(partition, offset, message value) -> whether the lake holds that message."""
+"""(partition, offset, message value) -> whether the lake holds that very message at that offset."""
 
 
 class LogWentBackwards(RuntimeError):
@@ -83,8 +86,9 @@ class LogProbe:
             fetch_max_wait_ms=100, max_partition_fetch_bytes=1024 * 1024,
         )
 
-    def read(self, offsets: Mapping[int, int]) -> dict[int, tuple[int, bytes | None] | None]:
-        """Partition -> (offset, value) of the first record at or after the wanted offset; None: the log has none.
+    def read(self, offsets: Mapping[int, int | None]) -> dict[int, tuple[int, bytes | None] | None]:
+        """Partition -> (offset, value) of the first record at or after the wanted offset (None: the earliest);
+        None when none came back within the timeout.
 
         Raises ``LogUnverifiable`` when a record was not found and the broker does not answer for its partition.
         """
@@ -113,10 +117,13 @@ class LogProbe:
             self._broker_answers([tps[p] for p in offsets if p not in found])
         return {p: found.get(p) for p in offsets}
 
-    def _assign(self, offsets: Mapping[int, int], tps: Mapping[int, TopicPartition]) -> None:
+    def _assign(self, offsets: Mapping[int, int | None], tps: Mapping[int, TopicPartition]) -> None:
         self._consumer.assign([tps[p] for p in offsets])
         for p, offset in offsets.items():
-            self._consumer.seek(tps[p], offset)
+            if offset is None:
+                self._consumer.seek_to_beginning(tps[p])
+            else:
+                self._consumer.seek(tps[p], offset)
 
     def _broker_answers(self, tps: list[TopicPartition]) -> None:
         try:
@@ -135,39 +142,80 @@ class LogProbe:
 
 
 class LogGuard:
-    """Checks the log against the lake on assignment and against what was read before each commit."""
+    """Checks the log against the lake on assignment and against what was read before each commit.
 
-    def __init__(self, probe: LogProbe, *, topic: str, group: str) -> None:
-        self.probe, self.topic, self.group = probe, topic, group
+    ``lake_has(partition, offset, value)`` says whether the lake holds that very message at that offset
+    (``ingest.held.LakeRecords.has_at``).
+    """
+
+    def __init__(self, probe: LogProbe, *, topic: str, group: str, lake_has: Held) -> None:
+        self.probe, self.topic, self.group, self.lake_has = probe, topic, group, lake_has
         self._read: dict[int, Fingerprint] = {}
 
-    def check_markers(self, markers: Mapping[int, int | None], held: Held) -> dict[int, str]:
-        """Problems per partition whose record at its marker is missing or not one the lake holds."""
+    def check_markers(self, markers: Mapping[int, int | None]) -> dict[int, str]:
+        """Problems per partition whose record at its marker is missing or not the one the lake holds."""
         self._read = {p: f for p, f in self._read.items() if p in markers}
         wanted = {p: m for p, m in markers.items() if m is not None and m >= 0}
-        problems: dict[int, str] = {}
-        for p, got in self.probe.read(wanted).items():
-            marker = wanted[p]
-            if (why := _missing(marker, got)) is not None:
-                problems[p] = why
-            elif not held(p, marker, got[1]):
-                problems[p] = (f"marker {marker}, but the record at offset {marker} is not one the lake holds "
+        got = self.probe.read(wanted)
+        problems = self._unanswered(wanted, got)
+        for p, marker in wanted.items():
+            record = got[p]
+            if record is None or p in problems:
+                continue
+            if record[0] != marker:
+                problems[p] = _gone(marker, record[0])
+            elif not self.lake_has(p, marker, record[1]):
+                problems[p] = (f"marker {marker}, but the record at offset {marker} is not the one the lake holds "
                                "(topic recreated, or another cluster?)")
             else:
-                self._read[p] = Fingerprint.of(marker, got[1])
+                self._read[p] = Fingerprint.of(marker, record[1])
         return problems
 
     def recheck(self, partitions: list[int]) -> dict[int, str]:
         """Problems per partition whose last committed record is no longer the one that was read."""
         wanted = {p: self._read[p] for p in partitions if p in self._read}
-        problems: dict[int, str] = {}
-        for p, got in self.probe.read({p: f.offset for p, f in wanted.items()}).items():
-            expected = wanted[p]
-            if (why := _missing(expected.offset, got)) is not None:
-                problems[p] = why
-            elif Fingerprint.of(got[0], got[1]) != expected:
+        offsets = {p: f.offset for p, f in wanted.items()}
+        got = self.probe.read(offsets)
+        problems = self._unanswered(offsets, got)
+        for p, expected in wanted.items():
+            record = got[p]
+            if record is None or p in problems:
+                continue
+            if record[0] != expected.offset:
+                problems[p] = _gone(expected.offset, record[0])
+            elif Fingerprint.of(record[0], record[1]) != expected:
                 problems[p] = (f"marker {expected.offset}, but the record at offset {expected.offset} changed since "
                                "it was read (log restarted or topic recreated under the ingester?)")
+        return problems
+
+    def _unanswered(self, offsets: Mapping[int, int], got: Mapping[int, tuple[int, bytes | None] | None]
+                    ) -> dict[int, str]:
+        """For partitions whose record at the marker did not come back, tell a log that went backwards from a
+        slow broker (tansu on object storage can answer a fetch with nothing, or out of range, for a while).
+
+        The log's earliest record decides: if it is the one the lake holds at that offset, this is still the
+        log that was read (``LogUnverifiable``: retry later); if it is another, the log went backwards.
+        """
+        missing = {p: o for p, o in offsets.items() if got.get(p) is None}
+        if not missing:
+            return {}
+        earliest = self.probe.read({p: None for p in missing})
+        problems: dict[int, str] = {}
+        slow: list[int] = []
+        for p, marker in missing.items():
+            first = earliest[p]
+            if first is None:
+                slow.append(p)
+            elif first[0] > marker:
+                problems[p] = _gone(marker, first[0])
+            elif self.lake_has(p, first[0], first[1]):
+                slow.append(p)
+            else:
+                problems[p] = (f"marker {marker}, but the log holds no record at offset {marker} and its record at "
+                               f"offset {first[0]} is not the one the lake holds there (broker restarted with memory "
+                               "storage, topic recreated, or another cluster?)")
+        if slow and not problems:
+            raise LogUnverifiable(f"the broker did not serve {self.topic} partitions {slow} at their markers yet")
         return problems
 
     def remember(self, partition: int, offset: int, value: bytes | None) -> None:
@@ -178,14 +226,9 @@ class LogGuard:
         self._read.pop(partition, None)
 
 
-def _missing(marker: int, got: tuple[int, bytes | None] | None) -> str | None:
-    if got is None:
-        return (f"marker {marker}, but the log holds no record at offset {marker} "
-                "(the log is behind the marker: broker restarted with memory storage, topic truncated or recreated?)")
-    if got[0] != marker:
-        return (f"marker {marker}, but the log's first record from there is at offset {got[0]} "
-                "(records the lake says were read are gone)")
-    return None
+def _gone(marker: int, first: int) -> str:
+    return (f"marker {marker}, but the log's first record from there is at offset {first} "
+            "(records the lake says were read are gone: truncated, or deleted by retention before they were read)")
 
 
 def _partitions_of(exc: OffsetOutOfRangeError) -> list[TopicPartition]:

@@ -148,9 +148,10 @@ def _recreated(broker, topic) -> bool:
     return True
 
 
-def test_broker_restarted_with_a_persistent_log_is_no_alarm_and_loses_nothing(s3_server, lake, monkeypatch):
+def test_broker_restarted_with_a_persistent_log_is_no_alarm_and_loses_nothing(s3_server, s3_lake, monkeypatch):
     """tansu on s3:// storage keeps every record at its offset across SIGKILL (its end offsets are still wrong):
-    the ingester must carry on, neither refusing nor skipping."""
+    the ingester must carry on, neither refusing nor skipping. The lake is on the same object store."""
+    lake = s3_lake
     monkeypatch.setattr("ingest.broker.port_is_free", lambda port: True)
     broker = EmbeddedBroker(storage_url=f"s3://{s3_server.new_bucket()}/", env=s3_server.env).start()
     topic = "events"

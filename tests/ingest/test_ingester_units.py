@@ -132,10 +132,46 @@ def test_an_out_of_range_fetch_is_checked_against_the_log(lake):
 
     def loop(guard) -> _Loop:
         config = IngesterConfig(lake=lake.root, bootstrap_servers="unused", topic="t")
-        return _Loop(config, lake, _Tables(lake, group="g", topic="t"), None, None, AssignmentFlag(), None, guard)
+        made = _Loop(config, lake, _Tables(lake, group="g", topic="t"), None, None, AssignmentFlag(), None, None)
+        made.guard = guard
+        return made
 
     out_of_range = OffsetOutOfRangeError({TopicPartition("t", 0): 500})
     loop(Guard({}))._out_of_range(out_of_range)  # the log still holds what was read (tansu's wrong end offsets)
     with pytest.raises(LogWentBackwards, match="partition 0: marker 499"):
         loop(Guard({0: "marker 499, but the log holds no record at offset 499"}))._out_of_range(out_of_range)
 
+
+
+class FakeProbe:
+    """Serves records from a dict, and nothing at the offsets in ``silent`` (a slow broker)."""
+
+    def __init__(self, log: dict[int, bytes], silent: set[int] = frozenset()):
+        self.log, self.silent = log, silent
+
+    def read(self, offsets):
+        out = {}
+        for p, wanted in offsets.items():
+            at = min(self.log) if wanted is None else wanted
+            out[p] = None if at in self.silent or at not in self.log else (at, self.log[at])
+        return out
+
+
+def test_a_record_the_broker_does_not_serve_is_no_false_alarm():
+    from ingest.log_check import LogGuard, LogUnverifiable
+
+    lake = {0: b"a", 1: b"b", 2: b"c"}  # what the lake holds, per offset of partition 0
+    lake_has = lambda p, o, value: lake.get(o) == value  # noqa: E731
+
+    same_log_slow = LogGuard(FakeProbe({0: b"a", 1: b"b", 2: b"c"}, silent={2}), topic="t", group="g",
+                             lake_has=lake_has)
+    with pytest.raises(LogUnverifiable):  # tansu on S3 after a restart: nothing yet at the marker
+        same_log_slow.check_markers({0: 2})
+
+    restarted = LogGuard(FakeProbe({0: b"x"}), topic="t", group="g", lake_has=lake_has)
+    assert "is not the one the lake holds" in restarted.check_markers({0: 2})[0]
+
+    same_log = LogGuard(FakeProbe({0: b"a", 1: b"b", 2: b"c"}), topic="t", group="g", lake_has=lake_has)
+    assert same_log.check_markers({0: 2}) == {}
+    same_log.probe.log[2] = b"z"  # the log changed under a running ingester
+    assert "changed since it was read" in same_log.recheck([0])[0]
