@@ -47,7 +47,6 @@ import httpx
 import pyarrow as pa
 
 from ingest.broker import EmbeddedBroker, free_port, wait_for_port
-from ingest.gateway.identity import stable_id
 from store.commit import marker_app_id
 from store.lake import Lake
 from store.storage import storage_options
@@ -413,10 +412,10 @@ def run_soak(plan: SoakPlan, *, workdir: Path, s3: S3Server | None = None,
         for t in load.failed_at:
             kinds = [k for k, began, ended in report.fault_windows if began <= t <= ended + 5]
             report.failed_during[kinds[0] if kinds else "none"] += 1
-        messages = _drain(cluster, load.answered, plan, report)
+        log_read = _drain(cluster, load.answered, plan, report)
         for ingester in cluster.ingesters:
             ingester.kill(signal.SIGTERM)
-        verify(cluster.lake, messages, load.answered, report)
+        verify(cluster.lake, log_read, load.answered, report)
     finally:
         cluster.stop()
         if own:
@@ -472,7 +471,7 @@ def _inject(cluster: Cluster, fault: Fault, rng: random.Random) -> bool:
     return True
 
 
-def _drain(cluster: Cluster, answered: set[str], plan: SoakPlan, report: Report) -> list[Message]:
+def _drain(cluster: Cluster, answered: set[str], plan: SoakPlan, report: Report) -> LogRead:
     """Wait until the gateway's spool is empty, then until the ingesters have stored the whole log.
 
     Returns the log (every message of the topic). Done when the ``events`` markers reach the log's last
@@ -492,25 +491,24 @@ def _drain(cluster: Cluster, answered: set[str], plan: SoakPlan, report: Report)
             report.notes.append("the gateway's spool did not drain within 300 s")
             break
         time.sleep(1)
-    messages = read_log(cluster.broker.bootstrap_servers, cluster.topic, expect=expected_event_ids(answered))
+    log_read = read_log(cluster.broker.bootstrap_servers, cluster.topic, expect=answered)
     ends: dict[int, int] = {}
-    for p, o, _ in messages:
+    for p, o, _ in log_read.messages:
         ends[p] = max(ends.get(p, -1), o)
-    expected = {_call_id(k) for k in answered}
     last, last_change = None, time.monotonic()
     with _GroupPosition(cluster.broker.bootstrap_servers, cluster.topic, cluster.group) as position:
         while time.monotonic() - last_change < plan.drain_quiet_s:
             cluster.supervise()
-            found = len(expected & _stored_call_ids(cluster.lake))
+            found = len(answered & _stored_keys(cluster.lake))
             markers = _markers(cluster.lake, cluster.group, cluster.topic, ends)
-            if found == len(expected) and all((markers.get(p) or -1) >= o for p, o in ends.items()):
-                return messages
+            if found == len(answered) and all((markers.get(p) or -1) >= o for p, o in ends.items()):
+                return log_read
             now = (found, tuple(sorted(markers.items())), position.read())
             if now != last:
                 last, last_change = now, time.monotonic()
             time.sleep(3)
     report.notes.append(f"the lake stopped moving for {plan.drain_quiet_s:.0f} s before holding the whole log")
-    return messages
+    return log_read
 
 
 class _GroupPosition:
@@ -550,18 +548,14 @@ def _markers(lake: Lake, group: str, topic: str, partitions) -> dict[int, int | 
     return {p: dt.transaction_version(marker_app_id(group, topic, p)) for p in partitions}
 
 
-def _call_id(key: str) -> str:
-    """The call id the gateway gives a keyed call (deterministic, so retries are stored once)."""
-    return f"call-{stable_id(TENANT, key)}"
-
-
-def _stored_call_ids(lake: Lake) -> set[str]:
-    """Call ids present in all four places (request and response, in events and in the typed tables)."""
+def _stored_keys(lake: Lake) -> set[str]:
+    """Idempotency keys whose call has its row in both typed tables (``llm_requests``, ``llm_responses``)."""
     try:
-        sets = [set(_query(lake, t, f"SELECT call_id FROM {t}")["call_id"]) for t in ("llm_requests", "llm_responses")]
+        requests = _query(lake, "llm_requests", "SELECT idempotency_key, call_id FROM llm_requests")
+        responded = set(_query(lake, "llm_responses", "SELECT call_id FROM llm_responses")["call_id"])
     except Exception:  # noqa: BLE001 - tables not created yet, or the store is slow: just not there yet
         return set()
-    return sets[0] & sets[1]
+    return {k for k, c in zip(requests["idempotency_key"], requests["call_id"]) if c in responded}
 
 
 # ---------------------------------------------------------------- the check
@@ -575,43 +569,80 @@ def _query(lake: Lake, table: str, sql: str) -> dict[str, list]:
     return pa.table(QueryBuilder().register(table, dt).execute(sql).read_all()).to_pydict()
 
 
-def verify(lake: Lake, messages: list[Message], answered: set[str], report: Report) -> None:
-    """Fill ``report`` with what the lake holds for the answered calls and for each message of the log."""
+def verify(lake: Lake, log: LogRead, answered: set[str], report: Report) -> None:
+    """Fill ``report`` with what the lake holds for the answered calls and for each message of the log.
+
+    Calls are found by their ``Idempotency-Key`` (the request's payload), their responses by the request's
+    call id; the check does not depend on how the gateway derives ids.
+    """
     events = _query(lake, "events", "SELECT event_id, type, payload, kafka_partition, kafka_offset FROM events")
-    requests = _query(lake, "llm_requests", "SELECT event_id, call_id FROM llm_requests")
+    requests = _query(lake, "llm_requests", "SELECT event_id, call_id, idempotency_key FROM llm_requests")
     responses = _query(lake, "llm_responses", "SELECT event_id, call_id FROM llm_responses")
     report.quarantined = _query(lake, "quarantine", "SELECT count(*) AS n FROM quarantine")["n"][0]
 
     for name, table in (("events", events), ("llm_requests", requests), ("llm_responses", responses)):
         report.duplicated[name] = sum(n - 1 for n in Counter(table["event_id"]).values() if n > 1)
-    in_events = Counter((t, json.loads(p).get("call_id")) for t, p in zip(events["type"], events["payload"])
-                        if t in ("llm.request", "llm.response"))
-    places = {"events llm.request": lambda c: in_events[("llm.request", c)],
-              "events llm.response": lambda c: in_events[("llm.response", c)],
-              "llm_requests": Counter(requests["call_id"]).__getitem__,
-              "llm_responses": Counter(responses["call_id"]).__getitem__}
+    payloads = [(t, json.loads(p)) for t, p in zip(events["type"], events["payload"])]
+    calls_of: dict[str, set[str]] = {key: {call} for key, call in log.call_of.items()}
+    for key, call in [(p.get("idempotency_key"), p.get("call_id")) for t, p in payloads if t == "llm.request"] + \
+            list(zip(requests["idempotency_key"], requests["call_id"])):
+        calls_of.setdefault(key, set()).add(call)
+    request_events = Counter(p.get("idempotency_key") for t, p in payloads if t == "llm.request")
+    response_events = Counter(p.get("call_id") for t, p in payloads if t == "llm.response")
+    request_rows, response_rows = Counter(requests["idempotency_key"]), Counter(responses["call_id"])
     for key in sorted(answered):
-        counts = {place: count(_call_id(key)) for place, count in places.items()}
+        calls = calls_of.get(key, set())
+        counts = {"events llm.request": request_events[key],
+                  "events llm.response": sum(response_events[c] for c in calls),
+                  "llm_requests": request_rows[key],
+                  "llm_responses": sum(response_rows[c] for c in calls)}
         if missing := [place for place, n in counts.items() if n == 0]:
             report.lost[key] = missing
         for place, n in counts.items():
             if n > 1:
-                report.duplicated[f"{place} call ids"] = report.duplicated.get(f"{place} call ids", 0) + n - 1
+                report.duplicated[f"{place} per call"] = report.duplicated.get(f"{place} per call", 0) + n - 1
     stored = {(p, o): e for e, p, o in zip(events["event_id"], events["kafka_partition"], events["kafka_offset"])}
     quarantined = {(p, o) for p, o in zip(*_query(lake, "quarantine", "SELECT kafka_partition, kafka_offset "
                                                   "FROM quarantine").values())}
-    report.log_accounting = account_for_log(messages, stored, quarantined)
-    in_log = {e for _, _, e in messages}
-    report.not_in_log = len({k for k in answered if not expected_event_ids({k}) <= in_log})
+    report.log_accounting = account_for_log(log.messages, stored, quarantined)
+    report.not_in_log = len(answered - log.complete)
+
+
+@dataclass
+class LogRead:
+    """What the topic holds: every message, and the keyed calls whose request and response are in it."""
+
+    messages: list[Message] = field(default_factory=list)
+    call_of: dict[str, str] = field(default_factory=dict)
+    """Idempotency key -> call id, from the ``llm.request`` events."""
+    responded: set[str] = field(default_factory=set)
+    """Call ids with an ``llm.response`` event."""
+
+    @property
+    def complete(self) -> set[str]:
+        return {key for key, call in self.call_of.items() if call in self.responded}
+
+    def add(self, partition: int, offset: int, value: bytes) -> None:
+        try:
+            event = json.loads(value)
+            payload = event.get("payload") or {}
+        except (ValueError, AttributeError):
+            event, payload = {}, {}
+        self.messages.append((partition, offset, event.get("event_id")))
+        if event.get("type") == "llm.request" and payload.get("idempotency_key"):
+            self.call_of[payload["idempotency_key"]] = payload.get("call_id")
+        elif event.get("type") == "llm.response":
+            self.responded.add(payload.get("call_id"))
 
 
 def read_log(bootstrap_servers: str, topic: str, *, expect: set[str], quiet_s: float = 10.0,
-             give_up_s: float = 300.0) -> list[Message]:
-    """(partition, offset, event_id) of every message in ``topic``, read from the beginning.
+             give_up_s: float = 300.0) -> LogRead:
+    """Every message of ``topic``, read from the beginning.
 
     tansu's end offsets are wrong and, on ``s3://`` storage, a fetch can come back empty while records
-    exist (see the broker notes and soak findings), so "the end" is: every id in ``expect`` seen, then no
-    record for ``quiet_s``; or ``give_up_s`` passed (then some expected ids never reached the log).
+    exist (see the broker notes and soak findings), so "the end" is: the request and response of every
+    keyed call in ``expect`` seen, then no record for ``quiet_s``; or ``give_up_s`` passed (then some
+    answered calls never reached the log).
     """
     from kafka import KafkaConsumer, TopicPartition
 
@@ -620,27 +651,18 @@ def read_log(bootstrap_servers: str, topic: str, *, expect: set[str], quiet_s: f
         parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
         consumer.assign(parts)
         consumer.seek_to_beginning(*parts)
-        out: list[Message] = []
-        waiting = set(expect)
+        log_read = LogRead()
         started = last = time.monotonic()
+        waiting = True
         while time.monotonic() - started < give_up_s and (waiting or time.monotonic() - last < quiet_s):
             for tp, records in consumer.poll(timeout_ms=500).items():
                 last = time.monotonic()
                 for r in records:
-                    try:
-                        event_id = json.loads(r.value).get("event_id")
-                    except (ValueError, AttributeError):
-                        event_id = None
-                    out.append((tp.partition, r.offset, event_id))
-                    waiting.discard(event_id)
-        return out
+                    log_read.add(tp.partition, r.offset, r.value)
+            waiting = waiting and not expect <= log_read.complete
+        return log_read
     finally:
         consumer.close()
-
-
-def expected_event_ids(keys: set[str]) -> set[str]:
-    """The ids the gateway gives a keyed call's request and (successful) response events."""
-    return {stable_id(TENANT, key, kind) for key in keys for kind in ("llm.request", "llm.response")}
 
 
 def account_for_log(messages: list[Message], stored: dict[tuple[int, int], str],

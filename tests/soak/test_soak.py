@@ -8,10 +8,11 @@ call must be in the lake exactly once (``tests/soak/harness.py`` says how it is 
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pytest
 
-from tests.soak.harness import FAULT_KINDS, SoakPlan, fault_schedule, run_soak
+from tests.soak.harness import FAULT_KINDS, SoakPlan, account_for_log, fault_schedule, run_soak
 
 SEED = int(os.environ.get("TRAJLAKE_SOAK_SEED", "1"))
 
@@ -32,3 +33,11 @@ def test_mixed_faults_lose_and_duplicate_nothing(tmp_path):
     assert not any(report.duplicated.values()), report.render()
     assert report.log_accounting["unaccounted"] == 0 and report.log_accounting["moved"] == 0, report.render()
     assert report.quarantined == 0 and not report.notes and report.ok, report.render()
+
+
+def test_every_message_of_the_log_is_accounted_for():
+    stored = {(0, 0): "a", (0, 1): "b", (1, 5): "c"}
+    log = [(0, 0, "a"), (0, 1, "b"), (0, 2, "a"), (0, 3, "x"), (1, 4, "q"), (1, 5, "c"), (1, 6, "z")]
+    assert account_for_log(log, stored, quarantined={(1, 4)}) == Counter(
+        stored=3, duplicate=1, quarantined=1, unaccounted=2, moved=0)
+    assert account_for_log([(0, 0, "b")], {(0, 0): "a", (0, 9): "c"}, set())["moved"] == 2
