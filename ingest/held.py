@@ -10,8 +10,10 @@ tenant and rollout are in ``forget_audit``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ingest.batch import decode
 from ingest.dedupe import EventKey, SeenEventIds
@@ -27,9 +29,13 @@ class LakeRecords:
         self.lake, self.topic, self.seen, self.max_event_bytes = lake, topic, seen, max_event_bytes
         self._quarantined: set[tuple[int, int]] = set()
         self._forgotten: set[tuple[str | None, str]] = set()
+        self._rewound: dict[int, datetime] = {}
 
-    def load(self, since: Mapping[int, int]) -> None:
-        """Remember the quarantined positions at or after ``since`` (partition -> offset) and what was forgotten."""
+    def load(self, since: Mapping[int, int], *, rewound_ms: Mapping[int, int | None]) -> None:
+        """Remember the quarantined positions at or after ``since`` (partition -> offset), what was forgotten,
+        and when each partition was last rewound by ``--recover`` (rows ingested before are of a log that is gone)."""
+        self._rewound = {p: datetime.fromtimestamp(ms / 1000, timezone.utc) for p, ms in rewound_ms.items()
+                         if ms is not None}
         self._quarantined = set()
         if since and self.lake.exists("quarantine"):
             rows = self.lake.table("quarantine").to_pyarrow_table(
@@ -50,6 +56,9 @@ class LakeRecords:
         """Whether the lake holds this very message at this offset: the newest ``events`` row there carries its
         event_id; without an events row there, ``holds`` decides (a duplicate, a quarantined or forgotten one)."""
         rows = self._rows_at("events", partition, offset, ["event_id", "ingested_at"])
+        if partition in self._rewound and rows.num_rows:
+            rows = rows.filter(pc.greater_equal(rows.column("ingested_at"), pa.scalar(self._rewound[partition],
+                                                                                     rows.schema.field("ingested_at").type)))
         if rows.num_rows == 0:
             return self.holds(partition, offset, value)
         newest = rows.sort_by([("ingested_at", "descending")]).column("event_id")[0].as_py()

@@ -328,7 +328,8 @@ class _Loop:
         parts = sorted(tp.partition for tp in self.consumer.assignment() if tp.topic == self.config.topic)
         resume = resume_offsets(self.tables.all, parts)
         ids = self.seen.load(self.lake, topic=self.config.topic, partitions=parts)
-        self.records.load({p: o or 0 for p, o in resume.items()})
+        self.records.load({p: o or 0 for p, o in resume.items()},
+                          rewound_ms={p: self.tables.events.rewound_at(p) for p in parts})
         problems = self.guard.check_markers(self._furthest_markers(parts))
         if problems and not self.config.recover:
             raise LogWentBackwards(self.config.topic, self.config.group, problems)

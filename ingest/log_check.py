@@ -125,7 +125,7 @@ class LogProbe:
             else:
                 self._consumer.seek(tps[p], offset)
 
-    def _broker_answers(self, tps: list[TopicPartition]) -> None:
+    def _broker_answers(self, tps: list[TopicPartition]) -> dict[int, int]:
         try:
             ends = self._consumer.end_offsets(tps, timeout_ms=int(self.timeout_s * 1000))
         except KafkaError as exc:
@@ -133,6 +133,11 @@ class LogProbe:
                                   f"{sorted(tp.partition for tp in tps)}: {exc}") from exc
         log.debug("log probe found no record partitions=%s end_offsets=%s", [tp.partition for tp in tps],
                   {tp.partition: o for tp, o in ends.items()})
+        return {tp.partition: o for tp, o in ends.items()}
+
+    def end_offsets(self, partitions: list[int]) -> dict[int, int]:
+        """What the broker reports as each partition's end (wrong on tansu unless 0: use only to tell empty)."""
+        return self._broker_answers([TopicPartition(self.topic, p) for p in partitions])
 
     def close(self) -> None:
         try:
@@ -157,10 +162,10 @@ class LogGuard:
         self._read = {p: f for p, f in self._read.items() if p in markers}
         wanted = {p: m for p, m in markers.items() if m is not None and m >= 0}
         got = self.probe.read(wanted)
-        problems = self._unanswered(wanted, got)
+        problems: dict[int, str] = {}
         for p, marker in wanted.items():
             record = got[p]
-            if record is None or p in problems:
+            if record is None:
                 continue
             if record[0] != marker:
                 problems[p] = _gone(marker, record[0])
@@ -169,42 +174,47 @@ class LogGuard:
                                "(topic recreated, or another cluster?)")
             else:
                 self._read[p] = Fingerprint.of(marker, record[1])
-        return problems
+        return self._unanswered(wanted, got, problems)
 
     def recheck(self, partitions: list[int]) -> dict[int, str]:
         """Problems per partition whose last committed record is no longer the one that was read."""
         wanted = {p: self._read[p] for p in partitions if p in self._read}
         offsets = {p: f.offset for p, f in wanted.items()}
         got = self.probe.read(offsets)
-        problems = self._unanswered(offsets, got)
+        problems: dict[int, str] = {}
         for p, expected in wanted.items():
             record = got[p]
-            if record is None or p in problems:
+            if record is None:
                 continue
             if record[0] != expected.offset:
                 problems[p] = _gone(expected.offset, record[0])
             elif Fingerprint.of(record[0], record[1]) != expected:
                 problems[p] = (f"marker {expected.offset}, but the record at offset {expected.offset} changed since "
                                "it was read (log restarted or topic recreated under the ingester?)")
-        return problems
+        return self._unanswered(offsets, got, problems)
 
-    def _unanswered(self, offsets: Mapping[int, int], got: Mapping[int, tuple[int, bytes | None] | None]
-                    ) -> dict[int, str]:
+    def _unanswered(self, offsets: Mapping[int, int], got: Mapping[int, tuple[int, bytes | None] | None],
+                    problems: dict[int, str]) -> dict[int, str]:
         """For partitions whose record at the marker did not come back, tell a log that went backwards from a
         slow broker (tansu on object storage can answer a fetch with nothing, or out of range, for a while).
 
         The log's earliest record decides: if it is the one the lake holds at that offset, this is still the
-        log that was read (``LogUnverifiable``: retry later); if it is another, the log went backwards.
+        log that was read (``LogUnverifiable``: retry later); if it is another, the log went backwards. A log
+        with no record at all whose end offset is 0 is empty (tansu's wrong end offsets are >= 1 otherwise).
         """
         missing = {p: o for p, o in offsets.items() if got.get(p) is None}
         if not missing:
-            return {}
+            return problems
         earliest = self.probe.read({p: None for p in missing})
-        problems: dict[int, str] = {}
+        unserved = [p for p in missing if earliest[p] is None]
+        ends = self.probe.end_offsets(unserved) if unserved else {}
         slow: list[int] = []
         for p, marker in missing.items():
             first = earliest[p]
-            if first is None:
+            if first is None and ends.get(p) == 0:
+                problems[p] = (f"marker {marker}, but the log is empty (broker restarted with memory storage, "
+                               "or topic recreated?)")
+            elif first is None:
                 slow.append(p)
             elif first[0] > marker:
                 problems[p] = _gone(marker, first[0])

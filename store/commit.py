@@ -68,6 +68,12 @@ def marker_app_id(group: str, topic: str, partition: int) -> str:
     return f"trajlake-ingest:{group}:{topic}:{partition}"
 
 
+def rewound_app_id(group: str, topic: str, partition: int) -> str:
+    """The app id whose version is when (epoch ms) a partition was last rewound: rows ingested before it came
+    from a log that is gone, and their offsets may be taken again by the new log."""
+    return f"trajlake-rewound:{group}:{topic}:{partition}"
+
+
 class CommitContention(RuntimeError):
     """A commit kept losing to concurrent writers (deletes, compaction) for every attempt."""
 
@@ -172,7 +178,13 @@ class MarkedTable:
 
     def _rewind_once(self, partitions: list[int]) -> int:
         self._check_markers(partitions)
-        return self._write_markers(self.schema.empty_table(), {p: -1 for p in partitions})
+        now_ms = int(time.time() * 1000)
+        rewound = [Transaction(app_id=rewound_app_id(self._group, self._topic, p), version=now_ms) for p in partitions]
+        return self._write_markers(self.schema.empty_table(), {p: -1 for p in partitions}, also=rewound)
+
+    def rewound_at(self, partition: int) -> int | None:
+        """When (epoch ms) ``rewind`` last ran for this partition; None: never."""
+        return self._table.transaction_version(rewound_app_id(self._group, self._topic, partition))
 
     def _retrying(self, attempt_once: Callable[[], int]) -> int:
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
@@ -201,9 +213,9 @@ class MarkedTable:
             )
         return fresh
 
-    def _write_markers(self, rows: pa.Table, marks: Mapping[int, int]) -> int:
+    def _write_markers(self, rows: pa.Table, marks: Mapping[int, int], also: Iterable[Transaction] = ()) -> int:
         txns = [Transaction(app_id=marker_app_id(self._group, self._topic, p), version=int(o))
-                for p, o in sorted(marks.items())]
+                for p, o in sorted(marks.items())] + list(also)
         write_deltalake(
             self._table, rows.cast(self.schema), mode="append", writer_properties=WRITER_PROPERTIES,
             commit_properties=CommitProperties(app_transactions=txns),

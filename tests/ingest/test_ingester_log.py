@@ -125,6 +125,7 @@ def test_topic_deleted_and_recreated_is_refused_at_start_then_recovered(broker, 
     admin.close()
     wait_for(lambda: _recreated(broker, topic), what="the topic to be recreated")
     after = list(stream(5 if new_log == "shorter" else 40, seed=32))
+    after += before[-8:]  # ends with a spool's re-sends: a partition's new marker is then a duplicate
     produce(broker.bootstrap_servers, topic, after)
 
     refused = ingest_cli(broker, topic, lake)
@@ -137,7 +138,10 @@ def test_topic_deleted_and_recreated_is_refused_at_start_then_recovered(broker, 
     recovered = ingest_cli(broker, topic, lake, "--recover")
     assert recovered.returncode == 0, recovered.stderr
     assert_exactly_once(lake, before + after)
-    assert ingest_cli(broker, topic, lake).returncode == 0  # a normal start passes the check afterwards
+    later = list(stream(3, seed=33))  # a normal start passes the check afterwards and ingests
+    produce(broker.bootstrap_servers, topic, later)
+    assert ingest_cli(broker, topic, lake).returncode == 0
+    assert_exactly_once(lake, before + after + later)
 
 
 def _recreated(broker, topic) -> bool:

@@ -152,9 +152,12 @@ class FakeProbe:
     def read(self, offsets):
         out = {}
         for p, wanted in offsets.items():
-            at = min(self.log) if wanted is None else wanted
+            at = min(self.log, default=None) if wanted is None else wanted
             out[p] = None if at in self.silent or at not in self.log else (at, self.log[at])
         return out
+
+    def end_offsets(self, partitions):
+        return {p: max(self.log, default=-1) + 1 for p in partitions}
 
 
 def test_a_record_the_broker_does_not_serve_is_no_false_alarm():
@@ -170,6 +173,8 @@ def test_a_record_the_broker_does_not_serve_is_no_false_alarm():
 
     restarted = LogGuard(FakeProbe({0: b"x"}), topic="t", group="g", lake_has=lake_has)
     assert "is not the one the lake holds" in restarted.check_markers({0: 2})[0]
+    emptied = LogGuard(FakeProbe({}), topic="t", group="g", lake_has=lake_has)
+    assert "the log is empty" in emptied.check_markers({0: 2})[0]
 
     same_log = LogGuard(FakeProbe({0: b"a", 1: b"b", 2: b"c"}), topic="t", group="g", lake_has=lake_has)
     assert same_log.check_markers({0: 2}) == {}
