@@ -31,7 +31,6 @@ import json
 import logging
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -44,19 +43,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import pyarrow as pa
 
 from ingest.broker import EmbeddedBroker, free_port, wait_for_port
-from store.commit import marker_app_id
 from store.lake import Lake
 from store.storage import storage_options
 from tests.object_store import S3Server
+from tests.soak.check import (
+    LogRead,
+    account_for_log,
+    events_markers,
+    query,
+    read_log,
+    stopped_stats,
+    stored_keys,
+)
 
 log = logging.getLogger("soak")
 
 KEY, TENANT = "sk-soak", "soak"
-Message = tuple[int, int, "str | None"]
-"""(partition, offset, event_id) of one message in the topic."""
 FAULT_KINDS = ("ingester_kill", "broker_kill", "gateway_kill", "store_freeze", "broker_down")
 ENGINE_APP_DIR = Path(__file__).resolve().parents[1] / "ingest" / "gateway"
 """Where ``gateway_fake_engine`` lives (the gateway tests' engine, run here as its own process)."""
@@ -423,7 +427,7 @@ def run_soak(plan: SoakPlan, *, workdir: Path, s3: S3Server | None = None,
         report.wall_s = time.monotonic() - started
     for ingester in cluster.ingesters:
         report.ingester_exits.update(ingester.exits)
-        report.ingester_stats.update(_stopped_stats(ingester.log_path))
+        report.ingester_stats.update(stopped_stats(ingester.log_path))
     return report
 
 
@@ -499,8 +503,8 @@ def _drain(cluster: Cluster, answered: set[str], plan: SoakPlan, report: Report)
     with _GroupPosition(cluster.broker.bootstrap_servers, cluster.topic, cluster.group) as position:
         while time.monotonic() - last_change < plan.drain_quiet_s:
             cluster.supervise()
-            found = len(answered & _stored_keys(cluster.lake))
-            markers = _markers(cluster.lake, cluster.group, cluster.topic, ends)
+            found = len(answered & stored_keys(cluster.lake))
+            markers = events_markers(cluster.lake, cluster.group, cluster.topic, ends)
             if found == len(answered) and all((markers.get(p) or -1) >= o for p, o in ends.items()):
                 return log_read
             now = (found, tuple(sorted(markers.items())), position.read())
@@ -537,48 +541,16 @@ class _GroupPosition:
         self.consumer.close(autocommit=False)
 
 
-def _markers(lake: Lake, group: str, topic: str, partitions) -> dict[int, int | None]:
-    """The ``events`` table's transaction markers: the last offset it is complete through, per partition."""
-    from deltalake import DeltaTable
-
-    try:
-        dt = DeltaTable(lake.uri("events"), storage_options=dict(lake.storage_options))
-    except Exception:  # noqa: BLE001 - not created yet, or the store is frozen for a moment
-        return {}
-    return {p: dt.transaction_version(marker_app_id(group, topic, p)) for p in partitions}
-
-
-def _stored_keys(lake: Lake) -> set[str]:
-    """Idempotency keys whose call has its row in both typed tables (``llm_requests``, ``llm_responses``)."""
-    try:
-        requests = _query(lake, "llm_requests", "SELECT idempotency_key, call_id FROM llm_requests")
-        responded = set(_query(lake, "llm_responses", "SELECT call_id FROM llm_responses")["call_id"])
-    except Exception:  # noqa: BLE001 - tables not created yet, or the store is slow: just not there yet
-        return set()
-    return {k for k, c in zip(requests["idempotency_key"], requests["call_id"]) if c in responded}
-
-
-# ---------------------------------------------------------------- the check
-
-
-def _query(lake: Lake, table: str, sql: str) -> dict[str, list]:
-    """Run ``sql`` against one Delta table (DataFusion via deltalake; no PyArrow dataset, no abort at exit)."""
-    from deltalake import DeltaTable, QueryBuilder
-
-    dt = DeltaTable(lake.uri(table), storage_options=dict(lake.storage_options))
-    return pa.table(QueryBuilder().register(table, dt).execute(sql).read_all()).to_pydict()
-
-
 def verify(lake: Lake, log: LogRead, answered: set[str], report: Report) -> None:
     """Fill ``report`` with what the lake holds for the answered calls and for each message of the log.
 
     Calls are found by their ``Idempotency-Key`` (the request's payload), their responses by the request's
     call id; the check does not depend on how the gateway derives ids.
     """
-    events = _query(lake, "events", "SELECT event_id, type, payload, kafka_partition, kafka_offset FROM events")
-    requests = _query(lake, "llm_requests", "SELECT event_id, call_id, idempotency_key FROM llm_requests")
-    responses = _query(lake, "llm_responses", "SELECT event_id, call_id FROM llm_responses")
-    report.quarantined = _query(lake, "quarantine", "SELECT count(*) AS n FROM quarantine")["n"][0]
+    events = query(lake, "events", "SELECT event_id, type, payload, kafka_partition, kafka_offset FROM events")
+    requests = query(lake, "llm_requests", "SELECT event_id, call_id, idempotency_key FROM llm_requests")
+    responses = query(lake, "llm_responses", "SELECT event_id, call_id FROM llm_responses")
+    report.quarantined = query(lake, "quarantine", "SELECT count(*) AS n FROM quarantine")["n"][0]
 
     for name, table in (("events", events), ("llm_requests", requests), ("llm_responses", responses)):
         report.duplicated[name] = sum(n - 1 for n in Counter(table["event_id"]).values() if n > 1)
@@ -602,101 +574,7 @@ def verify(lake: Lake, log: LogRead, answered: set[str], report: Report) -> None
             if n > 1:
                 report.duplicated[f"{place} per call"] = report.duplicated.get(f"{place} per call", 0) + n - 1
     stored = {(p, o): e for e, p, o in zip(events["event_id"], events["kafka_partition"], events["kafka_offset"])}
-    quarantined = {(p, o) for p, o in zip(*_query(lake, "quarantine", "SELECT kafka_partition, kafka_offset "
+    quarantined = {(p, o) for p, o in zip(*query(lake, "quarantine", "SELECT kafka_partition, kafka_offset "
                                                   "FROM quarantine").values())}
     report.log_accounting = account_for_log(log.messages, stored, quarantined)
     report.not_in_log = len(answered - log.complete)
-
-
-@dataclass
-class LogRead:
-    """What the topic holds: every message, and the keyed calls whose request and response are in it."""
-
-    messages: list[Message] = field(default_factory=list)
-    call_of: dict[str, str] = field(default_factory=dict)
-    """Idempotency key -> call id, from the ``llm.request`` events."""
-    responded: set[str] = field(default_factory=set)
-    """Call ids with an ``llm.response`` event."""
-
-    @property
-    def complete(self) -> set[str]:
-        return {key for key, call in self.call_of.items() if call in self.responded}
-
-    def add(self, partition: int, offset: int, value: bytes) -> None:
-        try:
-            event = json.loads(value)
-            payload = event.get("payload") or {}
-        except (ValueError, AttributeError):
-            event, payload = {}, {}
-        self.messages.append((partition, offset, event.get("event_id")))
-        if event.get("type") == "llm.request" and payload.get("idempotency_key"):
-            self.call_of[payload["idempotency_key"]] = payload.get("call_id")
-        elif event.get("type") == "llm.response":
-            self.responded.add(payload.get("call_id"))
-
-
-def read_log(bootstrap_servers: str, topic: str, *, expect: set[str], quiet_s: float = 10.0,
-             give_up_s: float = 300.0) -> LogRead:
-    """Every message of ``topic``, read from the beginning.
-
-    tansu's end offsets are wrong and, on ``s3://`` storage, a fetch can come back empty while records
-    exist (see the broker notes and soak findings), so "the end" is: the request and response of every
-    keyed call in ``expect`` seen, then no record for ``quiet_s``; or ``give_up_s`` passed (then some
-    answered calls never reached the log).
-    """
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False)
-    try:
-        parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
-        consumer.assign(parts)
-        consumer.seek_to_beginning(*parts)
-        log_read = LogRead()
-        started = last = time.monotonic()
-        waiting = True
-        while time.monotonic() - started < give_up_s and (waiting or time.monotonic() - last < quiet_s):
-            for tp, records in consumer.poll(timeout_ms=500).items():
-                last = time.monotonic()
-                for r in records:
-                    log_read.add(tp.partition, r.offset, r.value)
-            waiting = waiting and not expect <= log_read.complete
-        return log_read
-    finally:
-        consumer.close()
-
-
-def account_for_log(messages: list[Message], stored: dict[tuple[int, int], str],
-                    quarantined: set[tuple[int, int]]) -> Counter[str]:
-    """What became of each message: ``stored`` at its offset, ``duplicate`` of an event stored at an
-    earlier offset (``stored_later``: at a later one), ``quarantined``, or ``unaccounted``; ``moved``: a row
-    whose offset holds another event in the log, or no message at all."""
-    first_at = {}
-    for (p, o), e in stored.items():
-        first_at[e] = min(first_at.get(e, (p, o)), (p, o))
-    out: Counter[str] = Counter()
-    seen = set()
-    for p, o, event_id in messages:
-        seen.add((p, o))
-        if (p, o) in stored:
-            out["stored" if stored[(p, o)] == event_id else "moved"] += 1
-        elif (p, o) in quarantined:
-            out["quarantined"] += 1
-        elif event_id in first_at:
-            # a copy of a stored event; "stored_later": the first copy was passed over, a later one stored
-            out["duplicate" if first_at[event_id] < (p, o) else "stored_later"] += 1
-        else:
-            out["unaccounted"] += 1
-    out["moved"] += sum(1 for pos in stored if pos not in seen)  # a row at an offset the log does not have
-    return out
-
-
-_STOPPED = re.compile(r"ingester stopped (.*)$")
-
-
-def _stopped_stats(path: Path) -> Counter[str]:
-    totals: Counter[str] = Counter()
-    for line in path.read_text(errors="replace").splitlines():
-        if m := _STOPPED.search(line):
-            for k, v in re.findall(r"(\w+)=(\d+)", m.group(1)):
-                totals[k] += int(v)
-    return totals

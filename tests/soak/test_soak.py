@@ -12,7 +12,8 @@ from collections import Counter
 
 import pytest
 
-from tests.soak.harness import FAULT_KINDS, SoakPlan, account_for_log, fault_schedule, run_soak
+from tests.soak.check import account_for_log
+from tests.soak.harness import FAULT_KINDS, SoakPlan, fault_schedule, run_soak
 
 SEED = int(os.environ.get("TRAJLAKE_SOAK_SEED", "1"))
 
