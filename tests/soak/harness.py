@@ -92,7 +92,8 @@ class SoakPlan:
     log_level: str = "INFO"
     """TRAJLAKE_LOG_LEVEL of the gateway and the ingesters (DEBUG shows every commit)."""
     drain_quiet_s: float = 90.0
-    """Stop waiting for the lake once it gained nothing for this long (then the check says what is missing)."""
+    """Stop waiting for the lake once neither it nor the group's read position moved for this long (then the
+    check says what is missing); the spool and the log read back get twice as long."""
 
 
 @dataclass(frozen=True)
@@ -482,7 +483,7 @@ def _drain(cluster: Cluster, answered: set[str], plan: SoakPlan, report: Report)
     offsets and the typed tables hold every answered call; gives up once neither the lake nor the group's
     read position moved for ``drain_quiet_s`` (a replay below the markers stores nothing but moves).
     """
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 2 * plan.drain_quiet_s
     while True:
         cluster.supervise()
         try:
@@ -492,10 +493,11 @@ def _drain(cluster: Cluster, answered: set[str], plan: SoakPlan, report: Report)
         except (httpx.HTTPError, ValueError, KeyError):
             pass
         if time.monotonic() > deadline:
-            report.notes.append("the gateway's spool did not drain within 300 s")
+            report.notes.append(f"the gateway's spool did not drain within {2 * plan.drain_quiet_s:.0f} s")
             break
         time.sleep(1)
-    log_read = read_log(cluster.broker.bootstrap_servers, cluster.topic, expect=answered)
+    log_read = read_log(cluster.broker.bootstrap_servers, cluster.topic, expect=answered,
+                        give_up_s=2 * plan.drain_quiet_s)
     ends: dict[int, int] = {}
     for p, o, _ in log_read.messages:
         ends[p] = max(ends.get(p, -1), o)
