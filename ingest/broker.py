@@ -35,7 +35,10 @@ def free_port() -> int:
 
 
 def port_is_free(port: int) -> bool:
+    """Nothing listens on ``port``. Connections of a killed broker lingering in TIME_WAIT do not count:
+    tansu binds with SO_REUSEADDR, so a restart on the same port works while they linger."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

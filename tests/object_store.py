@@ -59,6 +59,13 @@ class S3Server:
                     raise RuntimeError(f"moto_server did not start on port {self.port}")
                 time.sleep(0.05)
 
+    @property
+    def pid(self) -> int:
+        """The server's process id (to freeze it with SIGSTOP in fault tests)."""
+        if self._proc is None:
+            raise RuntimeError("the S3 server is not running")
+        return self._proc.pid
+
     def new_bucket(self, name: str | None = None) -> str:
         """Create a bucket (a fresh unique one unless ``name`` is given) and return its name."""
         import boto3

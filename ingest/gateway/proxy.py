@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -132,7 +133,7 @@ class ProxyService:
                 answer = None  # passed through as is; the recorder notes the bad JSON
             if isinstance(answer, dict) and strip(current.kind, answer, current.asked):
                 body = json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode()
-        self._record(current.captured(raw_response=reply.body, engine_headers=reply.headers))
+        await self._record_durably(current.captured(raw_response=reply.body, engine_headers=reply.headers))
         self._remember(current, StoredReply(200, body, _JSON))
         return Answer(200, body)
 
@@ -216,6 +217,25 @@ class ProxyService:
 
     def _record(self, captured: CapturedCall) -> None:
         self.emitter.submit(partial(self.recorder.events, captured))
+
+    async def _record_durably(self, captured: CapturedCall) -> None:
+        """Record the call and wait until its events are acknowledged by Kafka or fsynced to the spool.
+
+        Answering before that would leave the events of an answered call only in memory (the emitter's
+        linger plus one acknowledgement, up to ``broker_timeout_s`` while the broker is slow): a gateway
+        killed then lost them (the mixed-fault soak, tests/soak, saw it). The answer goes out either way:
+        events that could not be kept (spool full) are counted and logged by the emitter.
+        """
+        loop = asyncio.get_running_loop()
+        durable: asyncio.Future[bool] = loop.create_future()
+
+        def settle(ok: bool) -> None:
+            if not durable.done():  # the client may have gone (task cancelled) meanwhile
+                durable.set_result(ok)
+
+        self.emitter.submit(partial(self.recorder.events, captured),
+                            on_durable=lambda ok: loop.call_soon_threadsafe(settle, ok))
+        await durable
 
     def _remember(self, current: _Call, reply: StoredReply | None) -> None:
         call = current.call

@@ -1,0 +1,45 @@
+"""The mixed-fault soak, short: about 100 s of calls through the gateway while the ingester, the broker and
+the gateway are SIGKILLed, the object store freezes and the broker stays down a while; then every answered
+call must be in the lake exactly once (``tests/soak/harness.py`` says how it is checked).
+
+``TRAJLAKE_SOAK_SEED`` picks another fault schedule; the long run is ``python -m tests.soak --minutes 30``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+
+from tests.soak.check import account_for_log
+from tests.soak.harness import FAULT_KINDS, SoakPlan, fault_schedule, run_soak
+
+SEED = int(os.environ.get("TRAJLAKE_SOAK_SEED", "1"))
+
+
+def test_the_schedule_is_the_seeds_and_has_every_fault_kind():
+    plan = SoakPlan(seed=SEED, load_s=80)
+    assert fault_schedule(plan) == fault_schedule(plan)
+    assert {f.kind for f in fault_schedule(plan)} == set(FAULT_KINDS)
+    assert fault_schedule(plan) != fault_schedule(SoakPlan(seed=SEED + 1, load_s=80))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a failing run waits out its drain bounds (~8 min) and still stops its processes
+def test_mixed_faults_lose_and_duplicate_nothing(tmp_path):
+    report = run_soak(SoakPlan(seed=SEED, load_s=80), workdir=tmp_path)
+    print(report.render())
+    assert report.answered > 0 and sum(report.faults.values()) >= len(FAULT_KINDS), report.render()
+    assert not report.lost, report.render()
+    assert not any(report.duplicated.values()), report.render()
+    assert report.log_accounting["unaccounted"] == 0 and report.log_accounting["moved"] == 0, report.render()
+    assert report.quarantined == 0 and not report.notes and report.ok, report.render()
+
+
+def test_every_message_of_the_log_is_accounted_for():
+    stored = {(0, 0): "a", (0, 1): "b", (1, 5): "c"}
+    log = [(0, 0, "a"), (0, 1, "b"), (0, 2, "a"), (0, 3, "x"), (1, 4, "q"), (1, 5, "c"), (1, 6, "z")]
+    assert account_for_log(log, stored, quarantined={(1, 4)}) == Counter(
+        stored=3, duplicate=1, quarantined=1, unaccounted=2, moved=0)
+    assert account_for_log([(0, 0, "b")], {(0, 0): "a", (0, 9): "c"}, set())["moved"] == 2
