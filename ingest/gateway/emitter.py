@@ -146,7 +146,9 @@ class Emitter:
         self.spool = spool
         self.batch_max = batch_max
         self.linger_s = linger_s
-        """After the first queued job, wait this long for more: fewer, larger Kafka sends."""
+        """After the first queued job, wait this long for more: fewer, larger Kafka sends. Not when a caller
+        waits for the job to be durable (a gateway answer waits for its events): that batch takes only
+        what is queued already (group commit), so an answer waits one acknowledgement, not the linger."""
         self.retry_interval_s = retry_interval_s
         self.produced = 0
         self.spooled = 0
@@ -214,6 +216,8 @@ class Emitter:
         linger_until = time.monotonic() + self.linger_s
         while item is not None:
             jobs.append(item)
+            if item[1] is not None:  # someone waits for this job: no lingering, take only what is queued already
+                linger_until = 0.0
             if len(jobs) >= self.batch_max:
                 return jobs, False
             try:
