@@ -17,6 +17,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,13 +105,14 @@ def _die_with_parent() -> Callable[[], None] | None:
     return preexec
 
 
-def check_storage(url: str) -> None:
+def check_storage(url: str, env: Mapping[str, str]) -> None:
     """Refuse a storage URL tansu 0.6 cannot use, or an ``s3://`` bucket that is not there.
 
     tansu starts on a missing bucket and then fails every request with an
     undecodable answer; checking first gives an error that names the setting.
     """
     from store.health import LakeUnreachable, check_bucket
+    from store.storage import storage_options
 
     scheme = url.partition("://")[0]
     if scheme == "memory":
@@ -119,7 +121,7 @@ def check_storage(url: str) -> None:
         raise BrokerError(f"broker storage {url!r}: use memory:// (lost on restart) or s3://BUCKET/ "
                           "(kept in an object store; the bundled tansu has no other engine)")
     try:
-        check_bucket(url)
+        check_bucket(url, storage_options(url, env))
     except LakeUnreachable as exc:
         raise BrokerError(f"broker storage {exc}") from None
 
@@ -176,7 +178,7 @@ class EmbeddedBroker:
             self.port = free_port()
         elif not port_is_free(self.port):
             raise BrokerError(f"port {self.port} is already in use: pick another with --port")
-        check_storage(self.storage_url)
+        check_storage(self.storage_url, {**os.environ, **self.env})
         url = f"tcp://127.0.0.1:{self.port}"
         cmd = [
             broker_binary(), "broker",
