@@ -174,6 +174,7 @@ def _llm(span: Span, envelope: _Envelope, *, kind: str) -> list[Event]:
         params = json_attribute(attrs["llm.invocation_parameters"], "llm.invocation_parameters")
         if not isinstance(params, dict):
             raise SpanError("llm.invocation_parameters must be a JSON object")
+        params = {k: v for k, v in params.items() if k != "model"}  # the model is the request's own field
     answer = output(span)
     response_ids = attrs.get("trajlake.response_token_ids")
     request = {
@@ -195,7 +196,8 @@ def _llm(span: Span, envelope: _Envelope, *, kind: str) -> list[Event]:
         "token_source": "engine" if response_ids is not None else "none",
         "usage": _usage(attrs),
         "latency_ms": envelope.duration_ms,
-        "policy_version": envelope.identity["policy_version"] or attrs.get("gen_ai.response.model"),
+        "policy_version": (envelope.identity["policy_version"] or attrs.get("gen_ai.response.model")
+                           or attrs.get("llm.model_name")),
         "error": span.error,
     }
     return [envelope.event("llm.request", request, at_end=False), envelope.event("llm.response", response, at_end=True)]
@@ -229,9 +231,9 @@ def _agent(span: Span, envelope: _Envelope) -> list[Event]:
 def _tools(attrs: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     if "gen_ai.tool.definitions" in attrs:
         tools = json_attribute(attrs["gen_ai.tool.definitions"], "gen_ai.tool.definitions")
-        if not isinstance(tools, list):
-            raise SpanError("gen_ai.tool.definitions must be a JSON list")
-        return tools
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise SpanError("gen_ai.tool.definitions must be a JSON list of objects")
+        return [_openai_tool(t) for t in tools]
     schemas = sorted((int(k.split(".")[2]), v) for k, v in attrs.items()
                      if k.startswith("llm.tools.") and k.endswith(".tool.json_schema") and k.split(".")[2].isdigit())
     if schemas:  # OpenInference: one JSON tool definition per index
@@ -249,6 +251,13 @@ def _tools(attrs: Mapping[str, Any]) -> list[dict[str, Any]] | None:
             function["parameters"] = json_attribute(function["parameters"], "llm.request.functions.N.parameters")
         tools.append({"type": "function", "function": function})
     return tools
+
+
+def _openai_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool definition in OpenAI's form; the conventions' flat form (``name`` beside ``type``) is nested."""
+    if "function" in tool or "name" not in tool:
+        return tool
+    return {"type": tool.get("type", "function"), "function": {k: v for k, v in tool.items() if k != "type"}}
 
 
 def _usage(attrs: Mapping[str, Any]) -> dict[str, Any] | None:

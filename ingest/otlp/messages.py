@@ -29,6 +29,8 @@ _MESSAGE_EVENTS = {
     "gen_ai.system.message": "system", "gen_ai.user.message": "user",
     "gen_ai.assistant.message": "assistant", "gen_ai.tool.message": "tool",
 }
+_FINISH_REASONS = {"tool_call": "tool_calls"}
+"""Finish reasons the conventions spell otherwise than OpenAI's format, which the lake stores."""
 _INDEXED = re.compile(r"gen_ai\.(prompt|completion)\.(\d+)\.(.+)")
 _TOOL_CALL_KEY = re.compile(r"tool_calls\.(\d+)\.(id|name|arguments)")
 _OPENINFERENCE = re.compile(r"llm\.(input|output)_messages\.(\d+)\.message\.(.+)")
@@ -87,7 +89,8 @@ def input_messages(span: Span) -> list[dict[str, Any]] | None:
 def output(span: Span) -> Output:
     attrs = _with_details(span)
     finish_reasons = attrs.get("gen_ai.response.finish_reasons")
-    default_reason = finish_reasons[0] if isinstance(finish_reasons, list) and finish_reasons else None
+    default_reason = (finish_reasons[0] if isinstance(finish_reasons, list) and finish_reasons
+                      else attrs.get("llm.finish_reason"))  # OpenInference
     if "gen_ai.output.messages" in attrs:
         messages = [_openai(m, "gen_ai.output.messages") for m in _list(attrs["gen_ai.output.messages"],
                                                                         "gen_ai.output.messages")]
@@ -108,6 +111,7 @@ def output(span: Span) -> Output:
 
 
 def _answer(messages: list[dict[str, Any]], reason: str | None) -> Output:
+    reason = _FINISH_REASONS.get(reason, reason) if reason is not None else None
     if not messages:
         return Output(finish_reason=reason)
     m = messages[0]
