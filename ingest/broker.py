@@ -35,7 +35,10 @@ def free_port() -> int:
 
 
 def port_is_free(port: int) -> bool:
+    """True when nothing listens on ``port``; connections of a gone process in TIME_WAIT do not count
+    (tansu rebinds over them, as SO_REUSEADDR lets this probe)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
