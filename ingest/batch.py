@@ -1,7 +1,8 @@
 """One batch of Kafka records: bounded by count, bytes and age; decoded at commit.
 
 ``Batch.decode`` validates every record (msgspec fast path, pydantic for
-whatever it refuses: ``schemas.fast``), drops duplicates (by tenant and
+whatever it refuses: ``schemas.fast``; a producer's ``ingest.rejected`` envelope is
+quarantined with the producer's reason), drops duplicates (by tenant and
 event_id) and returns the ``events`` rows, the rejected inputs and, per
 partition, the last offset the batch covers (what the commit's transaction
 markers say). A valid record at or below the ``events`` marker is a replay:
@@ -22,6 +23,7 @@ import pyarrow as pa
 
 from ingest.dedupe import SeenEventIds
 from ingest.redaction import Redactor
+from ingest.rejected import producer_rejection
 from schemas.errors import InvalidEvent
 from schemas.events import Event
 from schemas.fast import FastEvent, decode_batch
@@ -112,6 +114,7 @@ class Batch:
                 try:
                     event = decode(r.value, max_bytes=max_event_bytes)
                 except InvalidEvent as exc:
+                    exc = producer_rejection(r.value) or exc
                     rejected.append(_rejected(r.value, r.key, at, exc, max_event_bytes, redactor))
                     continue
             key = (event.tenant, event.event_id)

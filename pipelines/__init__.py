@@ -12,7 +12,7 @@ from pipelines.diff import DatasetDiff, diff_versions
 from pipelines.export import ExportResult, export_parquet
 from pipelines.failures import Extraction, FailureConfig, NothingSelected, append_packets, extract_failures, write_jsonl
 from pipelines.outcomes import SuccessRule
-from pipelines.lineage import Lineage, LineageNotFound, lineage
+from pipelines.lineage import AmbiguousId, Lineage, LineageNotFound, lineage
 from pipelines.openlineage import run_event
 from pipelines.registry import DatasetNotFound, get_manifest, list_versions, parse_ref, read_dataset
 from pipelines.samples import CorruptTable
@@ -42,6 +42,7 @@ __all__ = [
     "ExportResult",
     "Lineage",
     "LineageNotFound",
+    "AmbiguousId",
     "RewardRule",
     "Selection",
     "SourceMissing",

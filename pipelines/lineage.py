@@ -12,6 +12,8 @@ checkpoints trained from it.
 
 An id is resolved in this order: ``NAME@VERSION`` (dataset version),
 checkpoint id, rollout id, event id, then a bare dataset name (latest version).
+Rollout and event ids are unique per tenant only: one that several tenants
+used is refused (``AmbiguousId``, naming them) unless ``tenant`` picks one.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ TRAIN_RUNS_TABLE = "train_runs"
 
 class LineageNotFound(LookupError):
     """The id matches no dataset version, checkpoint, rollout or event."""
+
+
+class AmbiguousId(LookupError):
+    """A rollout or event id that several tenants used, looked up without a tenant."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +67,7 @@ class Lineage:
     checkpoints: list[CheckpointUse] = field(default_factory=list)
     rollouts: list[str] = field(default_factory=list)
     events: pa.Table | None = None
-    """event_id, type, rollout_id, seq, kafka_topic, kafka_partition, kafka_offset."""
+    """event_id, tenant, type, rollout_id, seq, kafka_topic, kafka_partition, kafka_offset."""
     sources: dict[str, int] = field(default_factory=dict)
     """For a dataset version: source table -> Delta version it was built from."""
     parent_checkpoint: str | None = None
@@ -84,8 +90,10 @@ class Lineage:
         return [dict(zip(("topic", "partition", "first", "last", "events"), row)) for row in rows]
 
 
-def lineage(lake: Lake, ref: str) -> Lineage:
+def lineage(lake: Lake, ref: str, *, tenant: str | None = None) -> Lineage:
     """Trace ``ref`` (NAME@VERSION, checkpoint id, rollout id, event id or dataset name).
+
+    ``tenant`` scopes a rollout or event id; without it, an id several tenants used raises ``AmbiguousId``.
 
     >>> lineage(Lake("./lake"), "nightly@3").offset_ranges()  # doctest: +SKIP
     """
@@ -101,7 +109,7 @@ def lineage(lake: Lake, ref: str) -> Lineage:
             if found is not None:
                 return found
         for kind, finder in (("rollout", _rollout), ("event", _event)):
-            found = finder(con, tables, ref)
+            found = finder(con, tables, ref, tenant)
             if found is not None:
                 return found
         if REGISTRY_TABLE in tables and con.execute(
@@ -111,7 +119,8 @@ def lineage(lake: Lake, ref: str) -> Lineage:
     finally:
         con.close()
     raise LineageNotFound(
-        f"{ref!r} is no dataset version (NAME@VERSION), checkpoint, rollout or event id in lake {lake.root!r}: "
+        f"{ref!r} is no dataset version (NAME@VERSION), checkpoint, rollout or event id"
+        f"{f' of tenant {tenant!r}' if tenant is not None else ''} in lake {lake.root!r}: "
         "check the id, or list datasets with `trajlake datasets list`"
     )
 
@@ -122,7 +131,7 @@ def _typed() -> list[str]:
 
 def _events_sql(tables: list[str], where: str) -> str:
     parts = [
-        f"""SELECT event_id, '{etype}' AS type, rollout_id, seq, kafka_topic, kafka_partition, kafka_offset
+        f"""SELECT event_id, tenant, '{etype}' AS type, rollout_id, seq, kafka_topic, kafka_partition, kafka_offset
             FROM {name} WHERE {where}"""
         for etype, (name, _) in TYPED_TABLES.items()
         if name in tables
@@ -184,12 +193,16 @@ def _dataset(lake: Lake, con: duckdb.DuckDBPyConnection, tables: list[str], name
     manifest = get_manifest(lake, name, version)
     use = DatasetUse(name, manifest["version"])
     used = con.execute(
-        f"""SELECT rollout_id, call_event_ids || reward_event_ids AS ids FROM {LINEAGE_TABLE}
-            WHERE dataset = ? AND version = ? ORDER BY rollout_id""",
+        f"""SELECT rollout_id FROM {LINEAGE_TABLE} WHERE dataset = ? AND version = ? ORDER BY rollout_id""",
         [name, use.version],
     ).to_arrow_table()
-    con.register("used_events", pa.table({"event_id": used["ids"].combine_chunks().flatten()}))
-    events = _events(con, tables, "event_id IN (SELECT event_id FROM used_events)", [])
+    con.execute(  # by (rollout_id, event_id): event ids are unique per tenant, a version's rollout ids across tenants
+        f"""CREATE OR REPLACE TEMP TABLE used_events AS
+            SELECT rollout_id, unnest(call_event_ids || reward_event_ids) AS event_id FROM {LINEAGE_TABLE}
+            WHERE dataset = ? AND version = ?""",
+        [name, use.version],
+    )
+    events = _events(con, tables, "(rollout_id, event_id) IN (SELECT (rollout_id, event_id) FROM used_events)", [])
     return Lineage(
         kind="dataset",
         subject=f"{name}@{use.version}",
@@ -212,16 +225,30 @@ def _uses(con: duckdb.DuckDBPyConnection, tables: list[str], rollout_id: str, ev
     return [DatasetUse(d, int(v), bool(hit) if event_id is not None else None) for d, v, hit in rows]
 
 
-def _rollout(con: duckdb.DuckDBPyConnection, tables: list[str], rollout_id: str) -> Lineage | None:
-    events = _events(con, tables, "rollout_id = ?", [rollout_id])
-    uses = _uses(con, tables, rollout_id, None)
-    if (events is None or events.num_rows == 0) and not uses:
+def _scoped(con: duckdb.DuckDBPyConnection, tables: list[str], column: str, ref: str,
+            tenant: str | None) -> pa.Table | None:
+    """Events whose ``column`` is ``ref`` (of ``tenant``); ``AmbiguousId`` when several tenants match and none is given."""
+    if tenant is not None:
+        return _events(con, tables, f"{column} = ? AND tenant = ?", [ref, tenant])
+    events = _events(con, tables, f"{column} = ?", [ref])
+    tenants = sorted(set(events["tenant"].to_pylist())) if events is not None else []
+    if len(tenants) > 1:
+        what = column.removesuffix("_id")
+        raise AmbiguousId(f"{what} id {ref!r} is used by tenants {', '.join(tenants)}: pass --tenant to pick one")
+    return events
+
+
+def _rollout(con: duckdb.DuckDBPyConnection, tables: list[str], rollout_id: str, tenant: str | None) -> Lineage | None:
+    events = _scoped(con, tables, "rollout_id", rollout_id, tenant)
+    held = events is not None and events.num_rows > 0
+    uses = _uses(con, tables, rollout_id, None) if held or tenant is None else []
+    if not held and not uses:
         return None
     return Lineage("rollout", rollout_id, uses, _checkpoints(con, tables, uses), [rollout_id], events)
 
 
-def _event(con: duckdb.DuckDBPyConnection, tables: list[str], event_id: str) -> Lineage | None:
-    events = _events(con, tables, "event_id = ?", [event_id])
+def _event(con: duckdb.DuckDBPyConnection, tables: list[str], event_id: str, tenant: str | None) -> Lineage | None:
+    events = _scoped(con, tables, "event_id", event_id, tenant)
     if events is None or events.num_rows == 0:
         return None
     rollout_id = events["rollout_id"][0].as_py()

@@ -14,7 +14,10 @@ conditional puts (``aws_conditional_put=etag``): MinIO, R2 and S3 itself
 refuse to overwrite an existing Delta log entry, which is what makes
 concurrent writers (two schedulers, several ingesters) safe without an
 external lock. With keys given, nothing reaches for the cloud's instance
-metadata; without keys, delta-rs and DuckDB use the usual credential chain.
+metadata. Without keys an S3 lake is refused (``CredentialsMissing``, one
+line naming the settings) unless ``TRAJLAKE_AWS_CREDENTIAL_CHAIN=true`` asks
+delta-rs, DuckDB and pyarrow to use the AWS credential chain (profiles, web
+identity, and the instance metadata address).
 """
 
 from __future__ import annotations
@@ -31,6 +34,16 @@ if TYPE_CHECKING:
     from store.lake import Lake
 
 _OBJECT_STORE_PREFIXES = ("AWS_", "AZURE_", "GOOGLE_")
+CREDENTIAL_CHAIN = "TRAJLAKE_AWS_CREDENTIAL_CHAIN"
+"""``true``: an S3 lake without keys may use the AWS credential chain (which can ask the instance metadata)."""
+
+
+class StoreUnreachable(OSError):
+    """The lake's object store does not answer, refuses the credentials, or lacks the bucket."""
+
+
+class CredentialsMissing(StoreUnreachable):
+    """An S3 lake without keys, and the credential chain (instance metadata) not asked for."""
 
 
 def is_local(root: str) -> bool:
@@ -43,15 +56,23 @@ def storage_options(root: str, env: Mapping[str, str] | None = None) -> dict[str
 
     >>> storage_options("./lake", {"AWS_REGION": "eu-west-1"})
     {}
-    >>> storage_options("s3://b/lake", {"AWS_REGION": "eu-west-1"})
+    >>> storage_options("s3://b/lake", {"AWS_REGION": "eu-west-1", "TRAJLAKE_AWS_CREDENTIAL_CHAIN": "true"})
     {'AWS_REGION': 'eu-west-1', 'aws_conditional_put': 'etag'}
+
+    Raises ``CredentialsMissing`` for an S3 lake with neither keys nor ``TRAJLAKE_AWS_CREDENTIAL_CHAIN=true``.
     """
     if is_local(root):
         return {}
     env = os.environ if env is None else env
     options = {key: value for key, value in env.items() if key.startswith(_OBJECT_STORE_PREFIXES)}
-    if root.startswith(("s3://", "s3a://")) and "AWS_S3_LOCKING_PROVIDER" not in options:
-        options.setdefault("aws_conditional_put", "etag")
+    if root.startswith(("s3://", "s3a://")):
+        keys = _option(options, "AWS_ACCESS_KEY_ID") and _option(options, "AWS_SECRET_ACCESS_KEY")
+        if not keys and env.get(CREDENTIAL_CHAIN, "").strip().lower() not in ("1", "true", "yes"):
+            raise CredentialsMissing(
+                f"lake {root} is on S3 but AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set: set them, or set "
+                f"{CREDENTIAL_CHAIN}=true to use the AWS credential chain (profiles, instance metadata)")
+        if "AWS_S3_LOCKING_PROVIDER" not in options:
+            options.setdefault("aws_conditional_put", "etag")
     return options
 
 
@@ -125,8 +146,6 @@ def duckdb_secret(root: str, options: Mapping[str, str]) -> str | None:
     return f"CREATE OR REPLACE SECRET trajlake_lake ({', '.join(parts)})"
 
 
-class StoreUnreachable(OSError):
-    """The lake's object store does not answer, refuses the credentials, or lacks the bucket."""
 
 
 def store_problem(root: str, options: Mapping[str, str]) -> str | None:

@@ -199,11 +199,13 @@ def test_storage_options_come_from_the_environment_for_object_store_lakes() -> N
     from store.lake import Lake
     from store.storage import list_tables, storage_options
 
-    env = {"AWS_ENDPOINT_URL": "http://minio:9000", "AWS_ALLOW_HTTP": "true", "HOME": "/root", "TRAJLAKE_LAKE": "x"}
+    env = {"AWS_ENDPOINT_URL": "http://minio:9000", "AWS_ALLOW_HTTP": "true", "HOME": "/root", "TRAJLAKE_LAKE": "x",
+           "AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "s"}
     assert storage_options("./lake", env) == {}
     assert storage_options("s3://trajlake/lake", env) == {
-        "AWS_ENDPOINT_URL": "http://minio:9000", "AWS_ALLOW_HTTP": "true", "aws_conditional_put": "etag"}
-    locked = storage_options("s3://b/l", {"AWS_S3_LOCKING_PROVIDER": "dynamodb"})
+        "AWS_ENDPOINT_URL": "http://minio:9000", "AWS_ALLOW_HTTP": "true", "AWS_ACCESS_KEY_ID": "a",
+        "AWS_SECRET_ACCESS_KEY": "s", "aws_conditional_put": "etag"}
+    locked = storage_options("s3://b/l", {"AWS_S3_LOCKING_PROVIDER": "dynamodb", "TRAJLAKE_AWS_CREDENTIAL_CHAIN": "1"})
     assert "aws_conditional_put" not in locked
     assert storage_options("az://c/l", {"AZURE_STORAGE_ACCOUNT_NAME": "a"}) == {"AZURE_STORAGE_ACCOUNT_NAME": "a"}
     assert list_tables(Lake(str(ROOT / "no-such-lake"))) == []

@@ -14,6 +14,12 @@ and resumed from its last restart point. With ``chain`` (the default) each
 version trains on top of the newest checkpoint of the same dataset, so only
 the oldest untrained version of a dataset is eligible; the first starts from
 ``config.model``.
+
+Inside an active lineage (``pipelines.openlineage``, as ``trajlake train
+--follow`` sets up), each version it trains is an OpenLineage run
+``train.<dataset>`` (``trainer.train_lineage``): START, then COMPLETE with the
+dataset version as input and the checkpoint as output, or FAIL with the error.
+A version another follower holds is skipped before any run starts.
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ from store.identity import lake_id
 from store.lake import Lake
 from trainer.config import TrainConfig
 from trainer.leases import LeaseLost, VersionHeld
-from trainer.loop import DEFAULT_LEASE, StepLog, train_dataset
+from trainer.leases import history as lease_history
+from trainer.loop import DEFAULT_LEASE, StepLog
 from trainer.records import CheckpointRecord, list_checkpoints, run_states, version_states
+from trainer.train_lineage import traced_train
 from trainer.versions import ControlListener, VersionKey, registry_versions
 
 log = logging.getLogger(__name__)
@@ -137,11 +145,15 @@ def _train_one(lake: Lake, config: TrainConfig, key: VersionKey, *, chain: bool,
     history = [c for c in list_checkpoints(lake, dataset=name) if c.dataset_version < version] if chain else []
     parent = history[-1] if history else None
     run_config = config.model_copy(update={"model": parent.hf_path}) if parent else config
-    log.info("event=follow_train dataset=%s version=%d base=%s", name, version, run_config.model)
     began = datetime.now(UTC)
+    claims = lease_history(lake, name, version)
+    if claims and claims[-1].held(began):  # checked before a lineage run starts; the claim decides again
+        log.info("event=follow_skip_held dataset=%s version=%d reason=held by %s", name, version, claims[-1].owner)
+        return None
+    log.info("event=follow_train dataset=%s version=%d base=%s", name, version, run_config.model)
     try:
-        record = train_dataset(lake, name, version, run_config, lease=lease, on_step=on_step,
-                               parent_checkpoint_id=parent.checkpoint_id if parent else None)  # fmt: skip
+        record = traced_train(lake, name, version, run_config, lease=lease, on_step=on_step,
+                              parent_checkpoint_id=parent.checkpoint_id if parent else None)  # fmt: skip
         return record if record.created_at >= began else None  # else another follower just finished it
     except (VersionHeld, LeaseLost) as exc:
         log.info("event=follow_skip_held dataset=%s version=%d reason=%s", name, version, exc)

@@ -106,7 +106,7 @@ def main() -> None:
 
 def _store_problem(args: list[str]) -> str | None:
     """After a crash: what is wrong with the lake's object store, if anything (one line)."""
-    from store.storage import storage_options, store_problem
+    from store.storage import CredentialsMissing, storage_options, store_problem
 
     root = os.environ.get("TRAJLAKE_LAKE", "")
     for i, arg in enumerate(args):
@@ -114,7 +114,10 @@ def _store_problem(args: list[str]) -> str | None:
             root = args[i + 1]
         elif arg.startswith("--lake="):
             root = arg.removeprefix("--lake=")
-    return store_problem(root, storage_options(root)) if root else None
+    try:
+        return store_problem(root, storage_options(root)) if root else None
+    except CredentialsMissing as exc:
+        return str(exc)
 
 
 if __name__ == "__main__":

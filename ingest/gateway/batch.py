@@ -17,6 +17,7 @@ from typing import Any
 from ingest.gateway.bodies import parse_object
 from ingest.gateway.emitter import Emitter
 from ingest.gateway.errors import BadRequest, EventsRefused
+from ingest.rejected import RejectedInput
 from schemas.errors import InvalidEvent
 from schemas.events import Event
 from schemas.versions import MAX_EVENT_BYTES, validate_event
@@ -64,8 +65,8 @@ def _check(index: int, item: Any, tenant: str) -> Event | EventResult:
         return EventResult(index, "rejected", event_id, str(exc))
 
 
-async def emit_durably(events: list[Event], *, emitter: Emitter) -> None:
-    """Hand validated events to the emitter; return once they are durable, else raise ``EventsRefused``."""
+async def emit_durably(events: list[Event | RejectedInput], *, emitter: Emitter) -> None:
+    """Hand validated events (or inputs to quarantine, ``ingest.rejected``) to the emitter; return once they are durable, else raise ``EventsRefused``."""
     if not events:
         return
     loop = asyncio.get_running_loop()

@@ -33,6 +33,7 @@ from typing import Protocol
 from confluent_kafka import KafkaException, Producer
 
 from ingest.redaction import Redactor
+from ingest.rejected import RejectedInput
 from ingest.spool import Spool, SpoolFull, record_size
 from schemas.errors import InvalidEvent
 from schemas.events import Event
@@ -41,14 +42,16 @@ from schemas.versions import MAX_EVENT_BYTES
 log = logging.getLogger(__name__)
 _kafka_log = logging.getLogger("ingest.gateway.kafka")
 
-Job = Callable[[], Sequence[Event]]
+Job = Callable[[], Sequence[Event | RejectedInput]]
 Durable = Callable[[bool], None]
 """Told True once a job's events are acknowledged by Kafka or fsynced to the spool, else False."""
 KeyValue = tuple[bytes, bytes]
 
 
-def encode(event: Event) -> KeyValue:
-    """Kafka (key, value) of one validated event: key = rollout_id, value = compact JSON."""
+def encode(event: Event | RejectedInput) -> KeyValue:
+    """Kafka (key, value) of one validated event (key = rollout_id, value = compact JSON), or of a rejected input."""
+    if isinstance(event, RejectedInput):
+        return event.record()
     value = event.model_dump_json().encode()
     if len(value) > MAX_EVENT_BYTES:
         raise InvalidEvent("(event)", f"{len(value)} bytes exceeds the {MAX_EVENT_BYTES}-byte limit")
@@ -237,10 +240,10 @@ class Emitter:
                 log.error("event build failed error=%r: nothing recorded for this call", exc, exc_info=True)
         return records
 
-    def _redact(self, events: Sequence[Event]) -> Sequence[Event]:
+    def _redact(self, events: Sequence[Event | RejectedInput]) -> Sequence[Event | RejectedInput]:
         if self.redactor is None:
             return events
-        out = [self.redactor.redact(e) for e in events]
+        out = [e.redacted(self.redactor) if isinstance(e, RejectedInput) else self.redactor.redact(e) for e in events]
         self.redacted += sum(new is not old for new, old in zip(out, events))
         return out
 

@@ -10,7 +10,8 @@ LLM / TOOL / AGENT; its other kinds, CHAIN, RETRIEVER..., are structure and igno
 - ``invoke_agent``: the rollout itself when the span is a root (no parent):
   ``rollout.started`` and ``rollout.finished``; a nested agent span records
   nothing of its own, its span id is the parent of its calls (sub-agents nest);
-- any other operation, or an unreadable GenAI span: rejected with a reason;
+- any other operation, or an unreadable GenAI span: rejected with a reason, and
+  the span kept for quarantine (``SpanOutcome.quarantine``, ``ingest.rejected``);
 - a span with no GenAI attributes at all (HTTP, database, ...): ignored.
 
 Rollout identity (``ROLLOUT_ATTRIBUTES``): the span's attribute, else the
@@ -26,6 +27,7 @@ Token ids are recorded only when the span carries ``trajlake.prompt_token_ids``
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +36,7 @@ from typing import Any
 
 from ingest.otlp.messages import SpanError, input_messages, json_attribute, loose_json, output
 from ingest.otlp.wire import Span
+from ingest.rejected import RejectedInput
 from schemas.errors import InvalidEvent
 from schemas.events import Event
 from schemas.versions import SCHEMA_VERSION, validate_event
@@ -60,6 +63,8 @@ class SpanOutcome:
     span: Span
     events: list[Event] = field(default_factory=list)
     rejected: str | None = None
+    quarantine: RejectedInput | None = None
+    """A rejected span as it goes to the events topic, for the ingester to quarantine with its reason."""
 
     @property
     def ignored(self) -> bool:
@@ -78,7 +83,10 @@ def span_events(spans: Sequence[Span], *, tenant: str, default_task: str) -> lis
         try:
             outcomes.append(SpanOutcome(span, events=_events(span, _Envelope(span, tenant, default_task, by_id))))
         except (SpanError, InvalidEvent) as exc:
-            outcomes.append(SpanOutcome(span, rejected=str(exc)))
+            where, problem = (exc.field, exc.problem) if isinstance(exc, InvalidEvent) else ("(span)", str(exc))
+            rollout_id = _identity(span, by_id)["rollout_id"] or span.trace_id
+            kept = RejectedInput(tenant, rollout_id, where, problem, dataclasses.asdict(span))
+            outcomes.append(SpanOutcome(span, rejected=str(exc), quarantine=kept))
     return outcomes
 
 

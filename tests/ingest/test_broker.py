@@ -34,6 +34,17 @@ def test_stop_frees_the_port():
         s.bind(("127.0.0.1", port))
 
 
+def test_a_killed_broker_restarts_on_its_port_while_old_connections_linger():
+    with EmbeddedBroker() as b:
+        b.create_topic("t", partitions=1)
+        producer = KafkaProducer(bootstrap_servers=b.bootstrap_servers)
+        producer.send("t", b"x").get(timeout=10)
+        b.kill()  # the broker closes its side first: those sockets sit in TIME_WAIT on its port
+        producer.close()
+        b.start()  # tansu rebinds such a port; the free-port check must let it
+        assert b.create_topic("t2", partitions=1) == 1
+
+
 def test_port_in_use_gives_a_clear_error(broker):
     with pytest.raises(BrokerError):
         EmbeddedBroker(port=broker.port).start(timeout_s=2)

@@ -24,10 +24,8 @@ PARTITIONS = (0, 1, 2, 3)
 
 
 @pytest.fixture
-def restartable(monkeypatch) -> EmbeddedBroker:
+def restartable() -> EmbeddedBroker:
     """A broker of its own (memory storage), restarted on the same port by ``restart``."""
-    # tansu rebinds a port whose old connections are in TIME_WAIT; the wrapper's bind check would refuse it
-    monkeypatch.setattr("ingest.broker.port_is_free", lambda port: True)
     with EmbeddedBroker() as b:
         yield b
 
@@ -152,11 +150,10 @@ def _recreated(broker, topic) -> bool:
     return True
 
 
-def test_broker_restarted_with_a_persistent_log_is_no_alarm_and_loses_nothing(s3_server, s3_lake, monkeypatch):
+def test_broker_restarted_with_a_persistent_log_is_no_alarm_and_loses_nothing(s3_server, s3_lake):
     """tansu on s3:// storage keeps every record at its offset across SIGKILL (its end offsets are still wrong):
     the ingester must carry on, neither refusing nor skipping. The lake is on the same object store."""
     lake = s3_lake
-    monkeypatch.setattr("ingest.broker.port_is_free", lambda port: True)
     broker = EmbeddedBroker(storage_url=f"s3://{s3_server.new_bucket()}/", env=s3_server.env).start()
     topic = "events"
     try:

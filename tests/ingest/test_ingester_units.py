@@ -9,6 +9,7 @@ from ingester_support import stream, wire_event
 from ingest.batch import Batch
 from ingest.dedupe import SeenEventIds
 from ingest.ingester import IngesterConfig
+from ingest.rejected import RejectedInput
 from schemas.tables import EVENTS
 from store.commit import MarkedTable
 
@@ -72,6 +73,18 @@ def test_oversized_event_is_rejected_whole_without_parsing():
     batch.add(records([big]))
     (rejected,) = batch.decode(SeenEventIds(), max_event_bytes=1000).rejected
     assert rejected.raw == big and "exceeds the 1000-byte limit" in rejected.reason and rejected.event_id is None
+
+
+def test_an_input_its_producer_rejected_is_quarantined_with_the_producers_reason():
+    key, value = RejectedInput("acme", "r-1", "(span)", "unsupported operation 'embeddings'", {"span_id": "a1"}).record()
+    forged = json.dumps({"trajlake_rejected": {"field": 3}}).encode()  # not an envelope: validated as an event
+    batch = Batch()
+    batch.add([Record("t", 0, 0, key, value), *records([forged], start=1)])
+    decoded = batch.decode(SeenEventIds(), max_event_bytes=100_000)
+    (kept, other) = decoded.rejected
+    assert (kept.field, kept.raw, kept.key) == ("(span)", value, b"r-1")
+    assert "rejected by the producer: unsupported operation 'embeddings'" in kept.reason
+    assert other.field != "(span)" and "producer" not in other.reason
 
 
 def test_dead_letter_topic_defaults_to_topic_dot_dlq():

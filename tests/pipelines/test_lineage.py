@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 
 import pyarrow as pa
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
 from ingest.ingester import IngesterConfig, ingest_until_idle
 from ingest.producer import EventProducer
 from ingest.workload import WorkloadConfig, generate_events
-from pipelines import BuildConfig, LineageNotFound, build_dataset, lineage
+from pipelines import AmbiguousId, BuildConfig, LineageNotFound, build_dataset, lineage
 from schemas.tables import TS
 from tests.pipelines.test_build import agent
+from trajlake.cli import build_app
 from trajlake.commands.lineage import render
 
 CHECKPOINTS = pa.schema([pa.field("checkpoint_id", pa.string()), pa.field("dataset", pa.string()),
@@ -104,6 +107,32 @@ def test_unknown_ids_are_refused_with_a_hint(lake, rows):
         lineage(lake, "no-such-thing")
     with pytest.raises(LookupError, match="no dataset has been built"):
         lineage(lake, "ds@3")
+
+
+def test_ids_two_tenants_share_are_looked_up_per_tenant(lake, rows, monkeypatch):
+    agent(rows, "r1", "t", 1.0, tenant="acme")
+    shared = rows.rows["rewards"][-1]["event_id"]
+    agent(rows, "r2", "t", 0.0, tenant="beta")
+    rows.rows["rewards"][-1]["event_id"] = shared  # beta's producer picked the same event id
+    rows.rollout("rs", "t", tenant="acme")
+    rows.rollout("rs", "t", tenant="beta")
+    rows.flush()
+    build_dataset(lake, "ds")
+    assert lineage(lake, "ds@0").events.num_rows == 10  # each rollout's own reward, not both twice
+    for ref in (shared, "rs"):
+        with pytest.raises(AmbiguousId, match="tenants acme, beta: pass --tenant"):
+            lineage(lake, ref)
+    beta = lineage(lake, shared, tenant="beta")
+    assert (beta.rollouts, beta.events["tenant"].to_pylist()) == (["r2"], ["beta"])
+    assert [(d.dataset, d.used_event) for d in beta.datasets] == [("ds", True)]
+    assert set(lineage(lake, "rs", tenant="acme").events["tenant"].to_pylist()) == {"acme"}
+    with pytest.raises(LineageNotFound, match="of tenant 'gamma'"):
+        lineage(lake, shared, tenant="gamma")
+    monkeypatch.setenv("TRAJLAKE_LAKE", lake.root)
+    asked = CliRunner().invoke(build_app(), ["lineage", shared])
+    assert asked.exit_code == 1 and "pass --tenant" in asked.output and "Traceback" not in asked.output
+    picked = CliRunner().invoke(build_app(), ["lineage", shared, "--tenant", "acme", "--json"])
+    assert picked.exit_code == 0 and json.loads(picked.output)["rollouts"] == ["r1"]
 
 
 @pytest.mark.slow

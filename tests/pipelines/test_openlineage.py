@@ -182,3 +182,38 @@ def test_file_transport_and_settings_errors(tmp_path, rollouts_lake):
         with pytest.raises(LineageConfigError, match=fix):
             open_lineage(CommonSettings(**bad))
     assert dataset_id("s3://bucket/lake/events") == ("s3://bucket", "lake/events")
+
+
+def test_each_version_a_follower_trains_is_a_run_and_a_refused_one_fails(lake, tmp_path, tiny_model_dir):
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from schemas.tables import SAMPLES
+    from trainer.config import TrainConfig
+    from trainer.follow import follow
+    from trainer.synthetic import synthetic_samples
+    from trajlake.settings import CommonSettings
+
+    bad = synthetic_samples(str(tiny_model_dir), groups=2).to_pylist()
+    bad[1]["input_ids"][3] = 99_999  # outside the tiny model's vocabulary: refused at validation
+    lake.append("datasets/syn", pa.Table.from_pylist(bad, schema=SAMPLES), schema=SAMPLES)
+    write_deltalake(lake.uri("datasets/syn"), synthetic_samples(str(tiny_model_dir), groups=2, seed=1), mode="overwrite")
+    stop = threading.Event()
+    give_up = threading.Timer(300, stop.set)  # a follower that never trains syn@1 must not hang the suite
+    give_up.start()
+    config = TrainConfig(model=str(tiny_model_dir), out=str(tmp_path / "ck"), epochs=1, micro_batch_tokens=80, seed=0)
+    with Receiver() as receiver:
+        with open_lineage(CommonSettings(openlineage_transport="http", openlineage_url=receiver.url)).active():
+            [record] = follow(lake, config, stop_event=stop, poll_interval_s=0.2,
+                              on_checkpoint=lambda _: stop.set())
+    give_up.cancel()
+    events = [validated(b) for b in receiver.bodies]
+    assert [(e.job.name, e.eventType.value) for e in events] == [
+        ("train.syn", "START"), ("train.syn", "FAIL"), ("train.syn", "START"), ("train.syn", "COMPLETE")]
+    assert "outside the vocabulary" in events[1].run.facets["errorMessage"].message
+    done = events[3]
+    assert [(d.name.rsplit("/", 2)[-2:], d.facets["version"].datasetVersion) for d in done.inputs] == [
+        (["datasets", "syn"], "1")]
+    [checkpoint] = done.outputs
+    assert checkpoint.facets["version"].datasetVersion == record.checkpoint_id
+    assert events[2].run.runId == done.run.runId != events[0].run.runId

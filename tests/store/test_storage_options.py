@@ -5,6 +5,8 @@ from store.lake import Lake
 
 def test_an_s3_lake_takes_aws_settings_from_the_environment(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "ak")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "sk")
     lake = Lake("s3://bucket/lake")
     assert lake.storage_options["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000"
     assert lake.storage_options["aws_conditional_put"] == "etag"
@@ -49,3 +51,28 @@ def test_a_store_problem_names_the_setting(s3_server, s3_env) -> None:
     assert "does not exist" in store_problem("s3://missing-bucket/lake", storage_options(root))
     unreachable = {**storage_options(root), "AWS_ENDPOINT_URL": "http://127.0.0.1:1", "AWS_ENDPOINT": "http://127.0.0.1:1"}
     assert "AWS_ENDPOINT_URL" in store_problem(root, unreachable)
+
+
+def test_without_keys_an_s3_lake_is_refused_unless_the_credential_chain_is_asked_for(s3_server, s3_env, monkeypatch):
+    import subprocess
+    import sys
+
+    import pytest
+
+    from store.storage import CredentialsMissing, duckdb_secret
+
+    root = f"s3://{s3_server.new_bucket()}/lake"
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "TRAJLAKE_AWS_CREDENTIAL_CHAIN"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(CredentialsMissing, match="TRAJLAKE_AWS_CREDENTIAL_CHAIN=true"):
+        Lake(root)
+    run = subprocess.run([sys.executable, "-m", "trajlake.cli", "sql", "SELECT 1", "--lake", root],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.count("\n") == 1 and "AWS_ACCESS_KEY_ID" in run.stderr and "CREDENTIAL_CHAIN" in run.stderr
+    # asked for: allowed through to the engines' credential chain (not called here: it would ask the
+    # instance metadata address, as delta-rs's object_store does without keys, whatever AWS_EC2_METADATA_DISABLED says)
+    monkeypatch.setenv("TRAJLAKE_AWS_CREDENTIAL_CHAIN", "true")
+    lake = Lake(root)
+    assert "AWS_ACCESS_KEY_ID" not in lake.storage_options
+    assert "PROVIDER credential_chain" in duckdb_secret(root, lake.storage_options)

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
 
-from pipelines import DatasetNotFound, Lineage, LineageNotFound, get_manifest, lineage, run_event
+from pipelines import AmbiguousId, DatasetNotFound, Lineage, LineageNotFound, get_manifest, lineage, run_event
 from store.lake import Lake
 from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings
@@ -19,14 +19,16 @@ def lineage_command(
     ref: str = typer.Argument(..., help="NAME@VERSION, checkpoint id, rollout id, event id, or dataset NAME."),
     lake: str | None = LAKE_OPTION,
     limit: int = typer.Option(10, min=0, help="Rollouts and events to list by id (all are counted)."),
+    tenant: str | None = typer.Option(
+        None, help="Tenant of a rollout or event id (ids are unique per tenant; one several tenants used needs it)."),
     as_json: bool = typer.Option(False, "--json", help="Print the lineage as JSON (every id)."),
     openlineage: bool = typer.Option(False, "--openlineage", help="For a dataset version: print its build as an OpenLineage RunEvent."),
 ) -> None:
     """Trace an id down to rollouts, events and Kafka offsets, and up to dataset versions and checkpoints."""
     settings = CommonSettings(**({"lake": lake} if lake else {}))
     try:
-        found = lineage(Lake(settings.lake), ref)
-    except (LineageNotFound, DatasetNotFound) as exc:
+        found = lineage(Lake(settings.lake), ref, tenant=tenant)
+    except (LineageNotFound, DatasetNotFound, AmbiguousId) as exc:
         Console(stderr=True).print(Text.assemble(("error: ", "bold red"), str(exc)))
         raise typer.Exit(code=1) from None
     if openlineage:

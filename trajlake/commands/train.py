@@ -157,7 +157,7 @@ def _follow(lake: Lake, config: TrainConfig, s: TrainSettings, ref: DatasetRef |
     where = f"Kafka {kafka} + registry poll every {s.follow_poll_s:g} s" if kafka else f"registry poll every {s.follow_poll_s:g} s"
     console.print(f"following {ref.name if ref else 'all datasets'} ({where}); Ctrl-C stops after the current version",
                   highlight=False)  # fmt: skip
-    with _progress(console) as (_, on_step):
+    with _progress(console) as (_, on_step), (open_lineage(s) if _is_main_rank() else Lineage(None)).active():
         follow(
             lake, config, stop_event=stop, bootstrap_servers=kafka, control_topic=s.control_topic,
             datasets=[ref.name] if ref else None, poll_interval_s=s.follow_poll_s,

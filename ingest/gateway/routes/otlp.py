@@ -4,7 +4,8 @@ Point any OpenTelemetry OTLP/HTTP exporter here (protobuf or JSON, gzip or
 not) with a gateway key in its headers; the key's tenant owns the events. The
 answer is an ``ExportTraceServiceResponse``, sent once the events are durable;
 spans that could not be recorded are counted in its ``partial_success`` with
-their reasons (as ``POST /v1/events`` answers a rejected event), and logged.
+their reasons (as ``POST /v1/events`` answers a rejected event), logged, and
+sent on for the ingester to quarantine with their reasons (``ingest.rejected``).
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ async def post_traces(request: Request, services: ServicesDep, tenant: TenantDep
         if services.emitter.spool_full:
             raise EventsRefused("the gateway's event spool is full (broker unreachable for long): retry later")
         outcomes = span_events(spans, tenant=tenant, default_task=UNATTACHED_TASK)
-        await emit_durably([e for o in outcomes for e in o.events], emitter=services.emitter)
+        quarantine = [o.quarantine for o in outcomes if o.quarantine is not None]
+        await emit_durably([e for o in outcomes for e in o.events] + quarantine, emitter=services.emitter)
         rejected = [f"span {o.span.span_id} ({o.span.name}): {o.rejected}" for o in outcomes if o.rejected]
         counter = _spans_counter(request, services)
         for result, n in (("accepted", sum(bool(o.events) for o in outcomes)), ("rejected", len(rejected)),

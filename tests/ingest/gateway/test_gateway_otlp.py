@@ -242,10 +242,27 @@ def test_json_body_and_partial_success_names_each_rejected_span(recorded):
     assert partial["rejectedSpans"] == "2"  # int64 is a string in protobuf's JSON
     assert "a000000000000008" in partial["errorMessage"] and "embeddings" in partial["errorMessage"]
     assert "a000000000000009" in partial["errorMessage"]
-    wait_for(lambda: len(sink.records) == 10, what="10 events of the fixture's 5 recorded spans")
+    wait_for(lambda: len(sink.records) == 12, what="10 events of the fixture's 5 recorded spans + 2 rejected spans")
     metrics = httpx.get(f"{url}/metrics").text
     assert 'trajlake_gateway_otlp_spans_total{result="rejected"} 2.0' in metrics
     assert 'trajlake_gateway_otlp_spans_total{result="ignored"} 2.0' in metrics  # HTTP span, nested agent span
+
+
+def test_rejected_spans_are_quarantined_with_their_reasons(settings, broker, topic, group, lake):
+    settings.bootstrap_servers, settings.topic = broker.bootstrap_servers, topic
+    with serve(create_gateway_app(settings)) as url:
+        answer = httpx.post(f"{url}/v1/traces", content=(FIXTURES / "semconv_genai.json").read_bytes(),
+                            headers={**AUTH, "content-type": "application/json"})
+    assert answer.json()["partialSuccess"]["rejectedSpans"] == "2"
+    stats = ingest_until_idle(IngesterConfig(lake=lake.root, bootstrap_servers=broker.bootstrap_servers,
+                                             topic=topic, group=group, dlq_topic=""), idle_s=1.5)
+    assert stats.quarantined == 2 and stats.events == 10
+    rows = run_query(lake, "SELECT field, reason, raw FROM quarantine ORDER BY reason").to_pylist()
+    kept = {json.loads(r["raw"])["input"]["span_id"]: r for r in rows}
+    assert set(kept) == {"a000000000000008", "a000000000000009"}
+    embeddings = kept["a000000000000008"]
+    assert embeddings["field"] == "(span)" and "unsupported gen_ai.operation.name 'embeddings'" in embeddings["reason"]
+    assert all(json.loads(r["raw"])["tenant"] == TENANT for r in rows)
 
 
 def test_refusals_name_what_to_fix(recorded):
