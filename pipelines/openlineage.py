@@ -233,7 +233,10 @@ def open_lineage(config: LineageConfig) -> Lineage:
     if transport == "http":
         if not config.openlineage_url:
             raise LineageConfigError("the http transport needs TRAJLAKE_OPENLINEAGE_URL (e.g. http://marquez:5000)")
-        spec |= {"url": config.openlineage_url, "endpoint": config.openlineage_endpoint}
+        # The client's default retries (5, backoff 0.3 s) hold a run ~9 s per event while the server is down.
+        spec |= {"url": config.openlineage_url, "endpoint": config.openlineage_endpoint, "timeout": 5.0,
+                 "retry": {"total": 2, "read": 2, "connect": 2, "backoff_factor": 0.2,
+                           "status_forcelist": [500, 502, 503, 504], "allowed_methods": ["HEAD", "POST"]}}
         if config.openlineage_api_key:
             spec["auth"] = {"type": "api_key", "apiKey": config.openlineage_api_key}
     elif transport == "file":

@@ -39,7 +39,7 @@ def test_read_only_commands_exit_zero_every_time(where: str, request: pytest.Fix
     env = {**os.environ, "TRAJLAKE_LAKE": lake.root}
     python = [sys.executable]
     commands = 20 * [[*python, "-c", READ_AND_EXIT, lake.root]] + 2 * [
-        [*python, "-m", "trajlake.cli", *args] for args in (["runs", "--json"], ["tables"], ["datasets", "list"])
+        [*python, "-m", "trajlake.cli", *args] for args in (["runs", "--json"], ["tables", "--json"], ["datasets", "list", "--json"])
     ]
     codes = exit_codes(commands, env)
     assert codes == [0] * len(commands), codes
