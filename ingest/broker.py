@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -90,9 +91,11 @@ def _die_with_parent() -> Callable[[], None] | None:
 
     Without it, a ``trajlake broker`` killed with SIGKILL leaves tansu running
     and holding the port. Linux ties the child to the *thread* that started
-    it: start brokers from a thread that lives as long as they should.
+    it, so only a broker started from the main thread gets it: one started from
+    a worker thread (the soak restarts brokers from its fault thread) would be
+    killed when that thread ends; its owner stops it instead.
     """
-    if not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
         return None
     parent = os.getpid()
     libc = ctypes.CDLL(None, use_errno=True)

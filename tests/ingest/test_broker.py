@@ -1,4 +1,5 @@
 import socket
+import time
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
@@ -53,3 +54,20 @@ def test_port_in_use_gives_a_clear_error(broker):
 def test_zero_partitions_refused(broker):
     with pytest.raises(ValueError, match="partitions"):
         broker.create_topic("x", partitions=0)
+
+
+def test_a_broker_started_from_a_worker_thread_outlives_that_thread():
+    """Linux sends the parent-death signal when the *thread* that forked the child ends: a broker started
+    from a thread that then exits (the soak restarts brokers from its fault thread) must keep running."""
+    import threading
+
+    broker = EmbeddedBroker()
+    starter = threading.Thread(target=broker.start)
+    starter.start()
+    starter.join()
+    try:
+        time.sleep(0.5)
+        assert broker.running
+        broker.create_topic("after-the-thread", partitions=1)
+    finally:
+        broker.stop()
