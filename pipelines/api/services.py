@@ -199,7 +199,7 @@ class QueryService:
         """``pipelines.lineage`` cut down to the tenant: its events, rollouts and its own dataset versions."""
         hint = "pass a dataset NAME@VERSION, checkpoint id, rollout id or event id of yours"
         try:
-            found = lineage(self.lake, ref)
+            found = lineage(self.lake, ref, tenant=tenant)
         except (LineageNotFound, DatasetNotFound, ValueError):
             raise NotFound(f"nothing of yours has the id {ref!r}", hint=hint) from None
         mine = {(v.dataset, v.version) for vs in visible_versions(self.lake, tenant).values() for v in vs}
