@@ -48,14 +48,20 @@ class ApiError extends Error {
   }
 }
 
-// Calls the JSON API with the tab's key; on 401 forgets the key and asks again.
+// Calls the JSON API with the tab's key; on 401 forgets the key and asks again; retries 429 (busy) with backoff.
 async function api(path, params) {
   const url = new URL(path, window.location.origin);
   for (const [name, value] of Object.entries(params || {})) {
     if (value !== null && value !== undefined && value !== "") url.searchParams.set(name, value);
   }
   const key = sessionStorage.getItem(KEY_SLOT);
-  const response = await fetch(url, { headers: { Authorization: `Bearer ${key}` }, credentials: "omit" });
+  let response;
+  // 429: the tenant's query slots are taken (a page fires several calls at once); wait and ask again.
+  for (let attempt = 0; ; attempt++) {
+    response = await fetch(url, { headers: { Authorization: `Bearer ${key}` }, credentials: "omit" });
+    if (response.status !== 429 || attempt >= 6) break;
+    await new Promise((resolve) => setTimeout(resolve, 250 * 2 ** attempt));
+  }
   const body = await response.json().catch(() => null);
   if (response.status === 401) {
     sessionStorage.removeItem(KEY_SLOT);
