@@ -7,6 +7,11 @@ requests on its pipe until the pipe closes: ``("open", tenant, extra)``,
 ``("describe",)``, ``("close",)``. Each answer is ``("ok", value)`` or
 ``("error", kind, message, hint)``; tables travel as Arrow IPC bytes. It
 imports only ``store`` so that it starts fast.
+
+A query that hit the cap can leave the worker's address space near it
+(DuckDB's buffers, allocator arenas); the next tenant's ``open`` would then
+fail on a small allocation. So at ``close`` a worker with less than
+``RETIRE_HEADROOM`` of its budget left answers ``("ok", "retire")`` and exits.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ from store.tenant_sql import (
 TableRef = tuple[str, int | None]
 """(Delta table name, version) of a relation a session exposes besides the tenant tables."""
 
+RETIRE_HEADROOM = 0.25
+"""Fraction of ``memory_bytes`` a worker must still have free at ``close`` to serve another session."""
+
 REPORTED_ERRORS = frozenset({"QueryRefused", "QueryTimeout", "WriteRefused", "QueryError"})
 """Query errors reported by their class name; any other ``QueryError`` as ``QueryError``."""
 
@@ -42,7 +50,7 @@ def serve(conn: Connection, root: str, limits: SandboxLimits, memory_bytes: int,
     with open_tenant_sandbox(empty_snapshot(), "warm-up", limits=limits) as box:
         box.query("SELECT count(*) FROM events", limit=1)  # DuckDB's threads and allocator exist before the cap
     session = _Session(Lake(root), limits, snapshot_ttl_s)
-    _cap_address_space(memory_bytes)
+    cap = _cap_address_space(memory_bytes)
     conn.send(("ready",))
     while True:
         try:
@@ -50,7 +58,11 @@ def serve(conn: Connection, root: str, limits: SandboxLimits, memory_bytes: int,
         except (EOFError, OSError):
             return
         try:
-            conn.send(("ok", session.handle(op, args)))
+            answer = session.handle(op, args)
+            if op == "close" and cap - _address_space() < RETIRE_HEADROOM * memory_bytes:
+                conn.send(("ok", "retire"))
+                return
+            conn.send(("ok", answer))
         except QueryError as e:
             kind = type(e).__name__ if type(e).__name__ in REPORTED_ERRORS else "QueryError"
             conn.send(("error", kind, e.message, e.hint))
@@ -105,12 +117,19 @@ class _Session:
         return self.box.relations
 
 
-def _cap_address_space(extra_bytes: int) -> None:
+def _address_space() -> int:
+    """This process's virtual size in bytes (what ``RLIMIT_AS`` limits)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _cap_address_space(extra_bytes: int) -> int:
+    """Cap the address space at its size now + ``extra_bytes``; the cap."""
     import resource
 
-    with open("/proc/self/statm") as statm:
-        size = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    resource.setrlimit(resource.RLIMIT_AS, (size + extra_bytes, size + extra_bytes))
+    cap = _address_space() + extra_bytes
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    return cap
 
 
 def _limit_malloc_arenas() -> None:

@@ -226,19 +226,38 @@ class WorkerPool:
     @contextmanager
     def session(self, tenant: str, extra: Mapping[str, TableRef] | None = None) -> Iterator[RemoteSandbox]:
         """A worker holding ``tenant``'s sandbox (plus ``extra`` Delta tables by view name) for the block."""
-        worker = self._take()
+        worker, relations = self._open(tenant, extra)
         times = {"limit_s": self.limits.timeout_s, "grace_s": self.worker_limits.grace_s}
         try:
-            relations = worker.call(("open", tenant, dict(extra or {})), limit_s=self.worker_limits.open_timeout_s,
-                                    grace_s=self.worker_limits.grace_s)
             yield RemoteSandbox(worker, tenant, relations, self.limits, self.worker_limits)
         finally:
             if worker.alive:
                 try:
-                    worker.call(("close",), **times)
+                    if worker.call(("close",), **times) == "retire":  # near its memory cap: exits by itself
+                        worker.kill()
                 except (QueryError, WorkersUnavailable):
                     worker.kill()
             self._give_back(worker)
+
+    def _open(self, tenant: str, extra: Mapping[str, TableRef] | None) -> tuple[_Worker, frozenset[str]]:
+        """A worker with ``tenant``'s sandbox open. Opening runs no tenant SQL, so a worker that dies
+        doing it was unfit (e.g. left near its cap): one retry on a fresh worker."""
+        retries = 1
+        while True:
+            worker = self._take()
+            try:
+                return worker, worker.call(("open", tenant, dict(extra or {})),
+                                           limit_s=self.worker_limits.open_timeout_s,
+                                           grace_s=self.worker_limits.grace_s)
+            except WorkerDied:
+                self._give_back(worker)
+                if not retries:
+                    raise
+                retries -= 1
+                log.warning("query_worker_died_on_open tenant=%s retrying=1", tenant)
+            except BaseException:
+                self._give_back(worker)
+                raise
 
     def _give_back(self, worker: _Worker) -> None:
         if worker.alive and not self._closed.is_set():
