@@ -61,7 +61,7 @@ saw or sampled. So when a rule changes the token-bearing text of an
 ``llm.request`` (``messages``, ``prompt``, ``tools``) its ``prompt_token_ids``
 are dropped; of an ``llm.response`` (``text``, ``tool_calls``) its
 ``response_token_ids`` and ``logprobs`` are dropped and ``token_source``
-becomes ``none``. Such a call is ``non_engine`` in ``pipelines.calls`` and is
+becomes ``none``. Such a call is ``non_engine`` in ``pipelines.datasets.calls`` and is
 never trained, even with ``--allow-non-engine`` (that needs both token lists);
 no sample starts from it or extends through it: the calls before it are
 trained as usual and merging starts a new sample at the next call that has

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest.broker import EmbeddedBroker
+from devkit.broker import EmbeddedBroker
 from store.lake import Lake
 from tests.object_store import S3Server
 
@@ -46,7 +46,7 @@ def tiny_model_dir() -> Path:
     Shared by every test and every run: treat it as read-only (copy it before
     changing anything, e.g. ``shutil.copytree(tiny_model_dir, tmp_path / "m")``).
     """
-    from trajlake.tiny_model import build_tiny_model, default_model_dir
+    from devkit.tiny_model import build_tiny_model, default_model_dir
 
     return build_tiny_model(default_model_dir())
 

@@ -19,7 +19,7 @@ import time
 import urllib.request
 import uuid
 
-from ingest.broker import free_port
+from devkit.ports import free_port
 
 
 class S3Server:

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from ingest.broker import free_port
+from devkit.ports import free_port
 from schemas.tables import SAMPLES
 from store.lake import Lake
 from tests.ingest.ingester_support import produce, stream
-from trainer.synthetic import synthetic_samples
+from devkit.synthetic import synthetic_samples
 
 
 def trajlake(env: dict[str, str], *args: str, input: str | None = None) -> subprocess.CompletedProcess:

@@ -1,2 +1,2 @@
-"""The trainer: DeepSpeed training on versioned datasets, checkpoints with lineage, and the
-reference upstream that serves a checkpoint (``trainer.serve``)."""
+"""The trainer: DeepSpeed training on versioned datasets, checkpoints with lineage, follow mode and
+nightly runs. The model server that serves a checkpoint is ``serve``."""

@@ -108,7 +108,7 @@ def loss_mask_mode(lake: Lake, ref: DatasetRef, version: int) -> str:
     Read from the build's manifest; a dataset written without the registry
     (by hand, by another tool) is taken to mask actions.
     """
-    from pipelines.registry import DatasetNotFound, get_manifest
+    from pipelines.datasets.registry import DatasetNotFound, get_manifest
 
     try:
         return get_manifest(lake, ref.name, version).get("mask") or "actions"

@@ -17,7 +17,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from ingest.broker import free_port
+from torch.distributed.elastic.utils.distributed import get_free_port
+
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def init_distributed() -> Dist:
     init_method = None
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        os.environ.setdefault("MASTER_PORT", str(get_free_port()))
         # Alone, rendezvous through a file: a port picked now can be taken by any
         # outgoing connection (Kafka, HTTP) before the store binds it.
         folder = tempfile.mkdtemp(prefix="trajlake-dist-")

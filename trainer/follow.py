@@ -15,7 +15,7 @@ version trains on top of the newest checkpoint of the same dataset, so only
 the oldest untrained version of a dataset is eligible; the first starts from
 ``config.model``.
 
-Inside an active lineage (``pipelines.openlineage``, as ``trajlake train
+Inside an active lineage (``pipelines.lineage.openlineage``, as ``trajlake train
 --follow`` sets up), each version it trains is an OpenLineage run
 ``train.<dataset>`` (``trainer.train_lineage``): START, then COMPLETE with the
 dataset version as input and the checkpoint as output, or FAIL with the error.

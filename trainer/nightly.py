@@ -16,8 +16,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pipelines import BuildConfig, EmptyDataset, Selection, SourceMissing, get_manifest
-from pipelines.openlineage import traced_build
-from pipelines.registry import DatasetNotFound, check_name
+from pipelines.lineage.openlineage import traced_build
+from pipelines.datasets.registry import DatasetNotFound, check_name
 from store.lake import Lake
 from store.scheduler import Window
 from trainer.config import TrainConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipelines.openlineage import lake_dataset, traced_run, uri_dataset
+from pipelines.lineage.openlineage import lake_dataset, traced_run, uri_dataset
 from store.lake import Lake
 from trainer.config import TrainConfig
 from trainer.records import CheckpointRecord
@@ -12,7 +12,7 @@ from trainer.records import CheckpointRecord
 
 def traced_train(lake: Lake, dataset: str, version: int | None, config: TrainConfig, **options: Any
                  ) -> CheckpointRecord:
-    """``train_dataset`` as a run of the active lineage (``pipelines.openlineage``); plain training without one.
+    """``train_dataset`` as a run of the active lineage (``pipelines.lineage.openlineage``); plain training without one.
     The checkpoint is the exported folder, versioned by its checkpoint id."""
     from trainer.loop import train_dataset  # torch loads only when something trains
 

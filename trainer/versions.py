@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from pipelines.registry import REGISTRY_TABLE, list_versions
+from pipelines.datasets.registry import REGISTRY_TABLE, list_versions
 from schemas.control import CONTROL_ADAPTER, CONTROL_TOPIC, DatasetVersionEvent
 from store.lake import Lake
 

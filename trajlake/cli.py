@@ -18,7 +18,7 @@ import typer
 import trajlake.commands
 from trajlake.options import EXIT_CODES
 
-OWN_PACKAGES = ("schemas", "store", "ingest", "pipelines", "trainer", "trajlake")
+OWN_PACKAGES = ("schemas", "store", "ingest", "pipelines", "trainer", "serve", "api", "devkit", "trajlake")
 LOUD_LIBRARIES = ("DeepSpeed", "torch", "transformers", "urllib3", "filelock")
 """Libraries that set their own logger level (DeepSpeed logs at INFO with its own handler): WARNING unless DEBUG."""
 """Loggers at TRAJLAKE_LOG_LEVEL; every other library logs WARNING and up only, unless the level is DEBUG."""

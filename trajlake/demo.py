@@ -17,17 +17,17 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from ingest.broker import EmbeddedBroker
+from devkit.broker import EmbeddedBroker
 from ingest.ingester import IngesterConfig, ingest_until_idle
 from ingest.producer import EventProducer
 from ingest.sdk import TrajectoryClient
-from ingest.workload import WorkloadConfig, generate_events
+from devkit.workload import WorkloadConfig, generate_events
 from schemas.control import CONTROL_TOPIC
 from schemas.events import DEFAULT_TOPIC, Harness
 from store.lake import Lake
 from store.sql import run_query
 from trajlake.background import serve_in_thread
-from trajlake.demo_agent import AgentSpec, run_rollout
+from devkit.demo_agent import AgentSpec, run_rollout
 
 DEMO_KEY = "demo-key"
 DEMO_TENANT = "demo-team"
@@ -104,7 +104,7 @@ def _emit_workload(bootstrap: str, config: DemoConfig) -> dict[str, int]:
 
 
 def _tiny_model() -> Path:
-    from trajlake.tiny_model import build_tiny_model, default_model_dir
+    from devkit.tiny_model import build_tiny_model, default_model_dir
 
     return build_tiny_model(default_model_dir())
 
@@ -114,7 +114,7 @@ def _run_agents(bootstrap: str, model_dir: Path, config: DemoConfig) -> dict[str
     from transformers import AutoTokenizer
 
     from ingest.gateway import create_gateway_app
-    from trainer.serve import create_serve_app
+    from serve.app import create_serve_app
     from trajlake.commands.gateway import GatewaySettings
 
     spool = config.workdir.resolve() / "gateway-spool"
@@ -166,13 +166,13 @@ def _train(lake: Lake, model_dir: Path, workdir: Path, version: int):
 
 
 def _lineage(lake: Lake, checkpoint_id: str):
-    from pipelines import lineage
+    from pipelines.lineage.trace import lineage
 
     return lineage(lake, checkpoint_id)
 
 
 def _compare(lake: Lake):
-    from pipelines.compare import Arm, CompareConfig, compare
+    from pipelines.workbench.compare import Arm, CompareConfig, compare
 
     return compare(lake, Arm.parse("demo-agent@1.0"), Arm.parse("demo-agent@1.1"), CompareConfig())
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pyarrow.compute as pc
 
-from ingest.workload import WorkloadConfig, generate_rollouts
+from devkit.workload import WorkloadConfig, generate_rollouts
 from schemas.events import EVENT_ADAPTER
 from schemas.tables import TYPED_TABLES
 from store.event_rows import KafkaCoordinates, events_table, typed_tables

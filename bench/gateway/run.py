@@ -34,7 +34,8 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 from loadgen import RunResult, Target, at_rate, saturate  # noqa: E402
 
-from ingest.broker import EmbeddedBroker, free_port  # noqa: E402
+from devkit.broker import EmbeddedBroker
+from devkit.ports import free_port  # noqa: E402
 
 KEY = "sk-bench"
 BODY = json.dumps({"model": "bench", "max_tokens": 16,

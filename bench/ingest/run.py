@@ -39,10 +39,10 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from ingest.broker import EmbeddedBroker  # noqa: E402
+from devkit.broker import EmbeddedBroker  # noqa: E402
 from ingest.consumer import AssignmentFlag, open_consumer, seek  # noqa: E402
 from ingest.ingester import IngesterConfig, IngestStats, run_ingester  # noqa: E402
-from ingest.workload import WorkloadConfig, generate_events  # noqa: E402
+from devkit.workload import WorkloadConfig, generate_events  # noqa: E402
 
 TOPIC = "bench.events"
 PARTITIONS = (0, 1, 2, 3)

@@ -28,7 +28,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from ingest.workload import WorkloadConfig, generate_events  # noqa: E402
+from devkit.workload import WorkloadConfig, generate_events  # noqa: E402
 from schemas.fast import decode_batch  # noqa: E402
 from schemas.tables import EVENTS, TYPED_TABLES  # noqa: E402
 from schemas.versions import decode_event  # noqa: E402

@@ -41,8 +41,8 @@ from trainer.distributed import Dist, init_distributed  # noqa: E402
 from trainer.loop import StepLog, prepare_run, train_dataset  # noqa: E402
 from trainer.model import load_causal_lm  # noqa: E402
 from trainer.objective import forward_loss  # noqa: E402
-from trainer.synthetic import synthetic_samples  # noqa: E402
-from trajlake.tiny_model import build_tiny_model, default_model_dir  # noqa: E402
+from devkit.synthetic import synthetic_samples  # noqa: E402
+from devkit.tiny_model import build_tiny_model, default_model_dir  # noqa: E402
 
 
 def build_model(out: Path, *, hidden: int, layers: int) -> Path:

@@ -9,7 +9,7 @@ from ingester_support import produce, rollout_events, wire_event
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingest.broker import free_port
+from devkit.ports import free_port
 from ingest.ingest_metrics import IngesterMetrics, serve_metrics
 from ingest.ingester import IngesterConfig, ingest_until_idle
 

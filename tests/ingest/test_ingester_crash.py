@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 from ingester_support import produce
 
-from ingest.workload import WorkloadConfig, generate_events
+from devkit.workload import WorkloadConfig, generate_events
 from store.sql import connect
 
 KILLS = 5

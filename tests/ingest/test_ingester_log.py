@@ -14,7 +14,7 @@ import pytest
 from ingester_support import produce, stream
 from kafka.admin import KafkaAdminClient
 
-from ingest.broker import EmbeddedBroker
+from devkit.broker import EmbeddedBroker
 from ingest.consumer import AssignmentFlag, open_consumer
 from ingest.ingester import IngesterConfig, IngestStats, ingest_until_idle, run_ingester
 from ingest.log_check import LogWentBackwards

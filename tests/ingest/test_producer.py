@@ -7,9 +7,10 @@ from collections import defaultdict
 
 import pytest
 
-from ingest.broker import EmbeddedBroker, free_port
+from devkit.broker import EmbeddedBroker
+from devkit.ports import free_port
 from ingest.producer import CODECS, BrokerUnreachable, EventProducer, encode_event
-from ingest.workload import WorkloadConfig, generate_events
+from devkit.workload import WorkloadConfig, generate_events
 from schemas.errors import InvalidEvent
 from schemas.events import Harness
 from schemas.versions import validate_event

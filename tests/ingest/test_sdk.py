@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ingest.broker import EmbeddedBroker, free_port
+from devkit.broker import EmbeddedBroker
+from devkit.ports import free_port
 from ingest.ids import rfc3339, uuid7
 from ingest.producer import BrokerUnreachable, encode_event
 from ingest.sdk import Harness, SdkSettings, TrajectoryClient, harness_identity

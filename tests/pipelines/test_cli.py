@@ -9,7 +9,7 @@ from kafka import KafkaConsumer
 from typer.testing import CliRunner
 
 from schemas.control import CONTROL_ADAPTER, CONTROL_TOPIC
-from tests.pipelines.test_build import agent
+from tests.pipelines.datasets.test_build import agent
 from trajlake.cli import build_app
 
 

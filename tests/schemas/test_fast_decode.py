@@ -24,7 +24,7 @@ from test_wire_contract import CASES, FLOAT_FIELDS, NON_FINITE, PAYLOADS, event,
 import schemas.versions as versions
 from ingest.batch import Batch
 from ingest.dedupe import SeenEventIds
-from ingest.workload import WorkloadConfig, generate_events
+from devkit.workload import WorkloadConfig, generate_events
 from schemas import events as contract
 from schemas import fast
 from schemas.errors import InvalidEvent

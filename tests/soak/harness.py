@@ -44,7 +44,8 @@ from pathlib import Path
 
 import httpx
 
-from ingest.broker import EmbeddedBroker, free_port, wait_for_port
+from devkit.broker import EmbeddedBroker
+from devkit.ports import free_port, wait_for_port
 from store.lake import Lake
 from store.storage import storage_options
 from tests.object_store import S3Server

@@ -11,7 +11,7 @@ from deltalake import DeltaTable
 
 from store.storage import list_tables
 from tests.pipelines.conftest import LakeRows
-from tests.pipelines.test_build import agent
+from tests.pipelines.datasets.test_build import agent
 
 
 def test_every_table_is_protocol_1_2_and_polars_reads_it_from_s3(s3_lake, s3_env):

@@ -360,7 +360,7 @@ def test_retention_cli_reports_bad_policies(lake: Lake, env: dict, message: str)
 def test_topic_retention_says_when_raw_events_go_or_why_it_cannot_tell() -> None:
     from types import SimpleNamespace
 
-    from ingest.broker import free_port
+    from devkit.ports import free_port
     from ingest.topic_retention import TopicRetention, _parse, topic_retention
 
     week = TopicRetention("events", 7 * 24 * 3600 * 1000)

@@ -232,7 +232,7 @@ NIGHT = datetime(2026, 1, 2, 3, tzinfo=timezone.utc)
 
 @pytest.fixture
 def rollouts_lake(lake: Lake, tmp_path, monkeypatch) -> Lake:
-    from lake_builder import sample_rollout, write_events
+    from tests.store.lake_builder import sample_rollout, write_events
 
     monkeypatch.setenv("TRAJLAKE_HOME", str(tmp_path / "home"))  # the tiny base model is built here
     write_events(lake, sample_rollout("r1") + sample_rollout("r2"))

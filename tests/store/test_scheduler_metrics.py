@@ -8,7 +8,7 @@ import httpx
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingest.broker import free_port
+from devkit.ports import free_port
 from store.lake import Lake
 from store.scheduler import Job, Scheduler
 from store.scheduler_metrics import SchedulerCollector, serve_metrics

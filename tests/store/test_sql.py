@@ -10,7 +10,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from lake_builder import event, sample_rollout, write_events
+from tests.store.lake_builder import event, sample_rollout, write_events
 
 from schemas.tables import INGESTED_TABLES, LOGPROBS, TOKENS
 from store.lake import Lake

@@ -10,7 +10,7 @@ from __future__ import annotations
 import duckdb
 import pyarrow as pa
 import pytest
-from lake_builder import sample_rollout, write_events
+from tests.store.lake_builder import sample_rollout, write_events
 
 from schemas.tables import INGESTED_TABLES
 from store.lake import Lake

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from lake_builder import event, sample_rollout, write_events
+from tests.store.lake_builder import event, sample_rollout, write_events
 
 from store.lake import Lake
 from store.sql import LakeMissing

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from ingest.broker import free_port
+from devkit.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = """

@@ -9,13 +9,13 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pytest
 
-from ingest.broker import free_port
+from devkit.ports import free_port
 from schemas.tables import SAMPLES
 from trainer.config import TrainConfig
 from trainer.errors import TrainerError
 from trainer.follow import follow, pending_versions
 from trainer.records import CheckpointRecord, record_status, request_retry, run_states, write_checkpoint
-from trainer.synthetic import synthetic_samples
+from devkit.synthetic import synthetic_samples
 
 
 def test_unreachable_kafka_falls_back_to_registry_polling(lake, tiny_model_dir, tmp_path, caplog):

@@ -15,14 +15,14 @@ from kafka import KafkaProducer
 from typer.testing import CliRunner
 
 from ingest.topics import ensure_topic
-from pipelines.publish import publish_version
+from pipelines.datasets.publish import publish_version
 from schemas.tables import SAMPLES
 from store.identity import lake_id
 from store.lake import Lake
 from tests.trainer.driver import Follower, config_for, wait_for
 from trainer.follow import pending_versions
 from trainer.records import list_checkpoints, version_states
-from trainer.synthetic import synthetic_samples
+from devkit.synthetic import synthetic_samples
 from trajlake.cli import build_app
 
 

@@ -12,7 +12,7 @@ from trainer.distributed import Dist
 from trainer.errors import ModelLoadError, TokenizerMismatch
 from trainer.loop import prepare_run
 from trainer.model import inspect_model
-from trainer.synthetic import synthetic_samples
+from devkit.synthetic import synthetic_samples
 
 DIST = Dist(rank=0, world_size=1, local_rank=0, device="cpu")
 
@@ -54,7 +54,7 @@ def _register(lake, name: str, manifest: dict) -> None:
     import json
     from datetime import datetime, timezone
 
-    from pipelines.registry import REGISTRY, REGISTRY_TABLE
+    from pipelines.datasets.registry import REGISTRY, REGISTRY_TABLE
 
     row = {"dataset": name, "version": 0, "content_hash": "x", "created_at": datetime.now(timezone.utc),
            "n_samples": 4, "n_rollouts": 4, "n_tokens": 0, "n_trained_tokens": 0, "code_version": None,

@@ -52,7 +52,7 @@ def test_versions_come_from_the_delta_log_without_a_registry(lake):
 
 
 def test_versions_come_from_the_registry_when_it_exists(lake):
-    from pipelines.registry import REGISTRY, REGISTRY_TABLE
+    from pipelines.datasets.registry import REGISTRY, REGISTRY_TABLE
 
     row = {"dataset": "a", "version": 7, "content_hash": "h", "created_at": datetime.now(UTC), "n_samples": 1,
            "n_rollouts": 1, "n_tokens": 1, "n_trained_tokens": 1, "code_version": None, "manifest": "{}"}  # fmt: skip

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from schemas.tables import SAMPLES
 from trainer.model import inspect_model
 from trainer.records import CheckpointRecord, write_checkpoint
-from trainer.synthetic import synthetic_samples
+from devkit.synthetic import synthetic_samples
 from trajlake.cli import build_app
 
 runner = CliRunner()

@@ -12,7 +12,7 @@ import pytest
 import torch
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from ingest.broker import free_port
+from devkit.ports import free_port
 from ingest.topics import ensure_topic
 from schemas.control import CONTROL_ADAPTER, CheckpointReadyEvent, DatasetVersionEvent
 from schemas.tables import SAMPLES
@@ -23,7 +23,7 @@ from trainer.dataset import DatasetRef, load_samples
 from trainer.loop import evaluate
 from tests.trainer.driver import Follower, config_for, drive, env, wait_for
 from trainer.records import list_checkpoints, run_states
-from trainer.synthetic import response_logprob, synthetic_samples
+from devkit.synthetic import response_logprob, synthetic_samples
 
 @pytest.fixture(scope="module")
 def synthetic(tiny_model_dir):

@@ -13,7 +13,7 @@ import uuid
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from ingest.broker import free_port, port_is_free
+from devkit.ports import free_port, port_is_free
 
 TOPIC = "trajlake.events"
 

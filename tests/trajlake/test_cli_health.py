@@ -20,7 +20,7 @@ def test_an_empty_s3_lake_is_healthy_and_a_missing_bucket_is_not(s3_lake, s3_ser
 
 
 def test_an_unreachable_object_store_names_the_settings(s3_env, monkeypatch):
-    from ingest.broker import free_port
+    from devkit.ports import free_port
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
@@ -37,7 +37,7 @@ def test_broker_check_needs_the_topic(broker, topic, tmp_path):
 
 
 def test_broker_down_is_unhealthy(tmp_path):
-    from ingest.broker import free_port
+    from devkit.ports import free_port
 
     result = health("--lake", str(tmp_path), "--broker", "--bootstrap-servers", f"127.0.0.1:{free_port()}")
     assert result.exit_code == 1 and "does not answer" in result.output

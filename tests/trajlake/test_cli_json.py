@@ -7,7 +7,7 @@ import json
 from typer.testing import CliRunner
 
 from tests.pipelines.conftest import LakeRows
-from tests.pipelines.test_build import agent
+from tests.pipelines.datasets.test_build import agent
 from tests.store.test_forget import T0, ingest, rollout_events
 from trajlake.cli import build_app
 

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from ingest.broker import free_port
+from devkit.ports import free_port
 
 
 def serve(args: list[str], env: dict[str, str]) -> subprocess.Popen:

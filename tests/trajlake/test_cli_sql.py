@@ -5,17 +5,14 @@ from __future__ import annotations
 import csv
 import io
 import json
-import sys
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import typer
 from typer.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "store"))  # the SQL tests' lake builder, as pytest does there
 
-from lake_builder import sample_rollout, write_events  # noqa: E402
+from tests.store.lake_builder import sample_rollout, write_events
 
 from schemas.tables import TOKENS  # noqa: E402
 from store.lake import Lake  # noqa: E402

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from ingest.broker import BrokerError, EmbeddedBroker
+from devkit.broker import BrokerError, EmbeddedBroker
 from schemas.events import DEFAULT_TOPIC
 from trajlake.settings import CommonSettings
 

@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from ingest.broker import probe_broker
+from ingest.broker_probe import probe_broker
 from ingest.topics import ensure_topic
 from pipelines import (
     BadFilter,
@@ -36,7 +36,7 @@ from pipelines import (
     list_versions,
     parse_ref,
 )
-from pipelines.openlineage import LineageConfigError, open_lineage, traced_build
+from pipelines.lineage.openlineage import LineageConfigError, open_lineage, traced_build
 from schemas.control import CONTROL_TOPIC
 from store.lake import Lake
 from trajlake.options import LAKE_OPTION, TIME_HELP, parse_time

@@ -44,7 +44,7 @@ def show(console: Console, result: Any) -> None:
     import pyarrow as pa
 
     from pipelines import BuildResult, Lineage
-    from pipelines.compare import Comparison
+    from pipelines.workbench.compare import Comparison
     from trainer.records import CheckpointRecord
     from trajlake.commands.datasets import render_manifest
     from trajlake.commands.lineage import render as render_lineage

@@ -7,7 +7,7 @@ from kafka.errors import KafkaError
 from rich.console import Console
 from rich.text import Text
 
-from ingest.broker import probe_broker
+from ingest.broker_probe import probe_broker
 from ingest.topics import topic_partitions
 from store.health import LakeUnreachable, check_lake
 from store.lake import Lake

@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
 
-from pipelines import AmbiguousId, DatasetNotFound, Lineage, LineageNotFound, get_manifest, lineage, run_event
+from pipelines import AmbiguousId, DatasetNotFound, Lineage, LineageNotFound, get_manifest, run_event
+from pipelines.lineage.trace import lineage
 from store.lake import Lake
 from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings

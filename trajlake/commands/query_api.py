@@ -62,8 +62,8 @@ def query_api(
     import uvicorn
 
     from ingest.gateway.auth import KeyConfigError, KeyRing
-    from pipelines.api import create_query_app
-    from pipelines.api.limits import header_limited_h11
+    from api import create_query_app
+    from api.limits import header_limited_h11
 
     overrides = {"lake": lake, "query_api_keys_file": keys_file}
     console = Console(stderr=True)

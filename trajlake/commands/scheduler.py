@@ -31,7 +31,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.openlineage import open_lineage
+from pipelines.lineage.openlineage import open_lineage
 from store.compact import compact
 from store.lake import Lake
 from store.retention import apply_retention
@@ -41,7 +41,7 @@ from store.scheduler_metrics import serve_metrics as serve_scheduler_metrics
 from trainer.nightly import NightlyConfig, nightly_job
 from trajlake.commands.ops import OpsSettings, fail
 from trajlake.options import LAKE_OPTION, TIME_HELP, parse_time
-from trajlake.tiny_model import build_tiny_model, default_model_dir
+from devkit.tiny_model import build_tiny_model, default_model_dir
 
 
 class SchedulerSettings(OpsSettings):

@@ -11,7 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from rich.console import Console
 
 from trajlake.signals import exit_cleanly_on_stop_signals
-from trajlake.tiny_model import build_tiny_model, default_model_dir
+from devkit.tiny_model import build_tiny_model, default_model_dir
 
 
 class ServeModelSettings(BaseSettings):
@@ -49,7 +49,7 @@ def serve_model(
     exit_cleanly_on_stop_signals()
     import uvicorn
 
-    from trainer.serve import create_serve_app  # torch/transformers: only when serving
+    from serve.app import create_serve_app  # torch/transformers: only when serving
 
     console = Console()
     flags = {"model": model, "host": host, "port": port, "served_name": served_name,

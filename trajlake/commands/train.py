@@ -23,7 +23,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
-from pipelines.openlineage import Lineage, LineageConfigError, open_lineage
+from pipelines.lineage.openlineage import Lineage, LineageConfigError, open_lineage
 from store.lake import Lake
 from trainer.config import TrainConfig, load_deepspeed_json
 from trainer.dataset import DatasetRef
@@ -33,7 +33,7 @@ from trainer.train_lineage import traced_train
 from trainer.train_metrics import TrainMetrics, serve_metrics
 from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings
-from trajlake.tiny_model import build_tiny_model, default_model_dir
+from devkit.tiny_model import build_tiny_model, default_model_dir
 
 if TYPE_CHECKING:  # torch loads only when a command trains
     from trainer.loop import StepLog

@@ -16,10 +16,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from pipelines.compare import Arm, CompareConfig, CompareError, Comparison, MetricResult, compare
-from pipelines.config import RewardRule, Selection
-from pipelines.failure_packets import RolloutPacket
-from pipelines.failures import (
+from pipelines.workbench.compare import Arm, CompareConfig, CompareError, Comparison, MetricResult, compare
+from pipelines.datasets.config import RewardRule, Selection
+from pipelines.workbench.failure_packets import RolloutPacket
+from pipelines.workbench.failures import (
     TABLE,
     Extraction,
     FailureConfig,
@@ -29,8 +29,8 @@ from pipelines.failures import (
     packet_lines,
     write_jsonl,
 )
-from pipelines.outcomes import SuccessRule
-from pipelines.selection import BadFilter
+from pipelines.datasets.outcomes import SuccessRule
+from pipelines.datasets.selection import BadFilter
 from store.lake import Lake
 from store.sql import LakeMissing
 from trajlake.commands.sql import LAKE_OPTION, fail

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from gateway_helpers import KEY, OTHER_KEY, TENANT, memory_emitter, serve, wait_for
 
-from ingest.broker import free_port
+from devkit.ports import free_port
 from ingest.gateway import create_gateway_app
 from ingest.gateway.bodies import MAX_NESTING
 from ingest.gateway.server import MAX_HEADER_BYTES, GatewayHttpProtocol

@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 from ingest.gateway import create_gateway_app
 from ingest.ingester import IngesterConfig, ingest_until_idle
 from schemas.tokenizer_identity import chat_template_hash, tokenizer_identity
-from trainer.serve import create_serve_app
+from serve.app import create_serve_app
 
 MESSAGES = [{"role": "user", "content": "Write a haiku about the sea."}]
 TOOLS = [{"type": "function", "function": {

@@ -11,14 +11,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 
 import httpx
 import pytest
 from gateway_helpers import KEY, emitter_state, read_topic, serve, wait_for
 
-from ingest.broker import EmbeddedBroker, free_port
+from devkit.broker import EmbeddedBroker
+from devkit.ports import free_port
 from ingest.gateway import create_gateway_app
 from ingest.gateway.app import build_emitter
 

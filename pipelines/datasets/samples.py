@@ -1,0 +1,238 @@
+"""Streaming the merged samples: batches of rollouts in, Arrow record batches out.
+
+Rollouts are processed in rollout_id order in batches bounded by
+``batch_tokens``, so memory follows one batch, not the dataset. The rows pass
+through a running SHA-256 (the content hash: config identity + every row in
+(rollout_id, sample_index) order) and the merge statistics on their way to
+the Delta writer. With ``mask="observations"`` the loss mask sits on the
+observation tokens instead and samples without one are not written (rules
+in ``pipelines.datasets.observations``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from pipelines.datasets.calls import BatchTokens, TokenTables, iter_batches, read_ahead
+from pipelines.datasets.config import BuildConfig
+from pipelines.datasets.merging import MISMATCH_CLASSES, Call, Sample, merge_calls, tokenizer_decoders
+from schemas.tables import SAMPLES
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """The rollouts to merge, sorted by rollout_id, with their scalars."""
+
+    rollout_ids: list[str]
+    task_ids: list[str]
+    tenants: list[str]
+    group_ids: list[str]
+    policy_versions: list[str | None]
+    rewards: np.ndarray
+    advantages: np.ndarray
+    token_weights: np.ndarray
+    trained_tokens: np.ndarray
+    read_tokens: np.ndarray
+    reward_event_ids: list[list[str]]
+
+    @classmethod
+    def from_table(cls, table: pa.Table) -> RolloutPlan:
+        col = lambda name: table[name].to_pylist()  # noqa: E731
+        return cls(
+            rollout_ids=col("rollout_id"),
+            task_ids=col("task_id"),
+            tenants=col("tenant"),
+            group_ids=col("group_id"),
+            policy_versions=col("policy_version"),
+            rewards=table["reward"].to_numpy(),
+            advantages=table["advantage"].to_numpy(),
+            token_weights=table["token_weight"].to_numpy(),
+            trained_tokens=table["trained_tokens"].to_numpy(),
+            read_tokens=table["read_tokens"].to_numpy(),
+            reward_event_ids=col("reward_event_ids"),
+        )
+
+
+class SampleStream:
+    """Merges the plan's rollouts batch by batch; ``reader()`` feeds the Delta writer once."""
+
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        tables: TokenTables,
+        plan: RolloutPlan,
+        config: BuildConfig,
+        *,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self._con, self._tables, self._plan, self._config, self._progress = con, tables, plan, config, progress
+        self._index = {rollout_id: i for i, rollout_id in enumerate(plan.rollout_ids)}
+        self._observations = config.mask == "observations"
+        self._decoders = tokenizer_decoders(config.tokenizers)
+        self._hash = hashlib.sha256(json.dumps(config.identity(), sort_keys=True).encode())
+        self.samples_per_rollout: dict[str, int] = {}
+        self.start_reasons: Counter[str] = Counter()
+        self.n_samples = self.n_tokens = self.n_trained_tokens = 0
+        self.n_without_observations = 0
+        """Samples not written in observation mode: they never grew past their first prompt."""
+        self.error: Exception | None = None
+
+    def reader(self) -> pa.RecordBatchReader:
+        return pa.RecordBatchReader.from_batches(SAMPLES, self._recording_errors())
+
+    def _recording_errors(self) -> Iterator[pa.RecordBatch]:
+        """The Delta writer wraps errors raised in the stream in its own; keep the original to re-raise."""
+        try:
+            yield from self._batches()
+        except Exception as exc:
+            self.error = exc
+            raise
+
+    def content_hash(self) -> str:
+        return self._hash.hexdigest()
+
+    def merge_statistics(self) -> dict:
+        counts = np.array(list(self.samples_per_rollout.values()) or [0])
+        histogram = Counter(int(c) for c in counts)
+        return {
+            "samples_per_rollout_mean": round(float(counts.mean()), 4),
+            "samples_per_rollout_max": int(counts.max()),
+            "samples_per_rollout_histogram": {str(k): v for k, v in sorted(histogram.items())},
+            "single_sample_share": round(float((counts == 1).mean()), 4),
+            "mismatches": {cls: self.start_reasons.get(cls, 0) for cls in MISMATCH_CLASSES},
+        }
+
+    def _batches(self) -> Iterator[pa.RecordBatch]:
+        plan, done = self._plan, 0
+        batches = iter_batches(plan.rollout_ids, plan.read_tokens.tolist(), self._config.batch_tokens)
+        for batch, tokens in read_ahead(self._con, self._tables, batches):
+            rows: list[tuple[int, int, Sample]] = []
+            for rollout_id, calls in calls_by_rollout(tokens):
+                i = self._index[rollout_id]
+                samples = merge_calls(calls, decoders=self._decoders)
+                self._check_counts(rollout_id, samples, int(plan.trained_tokens[i]))
+                written = [(i, k, s) for k, s in enumerate(samples) if not self._observations or s.n_observed]
+                self.n_without_observations += len(samples) - len(written)
+                self.samples_per_rollout[rollout_id] = len(written)
+                rows.extend(written)
+            yield self._record_batch(rows)
+            del tokens, rows
+            pa.default_memory_pool().release_unused()
+            done += len(batch)
+            if self._progress is not None:
+                self._progress(done, len(plan.rollout_ids))
+
+    def _record_batch(self, rows: list[tuple[int, int, Sample]]) -> pa.RecordBatch:
+        plan = self._plan
+        ids, masks, logprobs, trained = [], [], [], []
+        for i, k, sample in rows:
+            input_ids, mask, lps = sample.observation_arrays() if self._observations else sample.arrays()
+            ids.append(input_ids)
+            masks.append(mask)
+            logprobs.append(lps)
+            trained.append(sample.n_observed if self._observations else sample.n_trained)
+            self.start_reasons[sample.start_reason] += 1
+            self._hash_row(plan.rollout_ids[i], k, sample, input_ids, mask, lps, i)
+        lengths = np.array([len(x) for x in ids], dtype=np.int64)
+        offsets = pa.array(np.concatenate(([0], np.cumsum(lengths))).astype(np.int32))
+        rollout = [i for i, _, _ in rows]
+        self.n_samples += len(rows)
+        self.n_tokens += int(lengths.sum())
+        self.n_trained_tokens += sum(trained)
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array([f"{plan.rollout_ids[i]}/{k}" for i, k, _ in rows], pa.string()),
+                pa.array([plan.tenants[i] for i in rollout], pa.string()),
+                pa.array([plan.task_ids[i] for i in rollout], pa.string()),
+                pa.array([plan.rollout_ids[i] for i in rollout], pa.string()),
+                pa.array([plan.group_ids[i] for i in rollout], pa.string()),
+                pa.array([k for _, k, _ in rows], pa.int32()),
+                pa.array([s.start_reason for _, _, s in rows], pa.string()),
+                pa.array([s.call_ids for _, _, s in rows], pa.list_(pa.string())),
+                pa.array([s.policy_version or plan.policy_versions[i] for i, _, s in rows], pa.string()),
+                pa.array([s.tokenizer for _, _, s in rows], pa.string()),
+                pa.ListArray.from_arrays(offsets, _concat(ids, np.int32)),
+                pa.ListArray.from_arrays(offsets, _concat(masks, np.int8)),
+                pa.ListArray.from_arrays(offsets, _concat(logprobs, np.float32)),
+                pa.array(plan.advantages[rollout], pa.float32()),
+                pa.array(plan.token_weights[rollout], pa.float32()),
+                pa.array(plan.rewards[rollout], pa.float64()),
+                pa.array(lengths, pa.int32()),
+                pa.array(trained, pa.int32()),
+            ],
+            schema=SAMPLES,
+        )
+
+    def _check_counts(self, rollout_id: str, samples: list[Sample], planned: int) -> None:
+        """The weights were planned from n_response_tokens: the token lists must agree."""
+        actual = sum(s.n_trained for s in samples)
+        if actual != planned:
+            raise CorruptTable(
+                f"rollout {rollout_id}: llm_responses.n_response_tokens sums to {planned} but the response "
+                f"token lists hold {actual} tokens: rebuild the typed tables from events (trajlake rebuild)"
+            )
+
+    def _hash_row(self, rollout_id: str, k: int, sample: Sample, ids: np.ndarray, mask: np.ndarray,
+                  lps: np.ndarray, i: int) -> None:
+        plan = self._plan
+        head = [rollout_id, k, sample.start_reason, sample.call_ids, sample.policy_version or plan.policy_versions[i],
+                sample.tokenizer, float(np.float32(plan.advantages[i])), float(np.float32(plan.token_weights[i])),
+                float(plan.rewards[i])]
+        self._hash.update(json.dumps(head).encode())
+        for array in (ids, mask, lps):
+            self._hash.update(len(array).to_bytes(8, "little"))
+            self._hash.update(np.ascontiguousarray(array).data)  # the bytes tobytes() gave, without the copy
+
+
+def _concat(arrays: list[np.ndarray], dtype: type) -> pa.Array:
+    return pa.array(np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype))
+
+
+class CorruptTable(RuntimeError):
+    """A source table's scalar summaries disagree with its token lists."""
+
+
+def calls_by_rollout(batch: BatchTokens) -> Iterator[tuple[str, list[Call]]]:
+    """Group a batch's calls (sorted by rollout, seq) into ``Call`` lists, tokens as numpy views."""
+    calls = batch.calls
+    if calls.num_rows == 0:
+        return
+    req_row = {e: j for j, e in enumerate(batch.requests["event_id"].to_pylist())}
+    resp_row = {e: j for j, e in enumerate(batch.responses["event_id"].to_pylist())}
+    prompts = _list_views(batch.requests["prompt_token_ids"])
+    responses = _list_views(batch.responses["response_token_ids"])
+    logprobs = _list_views(batch.responses["logprobs"])
+    req = {name: batch.requests[name].to_pylist() for name in ("span_id", "tokenizer", "chat_template_hash")}
+    policy = batch.responses["policy_version"].to_pylist()
+    rollout_ids, call_ids = calls["rollout_id"].to_pylist(), calls["call_id"].to_pylist()
+    req_ids, resp_ids = calls["req_event_id"].to_pylist(), calls["resp_event_id"].to_pylist()
+    start = 0
+    for end in range(1, len(rollout_ids) + 1):
+        if end == len(rollout_ids) or rollout_ids[end] != rollout_ids[start]:
+            group = []
+            for i in range(start, end):
+                q, r = req_row[req_ids[i]], resp_row[resp_ids[i]]
+                group.append(Call(call_id=call_ids[i], span_id=req["span_id"][q], tokenizer=req["tokenizer"][q],
+                                  chat_template_hash=req["chat_template_hash"][q], prompt=prompts(q),
+                                  response=responses(r), logprobs=logprobs(r), policy_version=policy[r]))
+            yield rollout_ids[start], group
+            start = end
+
+
+def _list_views(column: pa.ChunkedArray) -> Callable[[int], np.ndarray | None]:
+    """Row j of a list column as a zero-copy numpy slice (None when null)."""
+    array = column.combine_chunks()
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    offsets = array.offsets.to_numpy()
+    values = array.values.to_numpy(zero_copy_only=False)
+    valid = array.is_valid().to_numpy(zero_copy_only=False)
+    return lambda j: values[offsets[j] : offsets[j + 1]] if valid[j] else None

@@ -1,0 +1,2 @@
+"""Lineage: trace any id (checkpoint, dataset version, rollout, event) to the rest (``trace``) and
+emit OpenLineage run events (``openlineage``)."""

@@ -1,0 +1,2 @@
+"""The harness workbench: compare harness versions, extract failure packets, the statistics behind
+them."""
