@@ -1,4 +1,4 @@
-"""The worker process side of the query API's sandboxes (the server side is ``pipelines.api.workers``).
+"""The worker process side of the query API's sandboxes (the server side is ``api.workers``).
 
 A worker warms up (DuckDB's threads and allocator exist), caps its own
 address space (``RLIMIT_AS``: its size then + ``memory_bytes``), and answers
