@@ -98,6 +98,9 @@ def test_exploding_queries_are_cut_off_in_time_and_memory_and_the_next_query_wor
     assert peak.server - before < 256 << 20, f"server grew by {(peak.server - before) >> 20} MB"
     assert peak.workers < (WORKER_MB + 1024) << 20, f"a worker reached {peak.workers >> 20} MB"
     assert sql(limited, "SELECT count(*) AS n FROM events").json()["rows"] == [[15]]
+    with ExitStack() as held:  # CI once failed here: a worker left near its cap could not open the next session
+        for tenant in ("acme", "acme", "beta", "beta"):
+            held.enter_context(limited.app.state.service.sandbox(tenant))
 
 
 def test_a_killed_worker_is_gone_and_replaced(limited):
@@ -127,17 +130,6 @@ def test_a_worker_dead_before_open_is_replaced_and_the_query_served(limited):
     finally:
         for worker in kept:
             pool._idle.put(worker)
-
-
-def test_after_every_explosion_each_worker_can_open_a_session(limited):
-    """The CI failure: a worker that survived an exploding query near its cap failed the next tenant's open."""
-    for name in ("string", "list", "recursive"):
-        wait_for_idle_worker(limited)
-        sql(limited, EXPLOSIONS[name])
-        service = limited.app.state.service
-        with ExitStack() as held:
-            for tenant in ("acme", "acme", "beta", "beta"):
-                held.enter_context(service.sandbox(tenant))
 
 
 def test_one_tenant_cannot_take_every_query_slot(limited):
@@ -223,16 +215,25 @@ def served(api_lake):
 
 
 def raw_request(port: int, header_bytes: int) -> tuple[int, bytes]:
+    """Status and body of one raw GET; reads until the body is complete (Content-Length) or the server closes."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
         conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * header_bytes + b"\r\n\r\n")
         data = b""
-        while b"\r\n\r\n" not in data or len(data) < 40:
+        while not _complete(data):
             chunk = conn.recv(65536)
             if not chunk:
                 break
             data += chunk
-    status = int(data.split(b" ", 2)[1])
-    return status, data.split(b"\r\n\r\n", 1)[1]
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body
+
+
+def _complete(data: bytes) -> bool:
+    head, sep, body = data.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    lengths = [line.split(b":", 1)[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")]
+    return bool(lengths) and len(body) >= int(lengths[0])
 
 
 @pytest.mark.parametrize("size", [1 << 20, 20_000])  # arriving over many reads, and in one
