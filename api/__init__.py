@@ -26,8 +26,8 @@ Tenant SQL runs in worker processes with hard time and memory limits (``workers`
 """
 
 from api.app import create_query_app
-from api.auth import TenantKeys
 from api.config import QueryApiConfig
+from api.deps import TenantKeys
 from api.services import QueryService
 
 __all__ = ["QueryApiConfig", "QueryService", "TenantKeys", "create_query_app"]

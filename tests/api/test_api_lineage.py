@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import ACME, BETA
 
-import pipelines
+from pipelines.lineage import trace
 
 
 def lineage(client, ref, headers=ACME, **params) -> dict:
@@ -34,7 +34,7 @@ def test_a_dataset_version_goes_down_to_events_and_kafka_offsets(client, api_lak
     body = lineage(client, "acme-only@0")
     assert (body["kind"], body["subject"], body["rollouts"]) == ("dataset", "acme-only@0", ["r1"])
     assert (body["n_events"], len(body["events"])) == (5, 5)  # 2 calls x (request + response), the reward used
-    assert {e["event_id"] for e in body["events"]} == set(pipelines.lineage.trace(api_lake, "acme-only@0")
+    assert {e["event_id"] for e in body["events"]} == set(trace.lineage(api_lake, "acme-only@0")
                                                            .events["event_id"].to_pylist())
     assert sum(r["events"] for r in body["offset_ranges"]) == 5
 
