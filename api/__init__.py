@@ -1,7 +1,7 @@
 """The query API: read-only SQL over a tenant's rows, rollouts, datasets and lineage (FastAPI).
 
-Routes (all but ``/healthz`` need ``Authorization: Bearer KEY`` or ``X-Api-Key: KEY``; the key's tenant
-decides what is visible):
+Routes (all but ``/healthz``, ``/metrics`` and the viewer's pages need ``Authorization: Bearer KEY`` or
+``X-Api-Key: KEY``; the key's tenant decides what is visible):
 
 * ``POST /v1/sql`` ``{sql, limit, offset}`` -> ``{columns, rows, row_count, truncated, limit, offset,
   next_offset}``: one SELECT over the tenant's views (``store.tenant_sql``); pages by limit/offset
@@ -12,6 +12,8 @@ decides what is visible):
 * ``GET /v1/datasets``, ``GET /v1/datasets/{name}?version=``: versions built for the tenant alone
   (``visibility``).
 * ``GET /v1/lineage/{id}?limit=&offset=``: ``pipelines.lineage.trace`` cut down to the tenant.
+* ``/viewer`` pages (static shells, no data) and the JSON they read under ``/v1/viewer`` (``api.viewer``).
+* ``GET /metrics``: Prometheus metrics (no lake data).
 
 Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code", "hint"}}``: 400 query_refused /
 query_error / query_timeout / invalid_json, 401 unauthorized, 404 not_found (also for anything of another
@@ -21,13 +23,18 @@ slots, or the tenant's share), 431 headers_too_large, 503 unavailable (no query 
 Tenant SQL runs in worker processes with hard time and memory limits (``workers``); ``/docs`` and
 ``/redoc`` are off (they load assets from a CDN), ``/openapi.json`` is served.
 
+``app`` assembles (the lifespan owns the service and the token decoder), ``routes/`` holds one router per
+resource, ``deps`` the dependencies, ``models`` the bodies, ``errors`` the error shape and its handlers,
+``limits`` and ``metrics`` the ASGI middleware; ``services``, ``visibility``, ``workers`` and ``viewer/``
+do the work without FastAPI.
+
 >>> from api import create_query_app  # doctest: +SKIP
 >>> app = create_query_app(settings, keys=key_ring)  # doctest: +SKIP
 """
 
 from api.app import create_query_app
-from api.auth import TenantKeys
 from api.config import QueryApiConfig
+from api.deps import TenantKeys
 from api.services import QueryService
 
 __all__ = ["QueryApiConfig", "QueryService", "TenantKeys", "create_query_app"]

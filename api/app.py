@@ -1,9 +1,8 @@
-"""The app factory: assembles the service and the routers; the lifespan owns the service.
+"""The app factory: assembles middleware, error handlers, routers and the viewer's static files;
+the lifespan owns the service (and its query workers) and the viewer's token decoder.
 
-Adding pages (the trajectory viewer): write ``routes/viewer.py`` with an
-``APIRouter`` returning ``HTMLResponse`` (using ``Tenant`` and ``Service``
-like the JSON routes), append it to ``ROUTERS``, and mount its local assets
-with ``app.mount("/static", StaticFiles(directory=...))`` here.
+Routes reach them through ``deps`` (``Tenant``, ``Service``, ``Decoder``, ``Metrics``); a new resource
+is a module under ``routes/`` appended to ``ROUTERS``.
 """
 
 from __future__ import annotations
@@ -12,23 +11,28 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
 
-from api.auth import TenantKeys
 from api.config import QueryApiConfig
+from api.deps import TenantKeys
 from api.errors import install_error_handlers
 from api.limits import BodyLimit, HeaderLimit
-from api.metrics import install_metrics
-from api.routes import datasets, health, lineage, rollouts, sql, viewer
+from api.metrics import MetricsMiddleware, QueryApiMetrics
+from api.routes import datasets, health, lineage, metrics, rollouts, sql, viewer
 from api.services import PageLimits, QueryService
+from api.viewer import STATIC_DIR
+from api.viewer.tokens import TokenDecoder
 from api.workers import WorkerLimits
 from store.lake import Lake
 from store.tenant_sql import SandboxLimits
 
 log = logging.getLogger(__name__)
 
-ROUTERS = (health.router, sql.router, rollouts.router, datasets.router, lineage.router, viewer.router)
+ROUTERS = (health.router, sql.router, rollouts.router, datasets.router, lineage.router, viewer.router,
+           metrics.router)
 
 
 def build_service(settings: QueryApiConfig) -> QueryService:
@@ -62,6 +66,8 @@ def create_query_app(settings: QueryApiConfig, *, keys: TenantKeys) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.service = build_service(settings)
         app.state.keys = keys
+        folder = settings.viewer_tokenizer  # optional: without it the token view shows ids
+        app.state.token_decoder = TokenDecoder(Path(folder) if folder else None)
         # serve once a query can run: /healthz answers only then
         workers = app.state.service.workers
         if not await asyncio.to_thread(workers.wait_ready, workers.worker_limits.start_timeout_s):
@@ -78,9 +84,10 @@ def create_query_app(settings: QueryApiConfig, *, keys: TenantKeys) -> FastAPI:
                   description="Read-only SQL over your rows of the lake, rollouts, datasets and lineage.")
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(HeaderLimit, max_bytes=settings.max_header_bytes)
+    app.state.metrics = QueryApiMetrics()
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # last: outermost, it times everything
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
-    viewer.install(app, settings)
-    install_metrics(app)
+    app.mount("/viewer/static", StaticFiles(directory=STATIC_DIR), name="viewer-static")
     return app

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the query API: requests by route and outcome, latency; served on ``GET /metrics``.
+"""Prometheus metrics of the query API: requests by route and outcome, latency (served by ``routes/metrics``).
 
 ``outcome`` is ``ok`` for answers below 400, else the error body's stable
 ``code`` (``query_timeout``, ``query_refused``, ``query_error``, ``busy``,
@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 import time
 
-from fastapi import FastAPI, Response
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -66,14 +65,3 @@ def _outcome(status: int, body: bytes) -> str:
         code = None
     return code if isinstance(code, str) and code.isidentifier() else f"http_{status}"
 
-
-def install_metrics(app: FastAPI) -> QueryApiMetrics:
-    """Count every request of ``app`` and serve the registry on ``GET /metrics`` (no key: no lake data in it)."""
-    metrics = QueryApiMetrics()
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
-
-    async def metrics_endpoint() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE)
-
-    app.add_api_route("/metrics", metrics_endpoint, methods=["GET"], include_in_schema=False)
-    return metrics

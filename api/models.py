@@ -7,7 +7,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from schemas.events import RolloutStatus
 from store.trajectory import RolloutSummary
+
+Status = Literal["running", RolloutStatus]
+"""A rollout's status as the rollout filters take it: ``running`` until its end event, then how it ended."""
 
 
 class _Body(BaseModel):

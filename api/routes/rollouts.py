@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 
 from api.deps import Service, Tenant
-from api.models import RolloutPage
+from api.models import RolloutPage, Status
 from store.trajectory import Trajectory
 
 router = APIRouter(prefix="/v1/rollouts", tags=["rollouts"])
-
-Status = Literal["running", "succeeded", "failed", "truncated", "cancelled"]
 
 
 @router.get("", response_model=RolloutPage)

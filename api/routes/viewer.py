@@ -13,21 +13,18 @@ injected text cannot run. Assets are local files (no CDN).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, FastAPI, Path as PathParam, Query, Request
+from fastapi import APIRouter, Path as PathParam, Query
 from fastapi.responses import FileResponse
-from fastapi.staticfiles import StaticFiles
 
-from api.deps import Service, Tenant
-from api.routes.rollouts import Status
-from api.viewer_models import Facets, RolloutDetail, RolloutRows, SuccessChart
-from api.viewer_service import RolloutFilter, facets, list_rollouts, rollout_detail
-from api.viewer_stats import Bucket, success_chart
-from api.viewer_tokens import TokenDecoder
+from api.deps import Decoder, Service, Tenant
+from api.models import Status
+from api.viewer import STATIC_DIR
+from api.viewer.models import Facets, RolloutDetail, RolloutRows, SuccessChart
+from api.viewer.service import RolloutFilter, facets, list_rollouts, rollout_detail
+from api.viewer.stats import Bucket, success_chart
 
-STATIC_DIR = Path(__file__).parents[1] / "static"
 PAGE_HEADERS = {
     "Content-Security-Policy": ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                                 "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"),
@@ -37,17 +34,6 @@ PAGE_HEADERS = {
 }
 
 router = APIRouter(tags=["viewer"])
-
-
-def install(app: FastAPI, settings: object) -> None:
-    """Mount the viewer's local assets and set up its token decoder.
-
-    ``settings.viewer_tokenizer`` (env ``TRAJLAKE_VIEWER_TOKENIZER``, a local tokenizer folder) is optional:
-    settings without the field, or with None, make the token view show ids.
-    """
-    app.mount("/viewer/static", StaticFiles(directory=STATIC_DIR), name="viewer-static")
-    folder = settings.viewer_tokenizer
-    app.state.token_decoder = TokenDecoder(Path(folder) if folder else None)
 
 
 def _page(file: str) -> FileResponse:
@@ -97,10 +83,10 @@ def viewer_facets(tenant: Tenant, service: Service) -> Facets:
 
 
 @router.get("/v1/viewer/rollouts/{rollout_id}", response_model=RolloutDetail)
-def viewer_rollout(request: Request, tenant: Tenant, service: Service,
+def viewer_rollout(tenant: Tenant, service: Service, decoder: Decoder,
                    rollout_id: Annotated[str, PathParam(min_length=1, max_length=512)]) -> RolloutDetail:
     """One of your rollouts: steps, full call and tool text, and the token view."""
-    return rollout_detail(service, tenant, rollout_id, request.app.state.token_decoder)
+    return rollout_detail(service, tenant, rollout_id, decoder)
 
 
 @router.get("/v1/viewer/success-rate", response_model=SuccessChart)

@@ -10,10 +10,10 @@ from conftest import ACME, BETA, GAMMA, KEYS
 
 from ingest.gateway.auth import KeyRing
 from pipelines import read_dataset
-from api import create_query_app, viewer_tokens
-from api.routes.viewer import STATIC_DIR
-from api.viewer_service import MAX_TEXT_CHARS, _cut
-from api.viewer_stats import wilson_interval
+from api import create_query_app
+from api.viewer import STATIC_DIR, tokens as viewer_tokens
+from api.viewer.service import MAX_TEXT_CHARS, _cut
+from api.viewer.stats import wilson_interval
 from store.lake import Lake
 from trajlake.commands.query_api import QueryApiSettings
 from devkit.tiny_model import build_tiny_model, default_model_dir

@@ -12,7 +12,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from schemas.tokenizer_identity import chat_template_hash, tokenizer_identity
-from serve.app import MAX_BODY_BYTES, create_serve_app
+from serve.app import create_serve_app
+from serve.deps import MAX_BODY_BYTES
 from trajlake.background import serve_in_thread
 
 CAP = 48

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
+from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from pydantic import ValidationError
@@ -12,6 +15,10 @@ from rich.console import Console
 
 from trajlake.signals import exit_cleanly_on_stop_signals
 from devkit.tiny_model import build_tiny_model, default_model_dir
+
+if TYPE_CHECKING:
+    import uvicorn
+    from fastapi import FastAPI
 
 
 class ServeModelSettings(BaseSettings):
@@ -64,20 +71,34 @@ def serve_model(
     if model_dir is None:
         with console.status("building the tiny default model (first run only)"):
             model_dir = build_tiny_model(default_model_dir())
-    try:
-        app = create_serve_app(
-            model_dir, served_name=settings.served_name, policy_version=settings.policy_version,
-            max_new_tokens_cap=settings.max_new_tokens, seed=settings.seed, threads=settings.threads,
-        )
-    except (OSError, ValueError) as exc:
-        console.print(f"[red]cannot load the model:[/] {exc}", soft_wrap=True)
-        raise typer.Exit(2) from exc
-    identity = app.state.identity
-    console.print(f"[green]serving[/] {model_dir} as [bold]{identity.served_name}[/] "
-                  f"(policy {identity.policy_version}, tokenizer {identity.tokenizer}) at [bold]{url}[/]",
-                  soft_wrap=True)
-    console.print(f"export OPENAI_BASE_URL={url}", highlight=False, soft_wrap=True)
-    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    app = create_serve_app(
+        model_dir, served_name=settings.served_name, policy_version=settings.policy_version,
+        max_new_tokens_cap=settings.max_new_tokens, seed=settings.seed, threads=settings.threads,
+    )
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))  # the lifespan runs below
+    with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
+        runner.run(_load_and_serve(app, server, sock, console, model_dir=model_dir, url=url))
+
+
+async def _load_and_serve(app: FastAPI, server: uvicorn.Server, sock: socket.socket, console: Console, *,
+                          model_dir: Path, url: str) -> None:
+    """Enter the app's lifespan (it loads the model), say where it serves, then serve until stopped.
+
+    The command runs the lifespan itself, not uvicorn, so that a model that does not load is one
+    clear line and exit code 2 rather than uvicorn's logged traceback.
+    """
+    async with AsyncExitStack() as stack:
+        try:
+            await stack.enter_async_context(app.router.lifespan_context(app))
+        except (OSError, ValueError) as exc:
+            console.print(f"[red]cannot load the model:[/] {exc}", soft_wrap=True)
+            raise typer.Exit(2) from exc
+        identity = app.state.engine.identity
+        console.print(f"[green]serving[/] {model_dir} as [bold]{identity.served_name}[/] "
+                      f"(policy {identity.policy_version}, tokenizer {identity.tokenizer}) at [bold]{url}[/]",
+                      soft_wrap=True)
+        console.print(f"export OPENAI_BASE_URL={url}", highlight=False, soft_wrap=True)
+        await server.serve(sockets=[sock])
 
 
 def _listen(host: str, port: int) -> tuple[socket.socket, str]:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.services import QueryService
-from api.viewer_models import CallText, Facets, RolloutDetail, RolloutRow, RolloutRows, ToolText
-from api.viewer_tokens import TokenDecoder, token_view
+from api.viewer.models import CallText, Facets, RolloutDetail, RolloutRow, RolloutRows, ToolText
+from api.viewer.tokens import TokenDecoder, token_view
 
 MAX_TEXT_CHARS = 20_000
 """Longest text (messages JSON, response, tool arguments or result) the rollout page shows per field."""

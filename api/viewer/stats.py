@@ -16,7 +16,7 @@ from statistics import NormalDist
 from typing import Literal
 
 from api.services import QueryService
-from api.viewer_models import SuccessChart, SuccessPoint, SuccessSeries
+from api.viewer.models import SuccessChart, SuccessPoint, SuccessSeries
 
 HOURLY_SPAN = timedelta(days=2)
 """Rollouts spanning at most this long are bucketed by hour, longer spans by day."""

@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from api.viewer_models import TokenBlock, TokenView
+from api.viewer.models import TokenBlock, TokenView
 from api.visibility import VisibleVersion, visible_versions
 from api.workers import RemoteSandbox
 from pipelines.datasets.registry import LINEAGE_TABLE, dataset_table

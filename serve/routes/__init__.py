@@ -1,0 +1,1 @@
+"""One router per route family: health, models, chat completions, text completions."""
