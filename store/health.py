@@ -6,9 +6,10 @@ from collections.abc import Mapping
 
 from store.lake import Lake
 from store.storage import list_tables, store_problem
+from schemas.errors import Unreachable
 
 
-class LakeUnreachable(RuntimeError):
+class LakeUnreachable(Unreachable, RuntimeError):
     """The lake's object store cannot be read: missing bucket, wrong endpoint or keys, store down."""
 
 

@@ -37,6 +37,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
 from store.storage import arrow_filesystem, is_local, storage_options
+from schemas.errors import NotFound
 
 
 @dataclass(frozen=True)
@@ -259,7 +260,7 @@ def _filtered_batches(dataset: ds.Dataset, columns: list[str] | None, filter: pc
         yield from table.to_batches(max_chunksize=batch_rows)
 
 
-class TableMissing(LookupError):
+class TableMissing(NotFound):
     """A table that has not been written yet."""
 
     def __init__(self, table: str, root: str) -> None:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
+from schemas.errors import EXIT_BAD_SETTINGS, Unreachable
 
 if TYPE_CHECKING:
     from store.lake import Lake
@@ -38,12 +39,14 @@ CREDENTIAL_CHAIN = "TRAJLAKE_AWS_CREDENTIAL_CHAIN"
 """``true``: an S3 lake without keys may use the AWS credential chain (which can ask the instance metadata)."""
 
 
-class StoreUnreachable(OSError):
+class StoreUnreachable(Unreachable):
     """The lake's object store does not answer, refuses the credentials, or lacks the bucket."""
 
 
 class CredentialsMissing(StoreUnreachable):
     """An S3 lake without keys, and the credential chain (instance metadata) not asked for."""
+
+    exit_code = EXIT_BAD_SETTINGS
 
 
 def is_local(root: str) -> bool:

@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from store.lake import Lake
 from trainer.errors import TrainerError
+from schemas.errors import Conflict
 
 TS = pa.timestamp("us", tz="UTC")
 RUNS_TABLE = "train_runs"
@@ -130,7 +131,7 @@ class RunState:
     error: str | None
 
 
-class IllegalTransition(RuntimeError):
+class IllegalTransition(Conflict):
     """A run status change that ``RUN_TRANSITIONS`` forbids (e.g. starting a finished run)."""
 
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from schemas.errors import SettingsInvalid
 
 ANONYMOUS_TENANT = "default"
 """Tenant of every call when ``allow_anonymous`` is on (development only)."""
 
 
-class KeyConfigError(ValueError):
+class KeyConfigError(SettingsInvalid):
     """The keys configuration cannot be parsed or is empty."""
 
 

@@ -40,6 +40,7 @@ from pipelines.datasets.version import code_version
 from schemas.tables import SAMPLES
 from store.identity import lake_id
 from store.lake import Lake
+from schemas.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ Progress = Callable[[int, int], None]
 """Called with (rollouts merged so far, rollouts to merge)."""
 
 
-class EmptyDataset(ValueError):
+class EmptyDataset(InputError):
     """The selection left no rollout with a reward and trained tokens."""
 
 

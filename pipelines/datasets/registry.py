@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from pipelines.datasets.config import DATASET_NAME
 from store.lake import Lake
+from schemas.errors import NotFound
 
 REGISTRY_TABLE = "dataset_versions"
 LINEAGE_TABLE = "dataset_lineage"
@@ -56,7 +57,7 @@ LINEAGE = pa.schema(
 """Which events of each rollout a dataset version used (llm.request/response, reward)."""
 
 
-class DatasetNotFound(LookupError):
+class DatasetNotFound(NotFound):
     """No such dataset or version in the registry."""
 
 
