@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from store.lake import Lake
-from store.storage import list_tables, store_problem
+from store.lake import Lake, list_tables
+from store.storage import store_problem
 from schemas.errors import Unreachable
 
 

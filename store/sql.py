@@ -40,8 +40,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from schemas.tables import INGESTED_TABLES
-from store.lake import Lake
-from store.storage import duckdb_secret, list_tables, store_problem
+from store.lake import Lake, list_tables
+from store.storage import duckdb_secret, store_problem
 from schemas.errors import NotFound, TrajlakeError
 
 log = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ def view_name(table: str) -> str:
 
 
 def discover_tables(lake: Lake) -> dict[str, str]:
-    """View name -> table path of every Delta table in the lake (``store.storage.list_tables``).
+    """View name -> table path of every Delta table in the lake (``store.lake.list_tables``).
 
     Tables under a folder starting with ``.`` or ``_`` are left out. On a
     name clash the first path in sorted order wins.

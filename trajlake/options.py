@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 import typer
+from schemas.errors import InputError
 
 LAKE_OPTION = typer.Option(
     None, "--lake", help="Lake root: a folder or s3://bucket/prefix (default: TRAJLAKE_LAKE, else ./lake).")
@@ -34,6 +35,6 @@ def parse_time(text: str, flag: str) -> datetime:
     try:
         value = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise ValueError(f"{flag} {text!r} is not an RFC 3339 time, e.g. 2026-11-01T00:00:00Z "
+        raise InputError(f"{flag} {text!r} is not an RFC 3339 time, e.g. 2026-11-01T00:00:00Z "
                          "(a date alone is midnight; no offset = UTC)") from None
     return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)

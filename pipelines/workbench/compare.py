@@ -61,7 +61,7 @@ class Arm(_Model):
         if kind == "harness":
             name, at, version = text.partition("@")
             if not name or (at and not version) or "@" in version:
-                raise ValueError(f"harness {text!r} is not NAME@VERSION (or NAME for every version)")
+                raise InputError(f"harness {text!r} is not NAME@VERSION (or NAME for every version)")
         return cls(kind=kind, value=text)
 
     def selection(self, base: Selection) -> Selection:
