@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from kafka import KafkaConsumer
+from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+from ingest.broker_probe import probe_broker
+from schemas.errors import BrokerUnreachable
 
 
 def topic_partitions(bootstrap_servers: str, topic: str) -> int | None:
@@ -38,3 +41,17 @@ def ensure_topic(bootstrap_servers: str, topic: str, *, partitions: int = 1, rep
     finally:
         admin.close()
     return topic_partitions(bootstrap_servers, topic) or partitions
+
+
+def control_producer(bootstrap_servers: str, topic: str) -> KafkaProducer:
+    """A producer (acks=all) for the one-partition control ``topic``, created when missing.
+
+    Raises ``BrokerUnreachable`` (within seconds, not after kafka-python's retries) when no broker answers
+    or the topic cannot be created.
+    """
+    probe_broker(bootstrap_servers)
+    try:
+        ensure_topic(bootstrap_servers, topic, partitions=1)
+        return KafkaProducer(bootstrap_servers=bootstrap_servers, acks="all", request_timeout_ms=10_000)
+    except (KafkaError, RuntimeError, OSError) as exc:
+        raise BrokerUnreachable(bootstrap_servers, f"cannot publish to {topic} ({exc})") from exc

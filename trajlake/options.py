@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 import typer
+from pydantic import ValidationError
 from schemas.errors import InputError
 
 LAKE_OPTION = typer.Option(
@@ -38,3 +39,16 @@ def parse_time(text: str, flag: str) -> datetime:
         raise InputError(f"{flag} {text!r} is not an RFC 3339 time, e.g. 2026-11-01T00:00:00Z "
                          "(a date alone is midnight; no offset = UTC)") from None
     return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+
+
+def first_error(exc: ValueError) -> str:
+    """One line for a bad option value: pydantic's first error with its field, or the message.
+
+    >>> first_error(ValueError("--since 'x' is not an RFC 3339 time"))
+    "--since 'x' is not an RFC 3339 time"
+    """
+    if isinstance(exc, ValidationError):
+        err = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in err["loc"])
+        return f"{where}: {err['msg']}" if where else err["msg"]
+    return str(exc)
