@@ -97,8 +97,14 @@ def load(settings: type[S], **flags: object) -> S:
         first = exc.errors(include_url=False)[0]
         name = str(first["loc"][0]) if first["loc"] else ""
         given = flags.get(name)
-        where = f"{name} {given!r}" if given is not None else f"TRAJLAKE_{name.upper()}"
+        where = f"{name} {given!r}" if given is not None else f"{settings.model_config.get('env_prefix', '')}{name.upper()}"
+        field = settings.model_fields.get(name)
+        shape = " (a JSON object, e.g. '{\"acme\": 30}')" if field is not None and _is_dict(field.annotation) else ""
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise SettingsInvalid(f"{where}: {first['msg']}{more}") from None
+        raise SettingsInvalid(f"{where}: {first['msg']}{shape}{more}") from None
     except SettingsSourceError as exc:  # a JSON-valued variable that is not JSON
-        raise SettingsInvalid(f"{exc}: a dict or list setting is a JSON value, e.g. '{{\"acme\": 30}}'") from None
+        raise SettingsInvalid(f"{exc}: write it as JSON, e.g. a JSON object '{{\"acme\": 30}}'") from None
+
+
+def _is_dict(annotation: object) -> bool:
+    return annotation is dict or getattr(annotation, "__origin__", None) is dict
