@@ -7,7 +7,11 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from ingest.broker_probe import probe_broker
-from schemas.errors import BrokerUnreachable
+from schemas.errors import BrokerUnreachable, InputError, TrajlakeError
+
+
+class TopicNotCreated(TrajlakeError, RuntimeError):
+    """The broker answered but refused to create a topic; the message carries its reason."""
 
 
 def topic_partitions(bootstrap_servers: str, topic: str) -> int | None:
@@ -27,7 +31,7 @@ def ensure_topic(bootstrap_servers: str, topic: str, *, partitions: int = 1, rep
     different partition count (and key -> partition mapping) than intended.
     """
     if partitions < 1:
-        raise ValueError(f"partitions must be >= 1, got {partitions}")
+        raise InputError(f"partitions must be >= 1, got {partitions}")
     existing = topic_partitions(bootstrap_servers, topic)
     if existing is not None:
         return existing
@@ -37,7 +41,7 @@ def ensure_topic(bootstrap_servers: str, topic: str, *, partitions: int = 1, rep
     except TopicAlreadyExistsError:
         pass
     except KafkaError as exc:
-        raise RuntimeError(f"could not create topic {topic!r} on {bootstrap_servers}: {exc}") from exc
+        raise TopicNotCreated(f"could not create topic {topic!r} on {bootstrap_servers}: {exc}") from exc
     finally:
         admin.close()
     return topic_partitions(bootstrap_servers, topic) or partitions

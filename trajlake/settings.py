@@ -97,7 +97,7 @@ def load(settings: type[S], **flags: object) -> S:
         first = exc.errors(include_url=False)[0]
         name = str(first["loc"][0]) if first["loc"] else ""
         given = flags.get(name)
-        where = f"{name} {given!r}" if given is not None else f"{settings.model_config.get('env_prefix', '')}{name.upper()}"
+        where = f"{name} {given!r}" if given is not None else f"{name} ({settings.model_config.get('env_prefix', '')}{name.upper()})"
         field = settings.model_fields.get(name)
         shape = " (a JSON object, e.g. '{\"acme\": 30}')" if field is not None and _is_dict(field.annotation) else ""
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
