@@ -14,14 +14,13 @@ from typing import Any, NoReturn
 
 import typer
 import typer.core
-from rich.console import Console
-from rich.text import Text
 
 import trajlake.commands
-from schemas.errors import EXIT_BAD_SETTINGS, EXIT_FAILED, SettingsInvalid, TrajlakeError
 from trajlake.options import EXIT_CODES
-from trajlake.settings import CommonSettings, ShellSettings, load
 from trajlake.signals import SERVICES, exit_cleanly_on_stop_signals
+
+# Imported by the functions that use them: until ``main`` has installed the stop handler of a service, this
+# module's imports are all that runs (a SIGTERM in that time still kills the process with -15).
 
 OWN_PACKAGES = ("schemas", "store", "ingest", "pipelines", "trainer", "serve", "api", "devkit", "trajlake")
 """Loggers at TRAJLAKE_LOG_LEVEL; every other library logs WARNING and up only, unless the level is DEBUG."""
@@ -34,6 +33,8 @@ an ERROR; the gateway spools and the ingester stops with one clear line): quiet 
 
 def configure_logging(level_name: str) -> None:
     """Our loggers at ``level_name``; libraries at WARNING (``SILENT_LIBRARIES``: CRITICAL) unless DEBUG."""
+    from schemas.errors import SettingsInvalid
+
     level = logging.getLevelName(level_name.upper())
     if not isinstance(level, int):
         raise SettingsInvalid(f"TRAJLAKE_LOG_LEVEL={level_name!r}: use DEBUG, INFO, WARNING or ERROR")
@@ -59,6 +60,8 @@ class Shell(typer.core.TyperGroup):
     """
 
     def main(self, args: Any = None, *rest: Any, **options: Any) -> Any:
+        from schemas.errors import EXIT_BAD_SETTINGS, EXIT_FAILED, TrajlakeError
+
         argv = list(sys.argv[1:] if args is None else args)
         try:
             return super().main(args, *rest, **options)
@@ -81,6 +84,9 @@ def _debugging() -> bool:
 
 
 def _exit(message: str, code: int) -> NoReturn:
+    from rich.console import Console
+    from rich.text import Text
+
     Console(stderr=True, soft_wrap=True, highlight=False).print(Text.assemble(("error: ", "bold red"), message))
     sys.exit(code)
 
@@ -122,6 +128,9 @@ def _add_epilog(app: typer.Typer) -> None:
 def main() -> None:
     if sys.argv[1:2] and sys.argv[1] in SERVICES:
         exit_cleanly_on_stop_signals()
+    from schemas.errors import SettingsInvalid
+    from trajlake.settings import ShellSettings, load
+
     try:
         configure_logging(load(ShellSettings).log_level)
     except SettingsInvalid as exc:
@@ -131,7 +140,9 @@ def main() -> None:
 
 def _store_problem(args: list[str]) -> str | None:
     """After a crash: what is wrong with the lake's object store, if anything (one line)."""
+    from schemas.errors import TrajlakeError
     from store.storage import store_problem
+    from trajlake.settings import CommonSettings, load
 
     root = None
     for i, arg in enumerate(args):

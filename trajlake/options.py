@@ -5,8 +5,6 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 import typer
-from pydantic import ValidationError
-from schemas.errors import InputError
 
 LAKE_OPTION = typer.Option(
     None, "--lake", help="Lake root: a folder or s3://bucket/prefix (default: TRAJLAKE_LAKE, else ./lake).")
@@ -33,6 +31,8 @@ def parse_time(text: str, flag: str) -> datetime:
     >>> parse_time("2026-11-01T06:00:00Z", "--since").isoformat()
     '2026-11-01T06:00:00+00:00'
     """
+    from schemas.errors import InputError  # not at import: ``trajlake.cli`` imports this module before any signal handler
+
     try:
         value = datetime.fromisoformat(text.strip())
     except ValueError:
@@ -47,6 +47,8 @@ def first_error(exc: ValueError) -> str:
     >>> first_error(ValueError("--since 'x' is not an RFC 3339 time"))
     "--since 'x' is not an RFC 3339 time"
     """
+    from pydantic import ValidationError
+
     if isinstance(exc, ValidationError):
         err = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in err["loc"])
