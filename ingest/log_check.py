@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError, OffsetOutOfRangeError
+
 from schemas.errors import DataError, EXIT_LOG_WENT_BACKWARDS, Unreachable
 
 log = logging.getLogger(__name__)

@@ -31,6 +31,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
 from schemas.errors import Conflict, EXIT_BAD_SETTINGS, TrajlakeError
 
 log = logging.getLogger(__name__)

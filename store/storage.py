@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
+
 from schemas.errors import EXIT_BAD_SETTINGS, Unreachable
 
 _OBJECT_STORE_PREFIXES = ("AWS_", "AZURE_", "GOOGLE_")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+
 from schemas.errors import SettingsInvalid
 
 ANONYMOUS_TENANT = "default"

@@ -16,6 +16,7 @@ import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
 from schemas.errors import InputError
 
 AdvantageMode = Literal["grpo", "mean", "raw"]
