@@ -10,6 +10,7 @@ import importlib
 import logging
 import pkgutil
 import sys
+import traceback
 from typing import Any, NoReturn
 
 import typer
@@ -54,7 +55,7 @@ class Shell(typer.core.TyperGroup):
     """The ``trajlake`` command: the one place where an error becomes a line on stderr and an exit code.
 
     A ``TrajlakeError`` prints its message (and hint) and exits with its ``exit_code``; anything else is a
-    bug: one line, exit 1. With --debug (or TRAJLAKE_LOG_LEVEL=DEBUG) the traceback shows instead. Here
+    bug: one line, exit 1. With --debug (or TRAJLAKE_LOG_LEVEL=DEBUG) the traceback comes first. Here
     rather than around ``main()``, so that every way in (the console script, ``python -m``, torchrun,
     ``CliRunner`` in tests) behaves the same.
     """
@@ -66,12 +67,8 @@ class Shell(typer.core.TyperGroup):
         try:
             return super().main(args, *rest, **options)
         except TrajlakeError as exc:
-            if _debugging():
-                raise
             _exit(str(exc), exc.exit_code)
         except Exception as exc:
-            if _debugging():
-                raise
             if (problem := _store_problem(argv)) is not None:
                 _exit(problem, EXIT_BAD_SETTINGS)
             first_line = str(exc).strip().partition("\n")[0]
@@ -79,14 +76,13 @@ class Shell(typer.core.TyperGroup):
                   "report it)", EXIT_FAILED)
 
 
-def _debugging() -> bool:
-    return logging.getLogger("trajlake").isEnabledFor(logging.DEBUG)
-
-
 def _exit(message: str, code: int) -> NoReturn:
+    """``error: message`` on stderr (after the traceback of the error being handled, at DEBUG), exit ``code``."""
     from rich.console import Console
     from rich.text import Text
 
+    if logging.getLogger("trajlake").isEnabledFor(logging.DEBUG) and sys.exc_info()[0] is not None:
+        traceback.print_exc()
     Console(stderr=True, soft_wrap=True, highlight=False).print(Text.assemble(("error: ", "bold red"), message))
     sys.exit(code)
 

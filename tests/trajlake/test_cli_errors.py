@@ -153,3 +153,4 @@ def test_debug_shows_the_traceback_of_an_anticipated_error_too(tmp_path: Path):
     proc = subprocess.run([sys.executable, "-m", "trajlake.cli", "--debug", "datasets", "show", "nope",
                            "--lake", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "Traceback" in proc.stderr and "DatasetNotFound" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: no dataset")  # then the line users see
