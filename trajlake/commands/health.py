@@ -14,11 +14,6 @@ from store.health import LakeUnreachable, check_lake
 from trajlake.options import BOOTSTRAP_SERVERS_OPTION, LAKE_OPTION, TOPIC_OPTION
 from trajlake.settings import CommonSettings, load
 
-
-class Unhealthy(TrajlakeError):
-    """The lake (or Kafka) cannot be used from here: exit 1 for the container's health check."""
-
-
 def health(
     lake: str | None = LAKE_OPTION,
     broker: bool = typer.Option(False, "--broker", help="Also check that Kafka answers and the events topic exists."),
@@ -33,16 +28,16 @@ def health(
     try:
         tables = check_lake(settings.open_lake())
     except LakeUnreachable as exc:
-        raise Unhealthy(f"unhealthy: lake {exc}") from None
+        raise TrajlakeError(f"unhealthy: lake {exc}") from None
     report = f"lake {settings.lake} readable ({len(tables)} tables)"
     if broker:
         try:
             probe_broker(settings.bootstrap_servers)
             partitions = topic_partitions(settings.bootstrap_servers, settings.topic)
         except (OSError, KafkaError) as exc:
-            raise Unhealthy(f"unhealthy: Kafka at {settings.bootstrap_servers} does not answer ({exc})") from None
+            raise TrajlakeError(f"unhealthy: Kafka at {settings.bootstrap_servers} does not answer ({exc})") from None
         if partitions is None:
-            raise Unhealthy(f"unhealthy: topic {settings.topic} does not exist on {settings.bootstrap_servers}; "
+            raise TrajlakeError(f"unhealthy: topic {settings.topic} does not exist on {settings.bootstrap_servers}; "
                             "create it (docker compose: kafka-init; embedded: trajlake broker)")
         report += f"; Kafka {settings.bootstrap_servers} topic {settings.topic} ({partitions} partitions)"
     Console(soft_wrap=True).print(Text("healthy: " + report))
