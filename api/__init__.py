@@ -32,9 +32,18 @@ do the work without FastAPI.
 >>> app = create_query_app(settings, keys=key_ring)  # doctest: +SKIP
 """
 
-from api.app import create_query_app
-from api.config import QueryApiConfig
-from api.deps import TenantKeys
-from api.services import QueryService
+from __future__ import annotations
 
-__all__ = ["QueryApiConfig", "QueryService", "TenantKeys", "create_query_app"]
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {"create_query_app": "api.app", "TenantKeys": "api.deps", "QueryApiConfig": "api.config",
+            "QueryService": "api.services"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """Load on first use: ``api.config`` (the shell's settings) stays cheap to import, without FastAPI."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(_EXPORTS[name]), name)

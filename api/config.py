@@ -1,43 +1,47 @@
-"""What the query API needs to know, as a structural type.
+"""What the query API needs to know: its options, as a plain model.
 
-The shell's ``QueryApiSettings`` (pydantic-settings, ``trajlake query-api``)
-satisfies it; the package never imports the shell.
+``trajlake query-api``'s settings (``QueryApiSettings``) are this model read
+from TRAJLAKE_* variables and flags; the package never imports the shell.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Optional
+
+from pydantic import Field
+
+from schemas.options import CommonOptions
 
 
-class QueryApiConfig(Protocol):
-    lake: str
-    """Lake root (local folder or s3://...)."""
-    query_timeout_s: float
-    """Wall-clock limit of one tenant query."""
-    max_sql_chars: int
+class QueryApiConfig(CommonOptions):
+    """The query API's options (``lake`` comes from ``CommonOptions``)."""
+
+    query_timeout_s: float = Field(10.0, gt=0)
+    """Wall-clock limit of one query; longer ones are interrupted."""
+    max_sql_chars: int = Field(20_000, ge=1)
     """Longest accepted SQL text."""
-    default_page_rows: int
+    default_page_rows: int = Field(100, ge=1)
     """Rows per page when a request names no limit."""
-    max_page_rows: int
+    max_page_rows: int = Field(1_000, ge=1)
     """Row cap of one page, whatever the request asks for."""
-    max_body_bytes: int
-    """Largest accepted request body."""
-    max_result_bytes: int
-    """Largest page of a SQL result (Arrow bytes); longer pages are cut short."""
-    snapshot_ttl_s: float
-    """How long one snapshot of the lake's Delta logs serves queries."""
-    query_memory_limit: str
-    """DuckDB memory limit of one query, e.g. 1GB."""
-    query_threads: int
+    max_body_bytes: int = Field(64 << 10, ge=1024)
+    """Largest accepted request body (64 KiB)."""
+    max_result_bytes: int = Field(16 << 20, ge=1024)
+    """Largest page of a SQL result in Arrow bytes (16 MiB); longer pages are cut short, next_offset set."""
+    snapshot_ttl_s: float = Field(2.0, ge=0)
+    """Queries within this many seconds share one read of the Delta logs (may miss newer commits by that long)."""
+    query_memory_limit: str = "1GB"
+    """DuckDB memory limit of one query (nothing spills to disk)."""
+    query_threads: int = Field(2, ge=1)
     """DuckDB threads of one query."""
-    max_concurrent_queries: int
-    """Queries running at once (one warm worker process each); more are answered 429."""
-    max_queries_per_tenant: int | None
-    """Queries one tenant may run at once (None: half of ``max_concurrent_queries``); more are answered 429."""
-    query_worker_memory_mb: int
-    """Address space a query worker may add once warm (RLIMIT_AS); a query past it fails."""
-    max_header_bytes: int
-    """Largest accepted request line + headers; larger requests are answered 431 (served by ``trajlake query-api``)."""
-    viewer_tokenizer: Path | None
-    """Local Hugging Face tokenizer folder the viewer decodes token ids with (None: ids)."""
+    max_concurrent_queries: int = Field(4, ge=1)
+    """Queries running at once (one warm worker process each); more are answered 429 with Retry-After."""
+    max_queries_per_tenant: Optional[int] = Field(None, ge=1)
+    """Queries one tenant may run at once (default: half of max_concurrent_queries); more are answered 429."""
+    query_worker_memory_mb: int = Field(2048, ge=256)
+    """Memory (address space, RLIMIT_AS) a query worker may add once warm; a query past it fails, the server stays."""
+    max_header_bytes: int = Field(32 << 10, ge=4096)
+    """Largest accepted request line + headers (32 KiB); larger requests are answered 431."""
+    viewer_tokenizer: Optional[Path] = None
+    """Local Hugging Face tokenizer folder; the viewer decodes token ids with it (ids are shown without)."""

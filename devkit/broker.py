@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devkit.ports import free_port, port_is_free, wait_for_port
+from schemas.errors import TrajlakeError
 
 log = logging.getLogger(__name__)
 
 
-class BrokerError(RuntimeError):
+class BrokerError(TrajlakeError, RuntimeError):
     """The embedded broker could not start, or a topic could not be created."""
 
 

@@ -97,10 +97,20 @@ CHAT_TEMPLATE = """\
 """ChatML with Hermes tool calls (the Qwen 2.5 convention, simplified)."""
 
 
-def default_model_dir() -> Path:
-    """``$TRAJLAKE_HOME/tiny-model``; ``TRAJLAKE_HOME`` defaults to ``~/.cache/trajlake``."""
-    home = os.environ.get("TRAJLAKE_HOME") or Path.home() / ".cache" / "trajlake"
+def default_model_dir(home: Path | None = None) -> Path:
+    """``home/tiny-model``; without ``home`` (callers outside the shell): ``$TRAJLAKE_HOME``, else
+    ``~/.cache/trajlake`` (the shell passes its ``home`` setting, the same variable)."""
+    home = home or os.environ.get("TRAJLAKE_HOME") or Path.home() / ".cache" / "trajlake"
     return Path(home).expanduser() / "tiny-model"
+
+
+def model_or_tiny(model: str | Path | None, *, home: Path | None = None) -> str:
+    """``model``, or, when it is None, the tiny default model (built under ``home`` on first use).
+
+    >>> model_or_tiny("/models/qwen")
+    '/models/qwen'
+    """
+    return str(model) if model is not None else str(build_tiny_model(default_model_dir(home)))
 
 
 def build_tiny_model(

@@ -21,17 +21,9 @@ from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
+from schemas.errors import BrokerUnreachable
+
 log = logging.getLogger(__name__)
-
-
-class BrokerUnreachable(ConnectionError):
-    """No Kafka broker answered at the bootstrap servers."""
-
-    def __init__(self, bootstrap_servers: str) -> None:
-        super().__init__(
-            f"no Kafka broker answers at {bootstrap_servers}: start one (trajlake broker) "
-            "or point --bootstrap-servers / TRAJLAKE_BOOTSTRAP_SERVERS at yours"
-        )
 
 
 class AssignmentFlag(ConsumerRebalanceListener):

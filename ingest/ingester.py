@@ -31,10 +31,11 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 from kafka import KafkaConsumer
+from pydantic import ConfigDict
 from kafka.errors import LogTruncationError, NoOffsetForPartitionError, OffsetOutOfRangeError
 
 from ingest.batch import Batch, DecodedBatch
@@ -45,7 +46,7 @@ from ingest.held import LakeRecords, not_held
 from ingest.log_check import LogGuard, LogProbe, LogUnverifiable, LogWentBackwards
 from ingest.redaction import Redactor
 from ingest.topics import ensure_topic
-from schemas.events import DEFAULT_TOPIC
+from schemas.options import CommonOptions
 from schemas.tables import EVENTS, QUARANTINE, TYPED_TABLES
 from schemas.versions import MAX_EVENT_BYTES
 from store.commit import MarkedTable, OffsetConflict, resume_offsets
@@ -61,19 +62,17 @@ IDLE_LOG_CHECK_S = 5.0
 markers is reported within seconds, not when (if ever) it grows past them."""
 
 
-@dataclass(frozen=True)
-class IngesterConfig:
-    """Everything one ingester process needs (built by ``trajlake ingest`` from its settings)."""
+class IngesterConfig(CommonOptions):
+    """Everything one ingester process needs (``trajlake ingest``'s settings are this model plus the environment)."""
 
-    lake: str
-    bootstrap_servers: str
-    topic: str = DEFAULT_TOPIC
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
     group: str = "trajlake-ingest"
-    """Consumer group; also names the Delta transaction markers, so it is the unit of progress."""
+    """Consumer group; also names the Delta transaction markers, so it is the unit of progress (TRAJLAKE_GROUP)."""
     partitions: tuple[int, ...] | None = None
     """Static assignment without a group (offsets live in Delta anyway); None = join the group."""
     dlq_topic: str | None = None
-    """Dead-letter topic; None = ``<topic>.dlq``, "" = no dead-letter topic (quarantine only)."""
+    """Dead-letter topic (TRAJLAKE_DLQ_TOPIC); None = ``<topic>.dlq``, "" = no dead-letter topic (quarantine only)."""
     batch_max_events: int = 20_000
     batch_max_bytes: int = 64 * 1024 * 1024
     batch_max_ms: int = 2_000
@@ -86,7 +85,7 @@ class IngesterConfig:
     session_timeout_ms: int = 6_000
     heartbeat_interval_ms: int = 2_000
     bootstrap_timeout_ms: int = 30_000
-    """How long to look for a broker at start before ``BrokerUnreachable``."""
+    """How long to look for a broker at start before ``BrokerUnreachable`` (TRAJLAKE_BOOTSTRAP_TIMEOUT_MS)."""
     stop_after_idle_s: float | None = None
     """Stop once nothing arrived for this long (demos, tests, backfills); None = run until stopped."""
     redactor: Redactor | None = None
@@ -187,7 +186,8 @@ def run_ingester(config: IngesterConfig, stop: threading.Event, *, on_progress: 
 
 def ingest_until_idle(config: IngesterConfig, *, idle_s: float = 3.0, on_progress: OnProgress | None = None) -> IngestStats:
     """Ingest everything there is, then stop once nothing arrived for ``idle_s`` seconds."""
-    return run_ingester(replace(config, stop_after_idle_s=idle_s), threading.Event(), on_progress=on_progress)
+    return run_ingester(config.model_copy(update={"stop_after_idle_s": idle_s}), threading.Event(),
+                        on_progress=on_progress)
 
 
 @contextmanager

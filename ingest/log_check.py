@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError, OffsetOutOfRangeError
 
+from schemas.errors import DataError, EXIT_LOG_WENT_BACKWARDS, Unreachable
+
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 5.0
@@ -46,8 +48,10 @@ Held = Callable[[int, int, bytes | None], bool]
 """(partition, offset, message value) -> whether the lake holds that very message at that offset."""
 
 
-class LogWentBackwards(RuntimeError):
+class LogWentBackwards(DataError):
     """The log no longer holds what the lake's markers say was read: restarted, truncated or recreated."""
+
+    exit_code = EXIT_LOG_WENT_BACKWARDS
 
     def __init__(self, topic: str, group: str, problems: Mapping[int, str]) -> None:
         self.topic, self.group, self.problems = topic, group, dict(problems)
@@ -60,7 +64,7 @@ class LogWentBackwards(RuntimeError):
         )
 
 
-class LogUnverifiable(ConnectionError):
+class LogUnverifiable(Unreachable):
     """The broker did not answer, so the log could not be checked; nothing is committed until it can be."""
 
 

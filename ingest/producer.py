@@ -27,7 +27,7 @@ from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 from kafka.producer.future import FutureRecordMetadata
 from pydantic import BaseModel
 
-from schemas.errors import InvalidEvent
+from schemas.errors import BrokerUnreachable, InvalidEvent, TrajlakeError
 from schemas.events import DEFAULT_TOPIC, Event
 from schemas.versions import MAX_EVENT_BYTES, validate_event
 
@@ -39,18 +39,7 @@ _REQUEST_OVERHEAD_BYTES = 64 * 1024
 """Room for the record batch framing around the largest accepted event."""
 
 
-class BrokerUnreachable(ConnectionError):
-    """No Kafka broker answered in time (at start, on send, or on flush)."""
-
-    def __init__(self, bootstrap_servers: str, what: str) -> None:
-        self.bootstrap_servers = bootstrap_servers
-        super().__init__(
-            f"{what}: no Kafka broker answered at {bootstrap_servers}. Check TRAJLAKE_BOOTSTRAP_SERVERS "
-            "(or --bootstrap-servers) and that the broker runs; for a local one start `trajlake broker`."
-        )
-
-
-class DeliveryFailed(RuntimeError):
+class DeliveryFailed(TrajlakeError, RuntimeError):
     """The broker refused or lost events that ``send`` had accepted."""
 
     def __init__(self, failures: list[BaseException]) -> None:

@@ -104,6 +104,7 @@ import msgspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from schemas.events import EVENT_TYPES, PAYLOAD_MODELS
+from schemas.errors import SettingsInvalid
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ _DROPPED_IDS: dict[str, dict[str, Any]] = {
 }
 
 
-class RedactionConfigError(ValueError):
+class RedactionConfigError(SettingsInvalid):
     """The rules file cannot be used; the message names the rule and what to fix."""
 
 

@@ -32,18 +32,22 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from schemas.errors import Conflict, EXIT_BAD_SETTINGS, TrajlakeError
+
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">III")
 _SEGMENT_SUFFIX = ".seg"
 
 
-class SpoolFull(RuntimeError):
+class SpoolFull(TrajlakeError, RuntimeError):
     """The spool holds ``max_bytes`` already; the records were not written."""
 
 
-class SpoolLocked(RuntimeError):
-    """Another process (or another open ``Spool``) holds this spool folder."""
+class SpoolLocked(Conflict):
+    """Another process (or another open ``Spool``) holds this spool folder: nothing was started."""
+
+    exit_code = EXIT_BAD_SETTINGS
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from kafka import KafkaConsumer
+from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+from ingest.broker_probe import probe_broker
+from schemas.errors import BrokerUnreachable, InputError, TrajlakeError
+
+
+class TopicNotCreated(TrajlakeError, RuntimeError):
+    """The broker answered but refused to create a topic; the message carries its reason."""
 
 
 def topic_partitions(bootstrap_servers: str, topic: str) -> int | None:
@@ -24,7 +31,7 @@ def ensure_topic(bootstrap_servers: str, topic: str, *, partitions: int = 1, rep
     different partition count (and key -> partition mapping) than intended.
     """
     if partitions < 1:
-        raise ValueError(f"partitions must be >= 1, got {partitions}")
+        raise InputError(f"partitions must be >= 1, got {partitions}")
     existing = topic_partitions(bootstrap_servers, topic)
     if existing is not None:
         return existing
@@ -34,7 +41,21 @@ def ensure_topic(bootstrap_servers: str, topic: str, *, partitions: int = 1, rep
     except TopicAlreadyExistsError:
         pass
     except KafkaError as exc:
-        raise RuntimeError(f"could not create topic {topic!r} on {bootstrap_servers}: {exc}") from exc
+        raise TopicNotCreated(f"could not create topic {topic!r} on {bootstrap_servers}: {exc}") from exc
     finally:
         admin.close()
     return topic_partitions(bootstrap_servers, topic) or partitions
+
+
+def control_producer(bootstrap_servers: str, topic: str) -> KafkaProducer:
+    """A producer (acks=all) for the one-partition control ``topic``, created when missing.
+
+    Raises ``BrokerUnreachable`` (within seconds, not after kafka-python's retries) when no broker answers
+    or the topic cannot be created.
+    """
+    probe_broker(bootstrap_servers)
+    try:
+        ensure_topic(bootstrap_servers, topic, partitions=1)
+        return KafkaProducer(bootstrap_servers=bootstrap_servers, acks="all", request_timeout_ms=10_000)
+    except (KafkaError, RuntimeError, OSError) as exc:
+        raise BrokerUnreachable(bootstrap_servers, f"cannot publish to {topic} ({exc})") from exc

@@ -27,11 +27,12 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from store.lake import Lake
+from schemas.errors import Conflict
 
 log = logging.getLogger(__name__)
 
 
-class ClaimLost(RuntimeError):
+class ClaimLost(Conflict):
     """Another process committed a claim on this key first (or took it over)."""
 
 

@@ -33,6 +33,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 
 from store.event_rows import JSON_COLUMNS
 from store.lake import Lake
+from schemas.errors import Conflict
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ Markers = dict[int, int | None]
 """Partition -> last offset a table is complete through (None: never written)."""
 
 
-class OffsetConflict(RuntimeError):
+class OffsetConflict(Conflict):
     """A table's markers moved under us: another writer owns the partition now. Re-read and re-seek."""
 
 
@@ -74,7 +75,7 @@ def rewound_app_id(group: str, topic: str, partition: int) -> str:
     return f"trajlake-rewound:{group}:{topic}:{partition}"
 
 
-class CommitContention(RuntimeError):
+class CommitContention(Conflict):
     """A commit kept losing to concurrent writers (deletes, compaction) for every attempt."""
 
     def __init__(self, table: str, attempts: int, cause: Exception) -> None:

@@ -25,8 +25,7 @@ from datetime import timedelta
 
 from deltalake.exceptions import CommitFailedError
 
-from store.lake import Lake
-from store.storage import list_tables
+from store.lake import Lake, list_tables
 
 log = logging.getLogger(__name__)
 

@@ -66,8 +66,9 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from deltalake.exceptions import CommitFailedError
 
-from store.lake import Lake
-from store.storage import arrow_filesystem, list_tables
+from store.lake import Lake, list_tables
+from store.storage import arrow_filesystem
+from schemas.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +122,9 @@ class ForgetRequest:
         for rollout in self.rollouts:
             _check_id("rollout", rollout)
         if self.user is not None and self.tenant is None:
-            raise ValueError("forget --user needs --tenant: user ids are scoped to their tenant")
+            raise InputError("forget --user needs --tenant: user ids are scoped to their tenant")
         if self.tenant is None and not self.rollouts:
-            raise ValueError("say what to forget: --tenant, --rollout (repeatable) or --tenant with --user")
+            raise InputError("say what to forget: --tenant, --rollout (repeatable) or --tenant with --user")
 
     @property
     def whole_tenant(self) -> bool:
@@ -356,7 +357,7 @@ def _json_object(raw: bytes | None) -> dict:
 
 def _check_id(name: str, value: object) -> None:
     if not isinstance(value, str) or not value or len(value) > MAX_ID_CHARS or not value.isprintable():
-        raise ValueError(f"{name} must be a non-empty printable string of at most {MAX_ID_CHARS} characters, got {value!r:.80}")
+        raise InputError(f"{name} must be a non-empty printable string of at most {MAX_ID_CHARS} characters, got {value!r:.80}")
 
 
 def _chunks(values: list, size: int = IDS_PER_DELETE) -> Iterable[list]:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from store.lake import Lake
-from store.storage import list_tables, store_problem
+from store.lake import Lake, list_tables
+from store.storage import store_problem
+from schemas.errors import Unreachable
 
 
-class LakeUnreachable(RuntimeError):
+class LakeUnreachable(Unreachable, RuntimeError):
     """The lake's object store cannot be read: missing bucket, wrong endpoint or keys, store down."""
 
 

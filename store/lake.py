@@ -33,10 +33,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
-from store.storage import arrow_filesystem, is_local, storage_options
+from store.storage import StoreUnreachable, arrow_filesystem, is_local, storage_options, store_problem
+from schemas.errors import NotFound
 
 
 @dataclass(frozen=True)
@@ -259,7 +261,42 @@ def _filtered_batches(dataset: ds.Dataset, columns: list[str] | None, filter: pc
         yield from table.to_batches(max_chunksize=batch_rows)
 
 
-class TableMissing(LookupError):
+def list_tables(lake: Lake) -> list[str]:
+    """Names of the Delta tables in the lake, one folder level deep (``events``, ``datasets/nightly``).
+
+    Raises ``StoreUnreachable`` when an object-store lake's bucket does not answer.
+    """
+    if lake.is_local:
+        root = Path(lake.root.removeprefix("file://"))
+        if not root.is_dir():
+            return []
+        return sorted(
+            str(path.parent.relative_to(root))
+            for pattern in ("*/_delta_log", "*/*/_delta_log")
+            for path in root.glob(pattern)
+            if path.is_dir()
+        )
+    if problem := store_problem(lake.root, lake.storage_options):
+        raise StoreUnreachable(problem)
+    filesystem, prefix = arrow_filesystem(lake.root, lake.storage_options)
+    names: list[str] = []
+    for parent in ("", *_child_dirs(filesystem, prefix)):
+        for child in _child_dirs(filesystem, f"{prefix}/{parent}".rstrip("/")):
+            name = f"{parent}/{child}".lstrip("/")
+            if filesystem.get_file_info(f"{prefix}/{name}/_delta_log").type == pafs.FileType.Directory:
+                names.append(name)
+    return sorted(names)
+
+
+def _child_dirs(filesystem: pafs.FileSystem, path: str) -> list[str]:
+    selector = pafs.FileSelector(path, allow_not_found=True)
+    return [
+        info.base_name for info in filesystem.get_file_info(selector)
+        if info.type == pafs.FileType.Directory and info.base_name != "_delta_log"
+    ]
+
+
+class TableMissing(NotFound):
     """A table that has not been written yet."""
 
     def __init__(self, table: str, root: str) -> None:

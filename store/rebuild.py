@@ -22,6 +22,7 @@ from schemas.tables import TYPED_TABLES
 from store.commit import WRITER_PROPERTIES, marker_app_id
 from store.event_rows import typed_tables
 from store.lake import Lake
+from schemas.errors import Conflict
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ Progress = Callable[[str, int], None]
 """Called with (table name, rows written so far) as a rebuild streams."""
 
 
-class RebuildRaced(RuntimeError):
+class RebuildRaced(Conflict):
     """The events table changed while rebuilding: an ingester is running."""
 
 

@@ -40,8 +40,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from schemas.tables import INGESTED_TABLES
-from store.lake import Lake
-from store.storage import duckdb_secret, list_tables, store_problem
+from store.lake import Lake, list_tables
+from store.storage import duckdb_secret, store_problem
+from schemas.errors import NotFound, TrajlakeError
 
 log = logging.getLogger(__name__)
 
@@ -60,20 +61,15 @@ CONNECTION_CONFIG = {
 ViewKind = Literal["delta", "empty", "joined"]
 
 
-class QueryError(Exception):
+class QueryError(TrajlakeError):
     """A query DuckDB refused (or we did), with a hint on what to do next."""
-
-    def __init__(self, message: str, *, hint: str = "") -> None:
-        super().__init__(message + (f"\nhint: {hint}" if hint else ""))
-        self.message = message
-        self.hint = hint
 
 
 class WriteRefused(QueryError):
     """A statement that would change something: the lake is read through views only."""
 
 
-class LakeMissing(LookupError):
+class LakeMissing(NotFound):
     """The lake root does not exist (or its object store does not answer: ``problem`` says why)."""
 
     def __init__(self, root: str, problem: str | None = None) -> None:
@@ -149,7 +145,7 @@ def view_name(table: str) -> str:
 
 
 def discover_tables(lake: Lake) -> dict[str, str]:
-    """View name -> table path of every Delta table in the lake (``store.storage.list_tables``).
+    """View name -> table path of every Delta table in the lake (``store.lake.list_tables``).
 
     Tables under a folder starting with ``.`` or ``_`` are left out. On a
     name clash the first path in sorted order wins.

@@ -24,31 +24,40 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-if TYPE_CHECKING:
-    from store.lake import Lake
+from schemas.errors import EXIT_BAD_SETTINGS, Unreachable
 
 _OBJECT_STORE_PREFIXES = ("AWS_", "AZURE_", "GOOGLE_")
 CREDENTIAL_CHAIN = "TRAJLAKE_AWS_CREDENTIAL_CHAIN"
 """``true``: an S3 lake without keys may use the AWS credential chain (which can ask the instance metadata)."""
 
 
-class StoreUnreachable(OSError):
+class StoreUnreachable(Unreachable):
     """The lake's object store does not answer, refuses the credentials, or lacks the bucket."""
 
 
 class CredentialsMissing(StoreUnreachable):
     """An S3 lake without keys, and the credential chain (instance metadata) not asked for."""
 
+    exit_code = EXIT_BAD_SETTINGS
+
 
 def is_local(root: str) -> bool:
     """True for a folder (or ``file://``) lake root."""
     return "://" not in root or root.startswith("file://")
+
+
+def object_store_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that configure object stores (``AWS_*``, ``AZURE_*``, ``GOOGLE_*`` and
+    ``TRAJLAKE_AWS_CREDENTIAL_CHAIN``): what ``storage_options`` reads.
+
+    >>> object_store_env({"AWS_REGION": "eu-west-1", "HOME": "/root"})
+    {'AWS_REGION': 'eu-west-1'}
+    """
+    return {key: value for key, value in env.items() if key.startswith(_OBJECT_STORE_PREFIXES) or key == CREDENTIAL_CHAIN}
 
 
 def storage_options(root: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -179,38 +188,3 @@ def store_problem(root: str, options: Mapping[str, str]) -> str | None:
 
 def _sql(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
-
-
-def list_tables(lake: Lake) -> list[str]:
-    """Names of the Delta tables in the lake, one folder level deep (``events``, ``datasets/nightly``).
-
-    Raises ``StoreUnreachable`` when an object-store lake's bucket does not answer.
-    """
-    if lake.is_local:
-        root = Path(lake.root.removeprefix("file://"))
-        if not root.is_dir():
-            return []
-        return sorted(
-            str(path.parent.relative_to(root))
-            for pattern in ("*/_delta_log", "*/*/_delta_log")
-            for path in root.glob(pattern)
-            if path.is_dir()
-        )
-    if problem := store_problem(lake.root, lake.storage_options):
-        raise StoreUnreachable(problem)
-    filesystem, prefix = arrow_filesystem(lake.root, lake.storage_options)
-    names: list[str] = []
-    for parent in ("", *_child_dirs(filesystem, prefix)):
-        for child in _child_dirs(filesystem, f"{prefix}/{parent}".rstrip("/")):
-            name = f"{parent}/{child}".lstrip("/")
-            if filesystem.get_file_info(f"{prefix}/{name}/_delta_log").type == pafs.FileType.Directory:
-                names.append(name)
-    return sorted(names)
-
-
-def _child_dirs(filesystem: pafs.FileSystem, path: str) -> list[str]:
-    selector = pafs.FileSelector(path, allow_not_found=True)
-    return [
-        info.base_name for info in filesystem.get_file_info(selector)
-        if info.type == pafs.FileType.Directory and info.base_name != "_delta_log"
-    ]

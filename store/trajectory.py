@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from store.lake import Lake
 from store.sql import check_lake, connect
+from schemas.errors import NotFound, TrajlakeError
 
 EXCERPT_CHARS = 200
 """Default length of text excerpts (prompt, response, tool arguments and results)."""
@@ -139,7 +140,7 @@ class Trajectory(_Model):
     steps: list[Step]
 
 
-class RolloutNotFound(LookupError):
+class RolloutNotFound(NotFound):
     """No rollout with that id (in that tenant)."""
 
     def __init__(self, rollout_id: str, tenant: str | None) -> None:
@@ -151,7 +152,7 @@ class RolloutNotFound(LookupError):
         self.rollout_id = rollout_id
 
 
-class AmbiguousRollout(LookupError):
+class AmbiguousRollout(TrajlakeError, LookupError):
     """The same rollout id exists in several tenants."""
 
     def __init__(self, rollout_id: str, tenants: list[str]) -> None:

@@ -196,8 +196,8 @@ def test_dockerfile_installs_the_pinned_cpu_torch_then_the_project() -> None:
 
 
 def test_storage_options_come_from_the_environment_for_object_store_lakes() -> None:
-    from store.lake import Lake
-    from store.storage import list_tables, storage_options
+    from store.lake import Lake, list_tables
+    from store.storage import storage_options
 
     env = {"AWS_ENDPOINT_URL": "http://minio:9000", "AWS_ALLOW_HTTP": "true", "HOME": "/root", "TRAJLAKE_LAKE": "x",
            "AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "s"}

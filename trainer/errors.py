@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from schemas.errors import TrajlakeError
 
-class TrainerError(RuntimeError):
+
+class TrainerError(TrajlakeError, RuntimeError):
     """Base of every error the trainer raises on purpose."""
 
 

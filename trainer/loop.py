@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from schemas.code_version import code_version
 from store.lake import Lake
 from trainer.batching import Batch, collate, epoch_order, plan_batches, rank_share
 from trainer.config import TrainConfig, deepspeed_dict, uses_bf16
@@ -36,7 +37,7 @@ from trainer.leases import Lease, LeaseKeeper, LeaseLost, VersionHeld, release, 
 from trainer.model import ModelInfo, check_tokenizer, inspect_model, load_causal_lm
 from trainer.objective import forward_loss
 from trainer.records import (
-    CheckpointRecord, code_version, find_checkpoint, record_status, run_states, write_checkpoint,
+    CheckpointRecord, find_checkpoint, record_status, run_states, write_checkpoint,
 )  # fmt: skip
 
 log = logging.getLogger(__name__)

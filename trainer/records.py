@@ -17,17 +17,16 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from importlib import metadata
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
 
 from store.lake import Lake
 from trainer.errors import TrainerError
+from schemas.errors import Conflict
 
 TS = pa.timestamp("us", tz="UTC")
 RUNS_TABLE = "train_runs"
@@ -130,24 +129,8 @@ class RunState:
     error: str | None
 
 
-class IllegalTransition(RuntimeError):
+class IllegalTransition(Conflict):
     """A run status change that ``RUN_TRANSITIONS`` forbids (e.g. starting a finished run)."""
-
-
-def code_version() -> str:
-    """``trajlake <package version>`` plus the git commit when run from a checkout."""
-    try:
-        version = metadata.version("trajlake")
-    except metadata.PackageNotFoundError:
-        version = "unknown"
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=Path(__file__).parent,
-            capture_output=True, text=True, timeout=5, check=True,
-        ).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        sha = ""
-    return f"trajlake {version}" + (f" git {sha}" if sha else "")
 
 
 def run_states(lake: Lake) -> dict[str, RunState]:
@@ -215,6 +198,12 @@ def list_checkpoints(lake: Lake, *, dataset: str | None = None) -> list[Checkpoi
         return []
     rows = lake.read(CHECKPOINTS_TABLE).sort_by([("created_at", "ascending")]).to_pylist()
     return [CheckpointRecord.from_row(r) for r in rows if dataset is None or r["dataset"] == dataset]
+
+
+def checkpoints_trained_on(lake: Lake, dataset: str, versions: Iterable[int]) -> list[str]:
+    """Ids of the checkpoints trained on any of ``versions`` of ``dataset``, sorted."""
+    wanted = set(versions)
+    return sorted(c.checkpoint_id for c in list_checkpoints(lake, dataset=dataset) if c.dataset_version in wanted)
 
 
 def find_checkpoint(lake: Lake, checkpoint_id: str) -> CheckpointRecord | None:

@@ -13,11 +13,11 @@ holds no consumer-group offsets because what was trained lives in the
 from __future__ import annotations
 
 import logging
-import socket
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from ingest.broker_probe import probe_broker
 from pipelines.datasets.registry import REGISTRY_TABLE, list_versions
 from schemas.control import CONTROL_ADAPTER, CONTROL_TOPIC, DatasetVersionEvent
 from store.lake import Lake
@@ -48,22 +48,6 @@ def _dataset_names(lake: Lake) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
 
 
-class BrokerUnreachable(ConnectionError):
-    """No bootstrap server accepts a connection."""
-
-
-def check_reachable(bootstrap_servers: str, *, timeout_s: float = 2.0) -> None:
-    """Fail fast (``BrokerUnreachable``) instead of waiting out kafka-python's retries."""
-    for server in bootstrap_servers.split(","):
-        host, _, port = server.strip().rpartition(":")
-        try:
-            with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
-                return
-        except (OSError, ValueError):
-            continue
-    raise BrokerUnreachable(f"no Kafka broker answers at {bootstrap_servers}")
-
-
 class ControlListener:
     """Reads ``dataset.version`` events about lake ``lake_id`` (and those without one) from the control topic."""
 
@@ -72,7 +56,7 @@ class ControlListener:
 
         from ingest.topics import ensure_topic
 
-        check_reachable(bootstrap_servers)
+        probe_broker(bootstrap_servers, timeout_s=2.0)  # fail fast, not after kafka-python's retries
         ensure_topic(bootstrap_servers, topic, partitions=1)
         self._consumer = KafkaConsumer(
             bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,

@@ -8,20 +8,25 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import pkgutil
-import signal
 import sys
+import traceback
+from typing import Any, NoReturn
 
 import typer
+import typer.core
 
 import trajlake.commands
 from trajlake.options import EXIT_CODES
+from trajlake.signals import SERVICES, exit_cleanly_on_stop_signals
+
+# Imported by the functions that use them: until ``main`` has installed the stop handler of a service, this
+# module's imports are all that runs (a SIGTERM in that time still kills the process with -15).
 
 OWN_PACKAGES = ("schemas", "store", "ingest", "pipelines", "trainer", "serve", "api", "devkit", "trajlake")
+"""Loggers at TRAJLAKE_LOG_LEVEL; every other library logs WARNING and up only, unless the level is DEBUG."""
 LOUD_LIBRARIES = ("DeepSpeed", "torch", "transformers", "urllib3", "filelock")
 """Libraries that set their own logger level (DeepSpeed logs at INFO with its own handler): WARNING unless DEBUG."""
-"""Loggers at TRAJLAKE_LOG_LEVEL; every other library logs WARNING and up only, unless the level is DEBUG."""
 SILENT_LIBRARIES = ("kafka",)
 """Libraries whose errors our code reports in its own words (kafka-python logs every reconnect attempt as
 an ERROR; the gateway spools and the ingester stops with one clear line): quiet unless DEBUG."""
@@ -29,9 +34,11 @@ an ERROR; the gateway spools and the ingester stops with one clear line): quiet 
 
 def configure_logging(level_name: str) -> None:
     """Our loggers at ``level_name``; libraries at WARNING (``SILENT_LIBRARIES``: CRITICAL) unless DEBUG."""
+    from schemas.errors import SettingsInvalid
+
     level = logging.getLevelName(level_name.upper())
     if not isinstance(level, int):
-        raise ValueError(f"TRAJLAKE_LOG_LEVEL={level_name!r}: use DEBUG, INFO, WARNING or ERROR")
+        raise SettingsInvalid(f"TRAJLAKE_LOG_LEVEL={level_name!r}: use DEBUG, INFO, WARNING or ERROR")
     debug = level <= logging.DEBUG
     if not logging.getLogger().handlers:
         logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -44,9 +51,46 @@ def configure_logging(level_name: str) -> None:
         logging.getLogger(name).setLevel(logging.NOTSET if debug else logging.CRITICAL)
 
 
+class Shell(typer.core.TyperGroup):
+    """The ``trajlake`` command: the one place where an error becomes a line on stderr and an exit code.
+
+    A ``TrajlakeError`` prints its message (and hint) and exits with its ``exit_code``; anything else is a
+    bug: one line, exit 1. With --debug (or TRAJLAKE_LOG_LEVEL=DEBUG) the traceback comes first. Here
+    rather than around ``main()``, so that every way in (the console script, ``python -m``, torchrun,
+    ``CliRunner`` in tests) behaves the same.
+    """
+
+    def main(self, args: Any = None, *rest: Any, **options: Any) -> Any:
+        from schemas.errors import EXIT_BAD_SETTINGS, EXIT_FAILED, TrajlakeError
+
+        argv = list(sys.argv[1:] if args is None else args)
+        try:
+            return super().main(args, *rest, **options)
+        except TrajlakeError as exc:
+            _exit(str(exc), exc.exit_code)
+        except Exception as exc:
+            if (problem := _store_problem(argv)) is not None:
+                _exit(problem, EXIT_BAD_SETTINGS)
+            first_line = str(exc).strip().partition("\n")[0]
+            _exit(f"{type(exc).__name__}: {first_line}\n(a bug: trajlake --debug shows where it happened; please "
+                  "report it)", EXIT_FAILED)
+
+
+def _exit(message: str, code: int) -> NoReturn:
+    """``error: message`` on stderr (after the traceback of the error being handled, at DEBUG), exit ``code``."""
+    from rich.console import Console
+    from rich.text import Text
+
+    if logging.getLogger("trajlake").isEnabledFor(logging.DEBUG) and sys.exc_info()[0] is not None:
+        traceback.print_exc()
+    Console(stderr=True, soft_wrap=True, highlight=False).print(Text.assemble(("error: ", "bold red"), message))
+    sys.exit(code)
+
+
 def build_app() -> typer.Typer:
     app = typer.Typer(
         name="trajlake",
+        cls=Shell,
         help="Trajectory lake for LLM agents: capture, ingest, query, build datasets, train.",
         epilog=EXIT_CODES,
         no_args_is_help=True,
@@ -55,8 +99,8 @@ def build_app() -> typer.Typer:
 
     @app.callback()
     def _root(
-        debug: bool = typer.Option(False, "--debug", help="Log everything at DEBUG, libraries included "
-                                   "(same as TRAJLAKE_LOG_LEVEL=DEBUG)."),
+        debug: bool = typer.Option(False, "--debug", help="Log everything at DEBUG, libraries included, and show "
+                                   "the traceback of an error (same as TRAJLAKE_LOG_LEVEL=DEBUG)."),
     ) -> None:
         """Trajectory lake for LLM agents."""
         if debug:
@@ -66,11 +110,6 @@ def build_app() -> typer.Typer:
         importlib.import_module(f"trajlake.commands.{info.name}").register(app)
     _add_epilog(app)
     return app
-
-
-STOPPABLE_WHILE_STARTING = frozenset({"ingest"})
-"""Services for which SIGTERM during start-up (seconds of imports) is a clean stop, exit 0; each installs
-its own stop handler first thing once it runs."""
 
 
 def _add_epilog(app: typer.Typer) -> None:
@@ -83,40 +122,34 @@ def _add_epilog(app: typer.Typer) -> None:
 
 
 def main() -> None:
-    if sys.argv[1:2] and sys.argv[1] in STOPPABLE_WHILE_STARTING:
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    if sys.argv[1:2] and sys.argv[1] in SERVICES:
+        exit_cleanly_on_stop_signals()
+    from schemas.errors import SettingsInvalid
+    from trajlake.settings import ShellSettings, load
+
     try:
-        configure_logging(os.environ.get("TRAJLAKE_LOG_LEVEL", "WARNING"))
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    try:
-        build_app()()
-    except Exception as exc:  # the one error handler: an error no command anticipated, as one line and exit 1
-        if logging.getLogger("trajlake").isEnabledFor(logging.DEBUG):
-            raise
-        if (problem := _store_problem(sys.argv[1:])) is not None:
-            print(f"error: {problem}", file=sys.stderr)
-            raise SystemExit(2) from None
-        first_line = str(exc).strip().partition("\n")[0]
-        print(f"error: {type(exc).__name__}: {first_line}\n"
-              "(unexpected: trajlake --debug shows where it happened; please report it)", file=sys.stderr)
-        raise SystemExit(1) from None
+        configure_logging(load(ShellSettings).log_level)
+    except SettingsInvalid as exc:
+        _exit(str(exc), exc.exit_code)
+    build_app()()
 
 
 def _store_problem(args: list[str]) -> str | None:
     """After a crash: what is wrong with the lake's object store, if anything (one line)."""
-    from store.storage import CredentialsMissing, storage_options, store_problem
+    from schemas.errors import TrajlakeError
+    from store.storage import store_problem
+    from trajlake.settings import CommonSettings, load
 
-    root = os.environ.get("TRAJLAKE_LAKE", "")
+    root = None
     for i, arg in enumerate(args):
         if arg == "--lake" and i + 1 < len(args):
             root = args[i + 1]
         elif arg.startswith("--lake="):
             root = arg.removeprefix("--lake=")
     try:
-        return store_problem(root, storage_options(root)) if root else None
-    except CredentialsMissing as exc:
+        settings = load(CommonSettings, lake=root)
+        return store_problem(settings.lake, settings.open_lake().storage_options)
+    except TrajlakeError as exc:
         return str(exc)
 
 

@@ -31,9 +31,26 @@ def parse_time(text: str, flag: str) -> datetime:
     >>> parse_time("2026-11-01T06:00:00Z", "--since").isoformat()
     '2026-11-01T06:00:00+00:00'
     """
+    from schemas.errors import InputError  # not at import: ``trajlake.cli`` imports this module before any signal handler
+
     try:
         value = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise ValueError(f"{flag} {text!r} is not an RFC 3339 time, e.g. 2026-11-01T00:00:00Z "
+        raise InputError(f"{flag} {text!r} is not an RFC 3339 time, e.g. 2026-11-01T00:00:00Z "
                          "(a date alone is midnight; no offset = UTC)") from None
     return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+
+
+def first_error(exc: ValueError) -> str:
+    """One line for a bad option value: pydantic's first error with its field, or the message.
+
+    >>> first_error(ValueError("--since 'x' is not an RFC 3339 time"))
+    "--since 'x' is not an RFC 3339 time"
+    """
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        err = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in err["loc"])
+        return f"{where}: {err['msg']}" if where else err["msg"]
+    return str(exc)

@@ -5,6 +5,11 @@ from __future__ import annotations
 import signal
 from types import FrameType
 
+SERVICES = frozenset({"ingest", "gateway", "query-api", "serve-model"})
+"""Commands for which SIGTERM or Ctrl-C during start-up (seconds of imports, a model loading) is a clean stop,
+exit 0: ``trajlake.cli.main`` calls ``exit_cleanly_on_stop_signals`` before it parses anything; each service
+then keeps that handler, or installs its own stop handler first thing once it runs."""
+
 
 def exit_cleanly_on_stop_signals() -> None:
     """SIGTERM and SIGINT raise ``SystemExit(0)`` in the main thread from now on.

@@ -10,11 +10,13 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from schemas.errors import SettingsInvalid
+
 ANONYMOUS_TENANT = "default"
 """Tenant of every call when ``allow_anonymous`` is on (development only)."""
 
 
-class KeyConfigError(ValueError):
+class KeyConfigError(SettingsInvalid):
     """The keys configuration cannot be parsed or is empty."""
 
 
@@ -55,7 +57,9 @@ class KeyRing:
         self.allow_anonymous = allow_anonymous
 
     @classmethod
-    def load(cls, *, env_value: str | None, file: Path | None, allow_anonymous: bool) -> KeyRing:
+    def load(cls, *, env_value: str | None, file: Path | None, allow_anonymous: bool,
+             setting: str = "TRAJLAKE_GATEWAY_KEYS") -> KeyRing:
+        """The keys of ``file`` and ``env_value`` (the variable ``setting``, named in the errors)."""
         keys: dict[str, str] = {}
         if file is not None:
             try:
@@ -63,7 +67,9 @@ class KeyRing:
             except OSError as exc:
                 raise KeyConfigError(f"cannot read keys file {file}: {exc.strerror}") from None
         if env_value:
-            keys.update(parse_keys(env_value, source="TRAJLAKE_GATEWAY_KEYS"))
+            keys.update(parse_keys(env_value, source=setting))
+        if not keys and not allow_anonymous and setting != "TRAJLAKE_GATEWAY_KEYS":
+            raise KeyConfigError(f"no API keys configured: set {setting}=key=tenant,... or {setting}_FILE")
         return cls(keys, allow_anonymous=allow_anonymous)
 
     def tenant(self, key: str | None) -> str | None:

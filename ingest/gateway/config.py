@@ -1,35 +1,51 @@
-"""What the gateway needs to know, as a structural type.
+"""What the gateway needs to know: its options, as a plain model.
 
-The shell's ``GatewaySettings`` (pydantic-settings, ``trajlake gateway``)
-satisfies it; the package never imports the shell.
+``trajlake gateway``'s settings (``GatewaySettings``) are this model read from
+TRAJLAKE_* variables and flags; the package never imports the shell.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Optional
+
+from schemas.options import CommonOptions
 
 
-class GatewayConfig(Protocol):
-    bootstrap_servers: str
-    topic: str
-    upstream_url: str
-    """Base URL of the OpenAI-compatible engine, ending in /v1."""
-    upstream_api_key: str | None
-    upstream_timeout_s: float
-    upstream_connect_timeout_s: float
-    upstream_retries: int
-    gateway_keys: str | None
-    gateway_keys_file: Path | None
-    allow_anonymous: bool
-    spool_dir: Path
-    spool_max_bytes: int
-    max_body_bytes: int
-    tokenizer: str | None
-    policy_version: str | None
-    request_token_ids: bool
-    idempotency_entries: int
-    idempotency_ttl_s: float
-    broker_timeout_s: float
-    redaction_rules: Path | None
-    """JSON/TOML rules file of ``ingest.redaction``; None = no redaction."""
+class GatewayConfig(CommonOptions):
+    """The gateway's options (``bootstrap_servers`` and ``topic`` come from ``CommonOptions``)."""
+
+    upstream_url: str = "http://127.0.0.1:8000/v1"
+    """Base URL of the OpenAI-compatible engine (vLLM, SGLang, `trajlake serve-model`), ending in /v1."""
+    upstream_api_key: Optional[str] = None
+    """Sent to the engine as a bearer token (clients' keys are never forwarded)."""
+    upstream_timeout_s: float = 600.0
+    """Longest wait for an engine answer (a long generation can take minutes)."""
+    upstream_connect_timeout_s: float = 5.0
+    upstream_retries: int = 2
+    """Retries of calls the engine refused without generating (connect errors, 502/503/504)."""
+    gateway_keys: Optional[str] = None
+    """API keys: `key1=tenantA,key2=tenantB` (env TRAJLAKE_GATEWAY_KEYS)."""
+    gateway_keys_file: Optional[Path] = None
+    """File of `key=tenant` lines (env TRAJLAKE_GATEWAY_KEYS_FILE)."""
+    allow_anonymous: bool = False
+    """Development only: accept calls without a key, as tenant `default`."""
+    spool_dir: Path = Path("./gateway-spool")
+    """Durable on-disk buffer for events while Kafka is unreachable."""
+    spool_max_bytes: int = 1 << 30
+    """Spool capacity (1 GiB); when full, new events are dropped loudly (log + metric + /readyz 503)."""
+    max_body_bytes: int = 16 << 20
+    """Largest accepted request body (16 MiB)."""
+    tokenizer: Optional[str] = None
+    """Local HF tokenizer folder, used only when the engine returns no token ids."""
+    policy_version: Optional[str] = None
+    """Recorded on every llm.response; default: the model name the engine served."""
+    request_token_ids: bool = True
+    """Ask the engine for token ids and logprobs; turn off for engines that refuse unknown fields."""
+    idempotency_entries: int = 10_000
+    """Keyed calls remembered for replay (in-process LRU)."""
+    idempotency_ttl_s: float = 600.0
+    broker_timeout_s: float = 5.0
+    """Longest wait for a Kafka acknowledgement before events go to the spool."""
+    redaction_rules: Optional[Path] = None
+    """JSON/TOML file of redaction rules applied before events are sent or spooled (TRAJLAKE_REDACTION_RULES)."""

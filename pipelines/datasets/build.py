@@ -36,10 +36,11 @@ from pipelines.datasets.samples import RolloutPlan, SampleStream
 from pipelines.datasets.selection import select_rollouts
 from pipelines.datasets.sources import SOURCE_TABLES, Snapshot, pinned_connection
 from pipelines.datasets.tool_credit import add_tool_credit
-from pipelines.datasets.version import code_version
+from schemas.code_version import code_version
 from schemas.tables import SAMPLES
 from store.identity import lake_id
 from store.lake import Lake
+from schemas.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ Progress = Callable[[int, int], None]
 """Called with (rollouts merged so far, rollouts to merge)."""
 
 
-class EmptyDataset(ValueError):
+class EmptyDataset(InputError):
     """The selection left no rollout with a reward and trained tokens."""
 
 

@@ -17,6 +17,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from schemas.errors import InputError
+
 AdvantageMode = Literal["grpo", "mean", "raw"]
 """grpo: (r - mean) / std over the group; mean: r - mean (Dr. GRPO); raw: r."""
 
@@ -52,14 +54,14 @@ class Selection(BaseModel):
     @classmethod
     def _utc(cls, v: datetime | None) -> datetime | None:
         if v is not None and v.tzinfo is None:
-            raise ValueError("give a UTC offset, e.g. 2026-01-01T00:00:00Z")
+            raise InputError("give a UTC offset, e.g. 2026-01-01T00:00:00Z")
         return v
 
     @field_validator("where")
     @classmethod
     def _one_predicate(cls, v: str | None) -> str | None:
         if v is not None and (";" in v or "--" in v):
-            raise ValueError("--where takes one SQL predicate: no ';' and no comments")
+            raise InputError("--where takes one SQL predicate: no ';' and no comments")
         return v
 
 
@@ -98,11 +100,11 @@ class RewardRule(BaseModel):
                 try:
                     weights[name.strip()] = float(value)
                 except ValueError:
-                    raise ValueError(f"reward weight {part!r} is not NAME=NUMBER") from None
+                    raise InputError(f"reward weight {part!r} is not NAME=NUMBER") from None
                 if not eq or not name.strip():
-                    raise ValueError(f"reward weight {part!r} is not NAME=NUMBER")
+                    raise InputError(f"reward weight {part!r} is not NAME=NUMBER")
             return cls(kind="weighted", weights=weights)
-        raise ValueError(
+        raise InputError(
             f"unknown reward rule {text!r}: use latest, latest:NAME, sum, mean or weighted:NAME=W,NAME=W"
         )
 
@@ -131,7 +133,7 @@ class ToolCredit(BaseModel):
     @classmethod
     def _finite(cls, v: float) -> float:
         if not math.isfinite(v):
-            raise ValueError("the credit per run must be a finite number")
+            raise InputError("the credit per run must be a finite number")
         return v
 
     @classmethod
@@ -151,7 +153,7 @@ class ToolCredit(BaseModel):
                        max_runs=int(cap_value) if cap else None)
         except ValueError as exc:
             detail = f" ({exc.errors()[0]['msg']})" if hasattr(exc, "errors") else ""
-            raise ValueError(f"tool credit {text!r}{detail}: write TOOL=VALUE or TOOL=VALUE,max=N, "
+            raise InputError(f"tool credit {text!r}{detail}: write TOOL=VALUE or TOOL=VALUE,max=N, "
                              "e.g. run_tests=0.1,max=3") from None
 
     def describe(self) -> str:
@@ -187,7 +189,7 @@ class BuildConfig(BaseModel):
     @model_validator(mode="after")
     def _observations_have_no_advantage(self) -> BuildConfig:
         if self.mask == "observations" and self.drop_degenerate:
-            raise ValueError("observation datasets carry no advantage: drop --drop-degenerate or use --mask actions")
+            raise InputError("observation datasets carry no advantage: drop --drop-degenerate or use --mask actions")
         return self
 
     def identity(self) -> dict:

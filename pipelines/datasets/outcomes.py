@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from pipelines.datasets.config import RewardRule, Selection
 from pipelines.datasets.selection import create_selected, reward_sql
+from schemas.errors import InputError
 
 OUTCOME_COLUMNS: tuple[str, ...] = (
     "rollout_id", "task_id", "tenant", "attempt", "policy_version", "harness_name", "harness_version",
@@ -45,7 +46,7 @@ class SuccessRule(BaseModel):
     @classmethod
     def _finite(cls, v: float | None) -> float | None:
         if v is not None and not math.isfinite(v):
-            raise ValueError("the reward threshold must be a finite number")
+            raise InputError("the reward threshold must be a finite number")
         return v
 
     @classmethod
@@ -55,7 +56,7 @@ class SuccessRule(BaseModel):
         has_status = "status" in parts
         rewards = [p for p in parts if p != "status"]
         if len(rewards) > 1 or len(parts) != has_status + len(rewards) or not parts:
-            raise ValueError(f"unknown success rule {text!r}: use status, reward>=X or status,reward>=X")
+            raise InputError(f"unknown success rule {text!r}: use status, reward>=X or status,reward>=X")
         if not rewards:
             return cls(kind="status")
         name, op, value = rewards[0].partition(">=")
@@ -64,7 +65,7 @@ class SuccessRule(BaseModel):
         except ValueError:
             threshold = math.nan
         if name.strip() != "reward" or not op or not math.isfinite(threshold):
-            raise ValueError(f"unknown success rule {text!r}: use status, reward>=X (X a number) or status,reward>=X")
+            raise InputError(f"unknown success rule {text!r}: use status, reward>=X (X a number) or status,reward>=X")
         return cls(kind="both" if has_status else "reward", threshold=threshold)
 
     def describe(self) -> str:

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from pipelines.datasets.config import DATASET_NAME
 from store.lake import Lake
+from schemas.errors import InputError, NotFound
 
 REGISTRY_TABLE = "dataset_versions"
 LINEAGE_TABLE = "dataset_lineage"
@@ -56,7 +57,7 @@ LINEAGE = pa.schema(
 """Which events of each rollout a dataset version used (llm.request/response, reward)."""
 
 
-class DatasetNotFound(LookupError):
+class DatasetNotFound(NotFound):
     """No such dataset or version in the registry."""
 
 
@@ -66,7 +67,7 @@ def dataset_table(name: str) -> str:
 
 def check_name(name: str) -> str:
     if not DATASET_NAME.match(name):
-        raise ValueError(f"dataset name {name!r}: use letters, digits, '_', '-', '.' (at most 128, no '/')")
+        raise InputError(f"dataset name {name!r}: use letters, digits, '_', '-', '.' (at most 128, no '/')")
     return name
 
 
@@ -74,7 +75,7 @@ def parse_ref(ref: str) -> tuple[str, int | None]:
     """``NAME`` or ``NAME@VERSION`` -> (name, version or None for latest)."""
     match = re.fullmatch(r"(.+?)(?:@(\d+))?", ref.strip())
     if not match:
-        raise ValueError(f"dataset reference {ref!r}: write NAME or NAME@VERSION")
+        raise InputError(f"dataset reference {ref!r}: write NAME or NAME@VERSION")
     return check_name(match.group(1)), int(match.group(2)) if match.group(2) else None
 
 

@@ -25,6 +25,7 @@ from pipelines.datasets.calls import BatchTokens, TokenTables, iter_batches, rea
 from pipelines.datasets.config import BuildConfig
 from pipelines.datasets.merging import MISMATCH_CLASSES, Call, Sample, merge_calls, tokenizer_decoders
 from schemas.tables import SAMPLES
+from schemas.errors import DataError
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,7 @@ def _concat(arrays: list[np.ndarray], dtype: type) -> pa.Array:
     return pa.array(np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype))
 
 
-class CorruptTable(RuntimeError):
+class CorruptTable(DataError):
     """A source table's scalar summaries disagree with its token lists."""
 
 

@@ -17,6 +17,7 @@ import duckdb
 import pyarrow as pa
 
 from pipelines.datasets.config import RewardRule, Selection
+from schemas.errors import InputError
 
 ROLLOUT_SUMMARY = """
 CREATE OR REPLACE TEMP VIEW rollout_summary AS
@@ -53,7 +54,7 @@ LEFT JOIN p ON p.rollout_id = coalesce(s.rollout_id, e.rollout_id) AND p.tenant 
 """
 
 
-class BadFilter(ValueError):
+class BadFilter(InputError):
     """A --where predicate DuckDB cannot run."""
 
 

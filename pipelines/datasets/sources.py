@@ -13,12 +13,13 @@ import duckdb
 
 from store.lake import Lake
 from store.sql import lock_down, open_duckdb
+from schemas.errors import NotFound
 
 SOURCE_TABLES = ("rollout_starts", "rollout_ends", "llm_requests", "llm_responses", "rewards")
 """Physical tables a build reads (the joined SQL views are deliberately not used)."""
 
 
-class SourceMissing(LookupError):
+class SourceMissing(NotFound):
     """The lake lacks a table a build needs."""
 
 

@@ -33,6 +33,7 @@ from urllib.parse import urlparse
 from pipelines.datasets.build import BuildResult, build_dataset
 from pipelines.datasets.config import BuildConfig
 from store.lake import Lake
+from schemas.errors import SettingsInvalid
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class LineageConfig(Protocol):
     openlineage_namespace: str
 
 
-class LineageConfigError(ValueError):
+class LineageConfigError(SettingsInvalid):
     """Transport settings that cannot work; says which setting to fix."""
 
 

@@ -29,16 +29,17 @@ from pipelines.datasets.registry import LINEAGE_TABLE, REGISTRY_TABLE, get_manif
 from schemas.tables import TYPED_TABLES
 from store.lake import Lake
 from store.sql import connect
+from schemas.errors import NotFound, TrajlakeError
 
 CHECKPOINTS_TABLE = "checkpoints"
 TRAIN_RUNS_TABLE = "train_runs"
 
 
-class LineageNotFound(LookupError):
+class LineageNotFound(NotFound):
     """The id matches no dataset version, checkpoint, rollout or event."""
 
 
-class AmbiguousId(LookupError):
+class AmbiguousId(TrajlakeError, LookupError):
     """A rollout or event id that several tenants used, looked up without a tenant."""
 
 

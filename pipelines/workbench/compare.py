@@ -37,6 +37,7 @@ from pipelines.datasets.config import RewardRule, Selection
 from pipelines.datasets.outcomes import SuccessRule, select_outcomes
 from store.lake import Lake
 from store.sql import check_lake, connect
+from schemas.errors import InputError
 
 Verdict = Literal["B better than A", "B worse than A", "inside noise"]
 ArmKind = Literal["harness", "policy"]
@@ -60,7 +61,7 @@ class Arm(_Model):
         if kind == "harness":
             name, at, version = text.partition("@")
             if not name or (at and not version) or "@" in version:
-                raise ValueError(f"harness {text!r} is not NAME@VERSION (or NAME for every version)")
+                raise InputError(f"harness {text!r} is not NAME@VERSION (or NAME for every version)")
         return cls(kind=kind, value=text)
 
     def selection(self, base: Selection) -> Selection:
@@ -132,7 +133,7 @@ class Comparison(_Model):
     config: CompareConfig
 
 
-class CompareError(ValueError):
+class CompareError(InputError):
     """The comparison cannot be made; the message says what to change."""
 
 

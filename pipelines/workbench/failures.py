@@ -46,6 +46,7 @@ from pipelines.datasets.outcomes import SuccessRule, select_outcomes
 from store.lake import Lake
 from store.sql import check_lake, connect
 from store.trajectory import EXCERPT_CHARS, load_trajectory
+from schemas.errors import NotFound
 
 TABLE = "failure_packets"
 PACKETS_SCHEMA = pa.schema([
@@ -107,7 +108,7 @@ class Extraction(BaseModel):
     packets: list[RolloutPacket | ClusterPacket]
 
 
-class NothingSelected(LookupError):
+class NothingSelected(NotFound):
     """The filters matched no finished rollout."""
 
 

@@ -14,6 +14,7 @@ import typer
 from typer.testing import CliRunner
 
 from devkit.ports import free_port
+from trajlake.cli import Shell
 from trajlake.commands import query_api
 
 REPO = Path(__file__).parents[2]
@@ -21,7 +22,7 @@ REPO = Path(__file__).parents[2]
 
 @pytest.fixture
 def cli() -> typer.Typer:
-    app = typer.Typer(pretty_exceptions_enable=False)
+    app = typer.Typer(cls=Shell, pretty_exceptions_enable=False)  # the shell's error handler
 
     @app.callback()
     def _root() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import polars as pl
 from deltalake import DeltaTable
 
-from store.storage import list_tables
+from store.lake import list_tables
 from tests.pipelines.conftest import LakeRows
 from tests.pipelines.datasets.test_build import agent
 

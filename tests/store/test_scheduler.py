@@ -314,7 +314,7 @@ def test_scheduler_cli_reports_bad_configuration(lake: Lake, env: dict, args: li
     from trajlake.cli import build_app
 
     result = CliRunner().invoke(build_app(), ["scheduler", "--once", "--lake", lake.root, *args], env=env)
-    assert result.exit_code == 1 and message in " ".join(result.output.split()), result.output
+    assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output  # bad settings
 
 
 def test_serve_runs_due_windows_until_stopped(lake: Lake) -> None:

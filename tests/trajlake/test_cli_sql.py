@@ -16,6 +16,7 @@ from tests.store.lake_builder import sample_rollout, write_events
 
 from schemas.tables import TOKENS  # noqa: E402
 from store.lake import Lake  # noqa: E402
+from trajlake.cli import Shell  # noqa: E402
 from trajlake.commands import rollout as rollout_commands  # noqa: E402
 from trajlake.commands import sql as sql_commands  # noqa: E402
 
@@ -30,7 +31,7 @@ def sample_lake(lake: Lake) -> Lake:
 @pytest.fixture
 def app() -> typer.Typer:
     """The commands under test, registered the way trajlake.cli registers every module."""
-    app = typer.Typer(pretty_exceptions_enable=False)
+    app = typer.Typer(cls=Shell, pretty_exceptions_enable=False)  # the shell's error handler
 
     @app.callback()
     def _root() -> None:

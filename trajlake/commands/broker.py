@@ -7,11 +7,11 @@ import threading
 
 import typer
 from rich.console import Console
-from rich.text import Text
 
-from devkit.broker import BrokerError, EmbeddedBroker
+from devkit.broker import EmbeddedBroker
+from schemas.errors import TrajlakeError
 from schemas.events import DEFAULT_TOPIC
-from trajlake.settings import CommonSettings
+from trajlake.settings import CommonSettings, load
 
 MEMORY = "memory://tansu/"
 
@@ -43,17 +43,15 @@ def broker(
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    settings = BrokerSettings(**{k: v for k, v in {"broker_storage": storage, "broker_cluster_id": cluster_id}.items()
-                                 if v is not None})
+    settings = load(BrokerSettings, broker_storage=storage, broker_cluster_id=cluster_id)
     console = Console()
     b = EmbeddedBroker(port=port, storage_url=settings.broker_storage, cluster_id=settings.broker_cluster_id)
     try:
         b.start()
         n = b.create_topic(topic, partitions=partitions)
-    except (BrokerError, RuntimeError) as exc:
-        b.kill()
-        Console(stderr=True).print(Text.assemble(("error: ", "bold red"), str(exc)))
-        raise typer.Exit(1) from None
+    except BaseException:
+        b.kill()  # no tansu process outlives the command
+        raise
     kept = "kept in " + settings.broker_storage if settings.broker_storage != MEMORY else "in memory: lost when it stops"
     console.print(f"[green]broker ready[/] on [bold]{b.bootstrap_servers}[/]; topic {topic} ({n} partitions); "
                   f"log {kept}", soft_wrap=True)
@@ -61,8 +59,7 @@ def broker(
     while not stop.wait(0.5) and b.running:
         pass
     if not stop.is_set():
-        Console(stderr=True).print("[bold red]error:[/] the broker process (tansu) exited on its own; start it again")
-        raise typer.Exit(1)
+        raise TrajlakeError("the broker process (tansu) exited on its own; start it again")
     b.stop()
     console.print("broker stopped")
 

@@ -9,38 +9,29 @@ from typing import Any
 
 import typer
 from kafka import KafkaProducer
-from kafka.errors import KafkaError
-from pydantic import ValidationError
 from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from rich.text import Text
 
-from ingest.broker_probe import probe_broker
-from ingest.topics import ensure_topic
+from ingest.topics import control_producer
 from pipelines import (
-    BadFilter,
     BuildConfig,
     BuildResult,
-    CorruptTable,
-    DatasetNotFound,
-    EmptyDataset,
     RewardRule,
     Selection,
     ToolCredit,
-    SourceMissing,
     diff_versions,
     export_parquet,
     get_manifest,
     list_versions,
     parse_ref,
 )
-from pipelines.lineage.openlineage import LineageConfigError, open_lineage, traced_build
+from pipelines.lineage.openlineage import open_lineage, traced_build
 from schemas.control import CONTROL_TOPIC
-from store.lake import Lake
-from trajlake.options import LAKE_OPTION, TIME_HELP, parse_time
-from trajlake.settings import CommonSettings
+from schemas.errors import BrokerUnreachable, InputError
+from trajlake.options import LAKE_OPTION, TIME_HELP, first_error, parse_time
+from trajlake.settings import CommonSettings, load
 
 
 class DatasetSettings(CommonSettings):
@@ -58,15 +49,6 @@ class DatasetSettings(CommonSettings):
 
 
 datasets_app = typer.Typer(help="Versioned training datasets: list, show, diff, export.", no_args_is_help=True)
-
-
-def fail(message: str) -> typer.Exit:
-    Console(stderr=True).print(Text.assemble(("error: ", "bold red"), message))
-    return typer.Exit(code=1)
-
-
-def _settings(**flags: Any) -> DatasetSettings:
-    return DatasetSettings(**{k: v for k, v in flags.items() if v is not None})
 
 
 def build_dataset_command(
@@ -98,7 +80,7 @@ def build_dataset_command(
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
 ) -> None:
     """Build a new version of datasets/NAME from the lake's rollouts and print its merge statistics."""
-    settings = _settings(lake=lake, bootstrap_servers=bootstrap_servers, build_batch_tokens=batch_tokens)
+    settings = load(DatasetSettings, lake=lake, bootstrap_servers=bootstrap_servers, build_batch_tokens=batch_tokens)
     try:
         config = BuildConfig(
             selection=Selection(since=since and parse_time(since, "--since"),
@@ -111,22 +93,17 @@ def build_dataset_command(
             tool_credit=ToolCredit.parse(tool_credit) if tool_credit is not None else None, mask=mask,
             tokenizers=tuple(tokenizer),
         )
-    except (ValidationError, ValueError) as exc:
-        raise fail(_first_error(exc)) from None
+    except ValueError as exc:  # pydantic's ValidationError included
+        raise InputError(first_error(exc)) from None
     console = Console(stderr=as_json)
-    try:
-        lineage = open_lineage(settings)
-    except LineageConfigError as exc:
-        raise fail(str(exc)) from None
+    lineage = open_lineage(settings)
     producer = _producer(settings, console) if publish and settings.broker_configured else None
     try:
         with lineage.active(), Progress(TextColumn("merging rollouts"), BarColumn(), MofNCompleteColumn(),
                                         TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
             task_id = bar.add_task("merge", total=None)
-            result = traced_build(Lake(settings.lake), name, config, producer=producer,
+            result = traced_build(settings.open_lake(), name, config, producer=producer,
                                   progress=lambda done, total: bar.update(task_id, completed=done, total=total))
-    except (SourceMissing, BadFilter, EmptyDataset, CorruptTable, ValueError) as exc:
-        raise fail(str(exc)) from None
     finally:
         if producer is not None:
             producer.close(timeout=5)
@@ -139,11 +116,9 @@ def build_dataset_command(
 
 def _producer(settings: DatasetSettings, console: Console) -> KafkaProducer | None:
     try:
-        probe_broker(settings.bootstrap_servers)
-        ensure_topic(settings.bootstrap_servers, settings.control_topic, partitions=1)
-        return KafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all", request_timeout_ms=10_000)
-    except (KafkaError, RuntimeError, OSError) as exc:
-        console.print(f"[yellow]broker {settings.bootstrap_servers} unreachable ({exc}): building without "
+        return control_producer(settings.bootstrap_servers, settings.control_topic)
+    except BrokerUnreachable:
+        console.print(f"[yellow]broker {settings.bootstrap_servers} unreachable: building without "
                       "publishing dataset.version[/]")
         return None
 
@@ -202,13 +177,6 @@ def _json_value(value: Any) -> str:
     return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
-def _first_error(exc: Exception) -> str:
-    if isinstance(exc, ValidationError):
-        err = exc.errors()[0]
-        return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
-    return str(exc)
-
-
 @datasets_app.command("list")
 def list_command(
     name: str | None = typer.Argument(None, help="Only this dataset."),
@@ -216,7 +184,7 @@ def list_command(
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines, one object per version."),
 ) -> None:
     """Every registered dataset version, oldest first."""
-    rows = list_versions(Lake(_settings(lake=lake).lake), name).to_pylist()
+    rows = list_versions(load(DatasetSettings, lake=lake).open_lake(), name).to_pylist()
     if as_json:
         for r in rows:
             print(json.dumps(r, default=_json_value, sort_keys=True))
@@ -241,10 +209,7 @@ def show_command(
     as_json: bool = typer.Option(False, "--json", help="Print the whole manifest as JSON."),
 ) -> None:
     """The manifest of one dataset version (latest when no @VERSION)."""
-    try:
-        manifest = get_manifest(Lake(_settings(lake=lake).lake), *parse_ref(ref))
-    except (DatasetNotFound, ValueError) as exc:
-        raise fail(str(exc)) from None
+    manifest = get_manifest(load(DatasetSettings, lake=lake).open_lake(), *parse_ref(ref))
     if as_json:
         print(json.dumps(manifest, indent=2, sort_keys=True))
     else:
@@ -259,10 +224,7 @@ def diff_command(
     as_json: bool = typer.Option(False, "--json", help="Print the diff as one JSON object (each change as a pair: old, new)."),
 ) -> None:
     """What changed between two dataset versions: content, config, sources, counts, rollouts, rewards."""
-    try:
-        d = diff_versions(Lake(_settings(lake=lake).lake), parse_ref(a), parse_ref(b))
-    except (DatasetNotFound, ValueError) as exc:
-        raise fail(str(exc)) from None
+    d = diff_versions(load(DatasetSettings, lake=lake).open_lake(), parse_ref(a), parse_ref(b))
     if as_json:
         print(json.dumps(dataclasses.asdict(d), default=_json_value, indent=2, sort_keys=True))
         return
@@ -286,9 +248,9 @@ def export_command(
     """Write a dataset version as plain Parquet (loads with Hugging Face datasets)."""
     name, version = parse_ref(ref)
     try:
-        result = export_parquet(Lake(_settings(lake=lake).lake), name, directory, version=version)
-    except (DatasetNotFound, FileExistsError) as exc:
-        raise fail(str(exc)) from None
+        result = export_parquet(load(DatasetSettings, lake=lake).open_lake(), name, directory, version=version)
+    except FileExistsError as exc:
+        raise InputError(str(exc)) from None
     Console().print(f"exported {name}@{result.version}: {result.rows:,} rows in {len(result.files)} file(s) under "
                     f"{result.directory}/data; load with datasets.load_dataset('parquet', "
                     f"data_files='{result.directory}/data/*.parquet')")

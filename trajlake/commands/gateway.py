@@ -8,48 +8,15 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from ingest.gateway.config import GatewayConfig
+from schemas.errors import SettingsInvalid, TrajlakeError
 from trajlake.options import BOOTSTRAP_SERVERS_OPTION, TOPIC_OPTION
-from trajlake.settings import CommonSettings
+from trajlake.settings import CommonSettings, load
 from trajlake.signals import exit_cleanly_on_stop_signals
 
 
-class GatewaySettings(CommonSettings):
-    """The gateway's settings: TRAJLAKE_<FIELD> environment variables, overridden by flags."""
-
-    upstream_url: str = "http://127.0.0.1:8000/v1"
-    """Base URL of the OpenAI-compatible engine (vLLM, SGLang, `trajlake serve-model`), ending in /v1."""
-    upstream_api_key: Optional[str] = None
-    """Sent to the engine as a bearer token (clients' keys are never forwarded)."""
-    upstream_timeout_s: float = 600.0
-    """Longest wait for an engine answer (a long generation can take minutes)."""
-    upstream_connect_timeout_s: float = 5.0
-    upstream_retries: int = 2
-    """Retries of calls the engine refused without generating (connect errors, 502/503/504)."""
-    gateway_keys: Optional[str] = None
-    """API keys: `key1=tenantA,key2=tenantB` (env TRAJLAKE_GATEWAY_KEYS)."""
-    gateway_keys_file: Optional[Path] = None
-    """File of `key=tenant` lines (env TRAJLAKE_GATEWAY_KEYS_FILE)."""
-    allow_anonymous: bool = False
-    """Development only: accept calls without a key, as tenant `default`."""
-    spool_dir: Path = Path("./gateway-spool")
-    """Durable on-disk buffer for events while Kafka is unreachable."""
-    spool_max_bytes: int = 1 << 30
-    """Spool capacity (1 GiB); when full, new events are dropped loudly (log + metric + /readyz 503)."""
-    max_body_bytes: int = 16 << 20
-    """Largest accepted request body (16 MiB)."""
-    tokenizer: Optional[str] = None
-    """Local HF tokenizer folder, used only when the engine returns no token ids."""
-    policy_version: Optional[str] = None
-    """Recorded on every llm.response; default: the model name the engine served."""
-    request_token_ids: bool = True
-    """Ask the engine for token ids and logprobs; turn off for engines that refuse unknown fields."""
-    idempotency_entries: int = 10_000
-    """Keyed calls remembered for replay (in-process LRU)."""
-    idempotency_ttl_s: float = 600.0
-    broker_timeout_s: float = 5.0
-    """Longest wait for a Kafka acknowledgement before events go to the spool."""
-    redaction_rules: Optional[Path] = None
-    """JSON/TOML file of redaction rules applied before events are sent or spooled (TRAJLAKE_REDACTION_RULES)."""
+class GatewaySettings(CommonSettings, GatewayConfig):
+    """The gateway's settings: ``GatewayConfig`` from TRAJLAKE_<FIELD> environment variables, overridden by flags."""
 
 
 def gateway(
@@ -72,9 +39,7 @@ def gateway(
     import uvicorn
 
     from ingest.gateway import create_gateway_app
-    from ingest.gateway.auth import KeyConfigError
     from ingest.gateway.server import GatewayHttpProtocol
-    from ingest.spool import SpoolLocked
 
     overrides = {
         "upstream_url": upstream, "tokenizer": tokenizer, "spool_dir": spool_dir,
@@ -83,11 +48,10 @@ def gateway(
     }
     console = Console(stderr=True)
     try:
-        settings = GatewaySettings(**{k: v for k, v in overrides.items() if v is not None})
+        settings = load(GatewaySettings, **overrides)
         app = create_gateway_app(settings)
-    except (KeyConfigError, SpoolLocked, ValueError) as exc:
-        console.print(f"[red]gateway not started:[/] {exc}")
-        raise typer.Exit(2) from None
+    except (TrajlakeError, ValueError) as exc:  # keys, spool, redaction rules, upstream URL: nothing started
+        raise SettingsInvalid(f"gateway not started: {exc}") from None
     console.print(
         f"[green]gateway[/] on http://{host}:{port}/v1 -> {settings.upstream_url}; "
         f"events -> {settings.bootstrap_servers} topic {settings.topic}; spool {settings.spool_dir}"

@@ -9,11 +9,10 @@ from rich.text import Text
 
 from ingest.broker_probe import probe_broker
 from ingest.topics import topic_partitions
+from schemas.errors import TrajlakeError
 from store.health import LakeUnreachable, check_lake
-from store.lake import Lake
 from trajlake.options import BOOTSTRAP_SERVERS_OPTION, LAKE_OPTION, TOPIC_OPTION
-from trajlake.settings import CommonSettings
-
+from trajlake.settings import CommonSettings, load
 
 def health(
     lake: str | None = LAKE_OPTION,
@@ -25,29 +24,23 @@ def health(
 
     Cheap enough for a container health check every few seconds: it lists the lake's tables, reads no data.
     """
-    flags = {"lake": lake, "bootstrap_servers": bootstrap_servers, "topic": topic}
-    settings = CommonSettings(**{k: v for k, v in flags.items() if v is not None})
+    settings = load(CommonSettings, lake=lake, bootstrap_servers=bootstrap_servers, topic=topic)
     try:
-        tables = check_lake(Lake(settings.lake))
+        tables = check_lake(settings.open_lake())
     except LakeUnreachable as exc:
-        raise _unhealthy(f"lake {exc}") from None
+        raise TrajlakeError(f"unhealthy: lake {exc}") from None
     report = f"lake {settings.lake} readable ({len(tables)} tables)"
     if broker:
         try:
             probe_broker(settings.bootstrap_servers)
             partitions = topic_partitions(settings.bootstrap_servers, settings.topic)
         except (OSError, KafkaError) as exc:
-            raise _unhealthy(f"Kafka at {settings.bootstrap_servers} does not answer ({exc})") from None
+            raise TrajlakeError(f"unhealthy: Kafka at {settings.bootstrap_servers} does not answer ({exc})") from None
         if partitions is None:
-            raise _unhealthy(f"topic {settings.topic} does not exist on {settings.bootstrap_servers}; create it "
-                             "(docker compose: kafka-init; embedded: trajlake broker)")
+            raise TrajlakeError(f"unhealthy: topic {settings.topic} does not exist on {settings.bootstrap_servers}; "
+                            "create it (docker compose: kafka-init; embedded: trajlake broker)")
         report += f"; Kafka {settings.bootstrap_servers} topic {settings.topic} ({partitions} partitions)"
     Console(soft_wrap=True).print(Text("healthy: " + report))
-
-
-def _unhealthy(message: str) -> typer.Exit:
-    Console(stderr=True, soft_wrap=True).print(Text.assemble(("unhealthy: ", "bold red"), message))
-    return typer.Exit(code=1)
 
 
 def register(app: typer.Typer) -> None:

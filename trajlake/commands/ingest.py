@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import signal
 import threading
 from pathlib import Path
@@ -12,42 +11,21 @@ from rich.console import Console
 from rich.live import Live
 from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
-from rich.text import Text
 
-from ingest.consumer import BrokerUnreachable
 from ingest.ingest_metrics import serve_metrics
 from ingest.ingester import IngesterConfig, IngestStats, OnProgress, run_ingester
-from ingest.log_check import LogWentBackwards
 from ingest.redaction import RedactionConfigError, load_redactor
-from schemas.versions import MAX_EVENT_BYTES
-from store.lake import Lake, TableMissing
-from store.rebuild import RebuildRaced, rebuild_typed_tables
+from schemas.errors import BrokerUnreachable, SettingsInvalid
+from store.rebuild import rebuild_typed_tables
 from trajlake.options import LAKE_OPTION
-from trajlake.settings import CommonSettings
+from trajlake.settings import CommonSettings, load
 
 
-class IngestSettings(CommonSettings):
-    """Settings of ``trajlake ingest`` / ``rebuild`` (TRAJLAKE_* variables; flags win)."""
+class IngestSettings(CommonSettings, IngesterConfig):
+    """Settings of ``trajlake ingest`` / ``rebuild``: ``IngesterConfig`` from TRAJLAKE_* variables; flags win."""
 
-    group: str = "trajlake-ingest"
-    """Consumer group; names the Delta transaction markers too (TRAJLAKE_GROUP)."""
-    dlq_topic: str | None = None
-    """Dead-letter topic (TRAJLAKE_DLQ_TOPIC); unset = <topic>.dlq, empty = none."""
-    batch_max_events: int = 20_000
-    batch_max_bytes: int = 64 * 1024 * 1024
-    batch_max_ms: int = 2_000
-    max_event_bytes: int = MAX_EVENT_BYTES
-    dedupe_max_ids: int = 1_000_000
-    session_timeout_ms: int = 6_000
-    heartbeat_interval_ms: int = 2_000
-    bootstrap_timeout_ms: int = 30_000
-    """How long to look for a broker at start (TRAJLAKE_BOOTSTRAP_TIMEOUT_MS)."""
     redaction_rules: Path | None = None
     """JSON/TOML redaction rules applied to every event before it is written (TRAJLAKE_REDACTION_RULES)."""
-
-
-def _settings(**flags: object) -> IngestSettings:
-    return IngestSettings(**{k: v for k, v in flags.items() if v is not None})
 
 
 def ingest(
@@ -75,54 +53,35 @@ def ingest(
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    s = _settings(lake=lake, bootstrap_servers=bootstrap_servers, topic=topic, group=group,
-                  batch_max_events=batch_max_events, batch_max_ms=batch_max_ms, dlq_topic=dlq_topic,
-                  redaction_rules=redaction_rules)
+    s = load(IngestSettings, lake=lake, bootstrap_servers=bootstrap_servers, topic=topic, group=group,
+             batch_max_events=batch_max_events, batch_max_ms=batch_max_ms, dlq_topic=dlq_topic,
+             redaction_rules=redaction_rules, partitions=_parse_partitions(partitions),
+             stop_after_idle_s=stop_after_idle_s, recover=recover)
     try:
-        redactor = load_redactor(s.redaction_rules)
+        config = s.model_copy(update={"redactor": load_redactor(s.redaction_rules)})
     except RedactionConfigError as exc:
-        Console(stderr=True).print(f"[bold red]ingester not started:[/] {exc}")
-        raise typer.Exit(code=2) from None
-    config = IngesterConfig(
-        lake=s.lake, bootstrap_servers=s.bootstrap_servers, topic=s.topic, group=s.group,
-        partitions=_parse_partitions(partitions), dlq_topic=s.dlq_topic, batch_max_events=s.batch_max_events,
-        batch_max_bytes=s.batch_max_bytes, batch_max_ms=s.batch_max_ms, max_event_bytes=s.max_event_bytes,
-        dedupe_max_ids=s.dedupe_max_ids, session_timeout_ms=s.session_timeout_ms,
-        heartbeat_interval_ms=s.heartbeat_interval_ms, bootstrap_timeout_ms=s.bootstrap_timeout_ms,
-        stop_after_idle_s=stop_after_idle_s, redactor=redactor, recover=recover,
-    )
+        raise SettingsInvalid(f"ingester not started: {exc}") from None
     try:
         metrics = serve_metrics(config, port=metrics_port) if metrics_port else None
     except OSError as exc:
-        Console(stderr=True).print(f"[bold red]ingester not started:[/] metrics port {metrics_port}: {exc.strerror}")
-        raise typer.Exit(code=2) from None
+        raise SettingsInvalid(f"ingester not started: metrics port {metrics_port}: {exc.strerror}") from None
     console = Console()
     mode = f"partitions {partitions}" if partitions else f"group {s.group}"
-    redacting = f", redaction rules {s.redaction_rules}" if redactor else ""
-    console.print(f"ingesting [bold]{s.topic}[/] from {s.bootstrap_servers} ({mode}) into [bold]{Lake(s.lake).root}[/]"
+    redacting = f", redaction rules {s.redaction_rules}" if config.redactor else ""
+    console.print(f"ingesting [bold]{s.topic}[/] from {s.bootstrap_servers} ({mode}) into [bold]{s.open_lake().root}[/]"
                   + redacting)
     try:
         with Live(_summary(IngestStats()), console=console, refresh_per_second=2, transient=False) as live:
             show: OnProgress = lambda st: live.update(_summary(st))  # noqa: E731
             stats = run_ingester(config, stop, on_progress=metrics.feeding(show) if metrics else show)
             live.update(_summary(stats))
-    except BrokerUnreachable as exc:
-        if stop.is_set():  # asked to stop while still looking for a broker: nothing was read, a clean stop
-            console.print("[green]stopped[/] before a broker answered: nothing consumed")
-            return
-        _fail(exc, code=1)
-    except LogWentBackwards as exc:
-        _fail(exc, code=3)
-    except Exception as exc:  # noqa: BLE001 - one line for the user, the traceback at DEBUG
-        logging.getLogger(__name__).debug("ingester failed", exc_info=True)
-        _fail(f"{type(exc).__name__}: {exc}. Nothing consumed since the last commit is lost; restart the "
-              "ingester (it resumes from the lake's markers)", code=1)
+    except BrokerUnreachable:
+        if not stop.is_set():
+            raise
+        # asked to stop while still looking for a broker: nothing was read, a clean stop
+        console.print("[green]stopped[/] before a broker answered: nothing consumed")
+        return
     console.print("[green]stopped[/]: every consumed message is committed")
-
-
-def _fail(message: object, *, code: int) -> None:
-    Console(stderr=True).print(Text.assemble(("error: ", "bold red"), str(message)), soft_wrap=True)
-    raise typer.Exit(code=code)
 
 
 def _parse_partitions(text: str | None) -> tuple[int, ...] | None:
@@ -158,19 +117,14 @@ def rebuild(
     group: str | None = typer.Option(None, help="Ingest group whose markers the typed tables take over (default trajlake-ingest)."),
 ) -> None:
     """Re-derive the typed tables from the events table (one Delta version each). Stop the ingesters first."""
-    s = _settings(lake=lake, group=group)
+    s = load(IngestSettings, lake=lake, group=group)
     console = Console()
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=console, transient=True) as progress:
         task = progress.add_task("reading events", total=None)
-        try:
-            counts = rebuild_typed_tables(
-                Lake(s.lake), group=s.group,
-                progress=lambda name, rows: progress.update(task, description=f"{name}: {rows:,} rows"),
-            )
-        except (TableMissing, RebuildRaced) as exc:
-            progress.stop()
-            Console(stderr=True).print(f"[bold red]error:[/] {exc}")
-            raise typer.Exit(code=1) from None
+        counts = rebuild_typed_tables(
+            s.open_lake(), group=s.group,
+            progress=lambda name, rows: progress.update(task, description=f"{name}: {rows:,} rows"),
+        )
     table = Table("table", "rows", title="rebuilt from events")
     for name, n in counts.items():
         table.add_row(name, f"{n:,}")

@@ -9,11 +9,11 @@ from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
 
-from pipelines import AmbiguousId, DatasetNotFound, Lineage, LineageNotFound, get_manifest, run_event
+from pipelines import Lineage, get_manifest, run_event
 from pipelines.lineage.trace import lineage
-from store.lake import Lake
+from schemas.errors import InputError
 from trajlake.options import LAKE_OPTION
-from trajlake.settings import CommonSettings
+from trajlake.settings import CommonSettings, load
 
 
 def lineage_command(
@@ -26,19 +26,13 @@ def lineage_command(
     openlineage: bool = typer.Option(False, "--openlineage", help="For a dataset version: print its build as an OpenLineage RunEvent."),
 ) -> None:
     """Trace an id down to rollouts, events and Kafka offsets, and up to dataset versions and checkpoints."""
-    settings = CommonSettings(**({"lake": lake} if lake else {}))
-    try:
-        found = lineage(Lake(settings.lake), ref, tenant=tenant)
-    except (LineageNotFound, DatasetNotFound, AmbiguousId) as exc:
-        Console(stderr=True).print(Text.assemble(("error: ", "bold red"), str(exc)))
-        raise typer.Exit(code=1) from None
+    store = load(CommonSettings, lake=lake).open_lake()
+    found = lineage(store, ref, tenant=tenant)
     if openlineage:
         if found.kind not in ("dataset", "checkpoint"):
-            Console(stderr=True).print("error: --openlineage needs a dataset version (NAME@VERSION) or checkpoint id")
-            raise typer.Exit(code=1)
+            raise InputError("--openlineage needs a dataset version (NAME@VERSION) or checkpoint id")
         use = found.datasets[0]
-        print(json.dumps(run_event(get_manifest(Lake(settings.lake), use.dataset, use.version),
-                                   namespace=Lake(settings.lake).root), indent=2))
+        print(json.dumps(run_event(get_manifest(store, use.dataset, use.version), namespace=store.root), indent=2))
     elif as_json:
         print(json.dumps(to_json(found), indent=2, default=str))
     else:

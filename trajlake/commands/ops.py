@@ -7,21 +7,20 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import typer
-from pydantic import Field, ValidationError
-from pydantic_settings import SettingsError
+from pydantic import Field
 from rich import box
 from rich.console import Console
 from rich.table import Table
-from rich.text import Text
 
 from ingest.topic_retention import TopicRetention, topic_retention
 from store.compact import Compacted, compact
 from store.forget import ForgetReport, ForgetRequest, forget
 from store.lake import Lake
+from schemas.errors import SettingsInvalid
 from store.retention import DEFAULT_KEY, RetentionPolicy, apply_retention, expired_rollouts
-from trainer.records import list_checkpoints
+from trainer.records import checkpoints_trained_on
 from trajlake.options import LAKE_OPTION
-from trajlake.settings import CommonSettings
+from trajlake.settings import CommonSettings, load
 
 
 class OpsSettings(CommonSettings):
@@ -35,18 +34,13 @@ class OpsSettings(CommonSettings):
     """Hours a file removed by compaction stays for readers of older snapshots (TRAJLAKE_COMPACT_VACUUM_HOURS)."""
 
     def policy(self) -> RetentionPolicy:
-        if self.retention_policy is not None:
-            return RetentionPolicy.from_file(self.retention_policy)
-        return RetentionPolicy.parse(self.retention_days)
-
-
-def settings_from(**flags: object) -> OpsSettings:
-    return OpsSettings(**{k: v for k, v in flags.items() if v is not None})
-
-
-def fail(message: str) -> typer.Exit:
-    Console(stderr=True).print(Text.assemble(("error: ", "bold red"), message))
-    return typer.Exit(code=1)
+        """The retention policy of these settings; ``SettingsInvalid`` (exit 2) when it cannot be used."""
+        try:
+            if self.retention_policy is not None:
+                return RetentionPolicy.from_file(self.retention_policy)
+            return RetentionPolicy.parse(self.retention_days)
+        except ValueError as exc:
+            raise SettingsInvalid(str(exc)) from None
 
 
 def forget_command(
@@ -63,17 +57,14 @@ def forget_command(
 
     Not reached: the raw events in the Kafka topic (kept until its retention.ms) and the predicate of each
     DELETE commit in the tables' _delta_log (it names the tenant and rollout ids; kept until log cleanup)."""
-    try:
-        request = ForgetRequest(tenant=tenant, rollouts=tuple(rollout), user=user, reason=reason)
-    except ValueError as exc:
-        raise fail(str(exc)) from None
-    settings = settings_from(lake=lake, bootstrap_servers=bootstrap_servers, topic=topic)
+    request = ForgetRequest(tenant=tenant, rollouts=tuple(rollout), user=user, reason=reason)
+    settings = load(OpsSettings, lake=lake, bootstrap_servers=bootstrap_servers, topic=topic)
     what = _describe(request)
     if not yes and not typer.confirm(f"permanently delete {what} from {settings.lake}?"):
         raise typer.Exit(code=1)
-    store = Lake(settings.lake)
+    store = settings.open_lake()
     report = forget(store, request)
-    _render_forget(Console(), report, what, store)
+    _render_forget(Console(), report, what, _retrain(store, report))
     _render_not_reached(Console(), topic_retention(settings.bootstrap_servers, settings.topic), datetime.now(timezone.utc))
 
 
@@ -84,7 +75,7 @@ def retention_show(
 ) -> None:
     """Show the retention policy and how many rollouts each tenant has past it."""
     settings, parsed = _policy(policy, lake)
-    expired = expired_rollouts(Lake(settings.lake), parsed, now=datetime.now(timezone.utc))
+    expired = expired_rollouts(settings.open_lake(), parsed, now=datetime.now(timezone.utc))
     if as_json:
         for tenant in sorted(set(expired) | set(parsed.days)):
             print(json.dumps({"tenant": tenant, "days": parsed.days_for(tenant),
@@ -107,11 +98,12 @@ def retention_apply(
 ) -> None:
     """Forget every rollout older than its tenant's retention (audited as kind=retention)."""
     settings, parsed = _policy(policy, lake)
-    store = Lake(settings.lake)
+    store = settings.open_lake()
     reports = apply_retention(store, parsed)
     console = Console()
     for report in reports:
-        _render_forget(console, report, f"{len(report.rollouts)} expired rollouts of tenant {report.request.tenant}", store)
+        _render_forget(console, report, f"{len(report.rollouts)} expired rollouts of tenant {report.request.tenant}",
+                       _retrain(store, report))
     if not reports:
         console.print("nothing past its retention")
 
@@ -122,22 +114,15 @@ def compact_command(
     lake: str | None = LAKE_OPTION,
 ) -> None:
     """Rewrite small files into few z-ordered ones (task_id, rollout_id), then vacuum; safe during ingestion."""
-    settings = settings_from(lake=lake, compact_vacuum_hours=vacuum_hours)
-    results = compact(Lake(settings.lake), tables=table or None,
+    settings = load(OpsSettings, lake=lake, compact_vacuum_hours=vacuum_hours)
+    results = compact(settings.open_lake(), tables=table or None,
                       vacuum_retention=timedelta(hours=settings.compact_vacuum_hours))
     _render_compacted(Console(), results)
 
 
 def _policy(policy: Path | None, lake: str | None) -> tuple[OpsSettings, RetentionPolicy]:
-    try:
-        settings = settings_from(lake=lake, retention_policy=policy)
-    except (ValidationError, SettingsError) as exc:
-        detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
-        raise fail(f"TRAJLAKE_RETENTION_DAYS must be a JSON object of tenant -> days, e.g. '{{\"acme\": 30}}' ({detail})") from None
-    try:
-        return settings, settings.policy()
-    except ValueError as exc:
-        raise fail(str(exc)) from None
+    settings = load(OpsSettings, lake=lake, retention_policy=policy)
+    return settings, settings.policy()
 
 
 def _describe(request: ForgetRequest) -> str:
@@ -149,7 +134,14 @@ def _describe(request: ForgetRequest) -> str:
     return f"every row of tenant {request.tenant!r}"
 
 
-def _render_forget(console: Console, report: ForgetReport, what: str, lake: Lake) -> None:
+def _retrain(lake: Lake, report: ForgetReport) -> dict[str, list[str]]:
+    """Dataset table -> the checkpoints trained on its versions that held forgotten rollouts."""
+    return {table: checkpoints_trained_on(lake, table.removeprefix("datasets/"), versions)
+            for table, versions in report.marked_datasets.items()}
+
+
+def _render_forget(console: Console, report: ForgetReport, what: str, retrain: dict[str, list[str]]) -> None:
+    """The rows deleted per table; the dataset versions (and checkpoints trained on them) to rebuild."""
     table = Table("table", "rows deleted", "files vacuumed", "version", title=f"forgot {what} (forget_id {report.forget_id})",
                   box=box.SIMPLE_HEAD)
     for t in report.tables:
@@ -160,9 +152,8 @@ def _render_forget(console: Console, report: ForgetReport, what: str, lake: Lake
         dataset = table.removeprefix("datasets/")
         console.print(f"[yellow]{table}[/] versions {', '.join(map(str, versions))} contained forgotten rollouts: "
                       f"rebuild it (trajlake build-dataset {dataset})")
-        trained = sorted(c.checkpoint_id for c in list_checkpoints(lake, dataset=dataset) if c.dataset_version in versions)
-        if trained:
-            console.print(f"  checkpoints trained on them (retrain, then delete): {', '.join(trained)}")
+        if retrain.get(table):
+            console.print(f"  checkpoints trained on them (retrain, then delete): {', '.join(retrain[table])}")
 
 
 def _render_not_reached(console: Console, retention: TopicRetention, now: datetime) -> None:

@@ -11,22 +11,19 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from store.lake import Lake
-from store.sql import LakeMissing
 from store.trajectory import (
     EXCERPT_CHARS,
-    AmbiguousRollout,
     LlmCallStep,
     RewardStep,
     RolloutEndStep,
-    RolloutNotFound,
     RolloutStartStep,
     RolloutSummary,
     ToolStep,
     Trajectory,
     load_trajectory,
 )
-from trajlake.commands.sql import LAKE_OPTION, build_settings, cell, fail, utc_text
+from trajlake.commands.sql import LAKE_OPTION, SqlSettings, cell, utc_text
+from trajlake.settings import load
 
 STATUS_STYLE = {"succeeded": "green", "failed": "red", "truncated": "yellow", "cancelled": "yellow", "running": "cyan"}
 
@@ -42,11 +39,8 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print the trajectory as JSON instead of a table."),
 ) -> None:
     """Print one rollout in order: start, LLM calls (tokens, latency, finish), tools, rewards, finish."""
-    settings = build_settings(lake)
-    try:
-        trajectory = load_trajectory(Lake(settings.lake), rollout_id, tenant=tenant, excerpt_chars=excerpt_chars)
-    except (RolloutNotFound, AmbiguousRollout, LakeMissing) as e:
-        raise fail(str(e)) from None
+    store = load(SqlSettings, lake=lake).open_lake()
+    trajectory = load_trajectory(store, rollout_id, tenant=tenant, excerpt_chars=excerpt_chars)
     if as_json:
         typer.echo(trajectory.model_dump_json(indent=2))
         return

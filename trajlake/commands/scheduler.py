@@ -25,13 +25,13 @@ import threading
 from datetime import datetime, timedelta, timezone
 
 import typer
-from pydantic import Field, ValidationError
-from pydantic_settings import SettingsError
+from pydantic import Field
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from pipelines.lineage.openlineage import open_lineage
+from schemas.errors import SettingsInvalid, TrajlakeError
 from store.compact import compact
 from store.lake import Lake
 from store.retention import apply_retention
@@ -39,9 +39,10 @@ from store.runs import RunRecord, RunsTable, RunStatus
 from store.scheduler import Job, Scheduler
 from store.scheduler_metrics import serve_metrics as serve_scheduler_metrics
 from trainer.nightly import NightlyConfig, nightly_job
-from trajlake.commands.ops import OpsSettings, fail
+from trajlake.commands.ops import OpsSettings
 from trajlake.options import LAKE_OPTION, TIME_HELP, parse_time
-from devkit.tiny_model import build_tiny_model, default_model_dir
+from trajlake.settings import load
+from devkit.tiny_model import model_or_tiny
 
 
 class SchedulerSettings(OpsSettings):
@@ -83,7 +84,7 @@ def build_jobs(lake: Lake, settings: SchedulerSettings) -> list[Job]:
         nightly = NightlyConfig(
             dataset=settings.scheduler_dataset, lag=timedelta(hours=settings.scheduler_lag_h),
             train=settings.scheduler_train, train_out=settings.train_out,
-            base_model=lambda: settings.train_model or str(build_tiny_model(default_model_dir())),
+            base_model=lambda: model_or_tiny(settings.train_model, home=settings.home),
         )
         jobs.append(Job("nightly", settings.scheduler_cron, run=lineage.scheduled("nightly", nightly_job(lake, nightly)),
                         **options))
@@ -114,32 +115,29 @@ def scheduler_command(
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    settings = _settings(lake)
+    settings = load(SchedulerSettings, lake=lake)
+    since = parse_time(backfill, "--backfill") if backfill else None
+    store = settings.open_lake()
     try:
-        since = parse_time(backfill, "--backfill") if backfill else None
-        store = Lake(settings.lake)
         jobs = [j for j in build_jobs(store, settings) if not job or j.name in job]
-    except ValueError as exc:
-        raise fail(str(exc)) from None
+    except ValueError as exc:  # a cron expression that does not parse
+        raise SettingsInvalid(str(exc)) from None
     if not jobs:
-        raise fail(f"no job to run (asked for {job or 'all'}; a job with an empty cron expression is off)")
+        raise SettingsInvalid(f"no job to run (asked for {job or 'all'}; a job with an empty cron expression is off)")
     scheduler = Scheduler(store, jobs, owner=f"{socket.gethostname()}-{threading.get_native_id()}",
                           lease=timedelta(seconds=settings.scheduler_lease_s), sleep=stop.wait)
     if metrics_port:
         try:
             serve_scheduler_metrics(store, jobs=[j.name for j in jobs], port=metrics_port)
         except OSError as exc:
-            raise fail(f"metrics port {metrics_port}: {exc.strerror}") from None
+            raise SettingsInvalid(f"metrics port {metrics_port}: {exc.strerror}") from None
     console = Console()
     if once or since:
-        try:
-            finished = scheduler.run_pending(backfill_from=since, stop=stop)
-        except Exception as exc:  # the lake is unreachable or broken: one line, exit 1 (serve() logs and retries)
-            raise fail(f"scheduler pass on {settings.lake} failed: {type(exc).__name__}: {exc}") from None
+        finished = scheduler.run_pending(backfill_from=since, stop=stop)
         render_runs(console, finished, title="runs finished by this pass")
         unfinished = [r for r in finished if r.status is not RunStatus.SUCCEEDED]
         if unfinished and not stop.is_set() or any(r.status is RunStatus.GAVE_UP for r in unfinished):
-            raise fail(f"{len(unfinished)} window(s) did not succeed: " + ", ".join(
+            raise TrajlakeError(f"{len(unfinished)} window(s) did not succeed: " + ", ".join(
                 f"{r.job} {r.window_key} {r.status}" for r in unfinished) + " (details: trajlake runs --history)")
         if once or stop.is_set():
             return
@@ -156,8 +154,8 @@ def runs_command(
     lake: str | None = LAKE_OPTION,
 ) -> None:
     """List scheduled runs: window, status, attempts, dataset version, checkpoint, error."""
-    settings = _settings(lake)
-    runs = RunsTable(Lake(settings.lake))
+    settings = load(SchedulerSettings, lake=lake)
+    runs = RunsTable(settings.open_lake())
     records = runs.history() if history else list(runs.current().values())
     records = sorted((r for r in records if job is None or r.job == job), key=lambda r: (r.window_end, r.recorded_at))
     records = records[-limit:][::-1]
@@ -166,18 +164,6 @@ def runs_command(
             print(json.dumps(r.to_row(), default=str, sort_keys=True))
         return
     render_runs(Console(), records, title="scheduled runs (newest first)")
-
-
-def _settings(lake: str | None) -> SchedulerSettings:
-    try:
-        return SchedulerSettings(**({"lake": lake} if lake else {}))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        key = "TRAJLAKE_" + str(first["loc"][0]).upper()
-        hint = " (a JSON object of tenant -> days, e.g. '{\"acme\": 30}')" if key == "TRAJLAKE_RETENTION_DAYS" else ""
-        raise fail(f"{key}: {first['msg']}{hint}") from None
-    except SettingsError as exc:
-        raise fail(f"{exc}: JSON settings (TRAJLAKE_RETENTION_DAYS) must be valid JSON objects") from None
 
 
 def render_runs(console: Console, records: list[RunRecord], *, title: str) -> None:

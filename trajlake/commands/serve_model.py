@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from pydantic import ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from rich.console import Console
 
+from schemas.errors import SettingsInvalid
+from trajlake.settings import ShellSettings, load
 from trajlake.signals import exit_cleanly_on_stop_signals
-from devkit.tiny_model import build_tiny_model, default_model_dir
+from devkit.tiny_model import model_or_tiny
 
 if TYPE_CHECKING:
     import uvicorn
@@ -61,16 +62,10 @@ def serve_model(
     console = Console()
     flags = {"model": model, "host": host, "port": port, "served_name": served_name,
              "policy_version": policy_version, "max_new_tokens": max_new_tokens, "seed": seed, "threads": threads}
-    try:
-        settings = ServeModelSettings(**{k: v for k, v in flags.items() if v is not None})
-        sock, url = _listen(settings.host, settings.port)
-    except (ValidationError, OSError) as exc:
-        console.print(f"[red]cannot start:[/] {exc}", soft_wrap=True)
-        raise typer.Exit(2) from exc
-    model_dir = settings.model
-    if model_dir is None:
-        with console.status("building the tiny default model (first run only)"):
-            model_dir = build_tiny_model(default_model_dir())
+    settings = load(ServeModelSettings, **flags)
+    sock, url = _listen(settings.host, settings.port)
+    with console.status("building the tiny default model if needed (first run only)"):
+        model_dir = Path(model_or_tiny(settings.model, home=load(ShellSettings).home))
     app = create_serve_app(
         model_dir, served_name=settings.served_name, policy_version=settings.policy_version,
         max_new_tokens_cap=settings.max_new_tokens, seed=settings.seed, threads=settings.threads,
@@ -91,8 +86,8 @@ async def _load_and_serve(app: FastAPI, server: uvicorn.Server, sock: socket.soc
         try:
             await stack.enter_async_context(app.router.lifespan_context(app))
         except (OSError, ValueError) as exc:
-            console.print(f"[red]cannot load the model:[/] {exc}", soft_wrap=True)
-            raise typer.Exit(2) from exc
+            raise SettingsInvalid(f"cannot load the model: {exc}",
+                                  hint="point --model at a Hugging Face model folder or a trajlake checkpoint") from None
         identity = app.state.engine.identity
         console.print(f"[green]serving[/] {model_dir} as [bold]{identity.served_name}[/] "
                       f"(policy {identity.policy_version}, tokenizer {identity.tokenizer}) at [bold]{url}[/]",
@@ -107,7 +102,8 @@ def _listen(host: str, port: int) -> tuple[socket.socket, str]:
     try:
         sock = socket.create_server((host, port), family=family)
     except OSError as exc:
-        raise OSError(f"cannot listen on {host}:{port} ({exc}); pick another --port (0 = any free port)") from exc
+        raise SettingsInvalid(f"cannot listen on {host}:{port} ({exc.strerror or exc})",
+                              hint="pick another --port (0 = any free port)") from None
     shown = f"[{host}]" if family == socket.AF_INET6 else host
     return sock, f"http://{shown}:{sock.getsockname()[1]}/v1"
 

@@ -19,11 +19,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from store.lake import Lake
-from store.sql import LakeMissing, QueryError, describe_views, export, run_query
+from schemas.errors import InputError
+from store.sql import describe_views, export, run_query
 from store.trajectory import excerpt
 from trajlake.options import LAKE_OPTION
-from trajlake.settings import CommonSettings
+from trajlake.settings import CommonSettings, load
 
 CELL_CHARS = 60
 """Longest cell text in the table format; longer values end in an ellipsis."""
@@ -43,16 +43,6 @@ class OutputFormat(str, Enum):
     parquet = "parquet"
 
 
-def build_settings(lake: str | None) -> SqlSettings:
-    return SqlSettings(**({"lake": lake} if lake else {}))
-
-
-def fail(message: str) -> typer.Exit:
-    """Print ``message`` to stderr and return the exit to raise (code 1)."""
-    Console(stderr=True).print(Text.assemble(("error: ", "bold red"), message))
-    return typer.Exit(code=1)
-
-
 def sql(
     query: str = typer.Argument(..., help='One SELECT statement, e.g. "SELECT status, count(*) FROM rollouts GROUP BY ALL"; - reads it from stdin.'),
     lake: str | None = LAKE_OPTION,
@@ -61,18 +51,15 @@ def sql(
     max_rows: int | None = typer.Option(None, "--max-rows", "-n", min=0, help="Stop after N rows (default: TRAJLAKE_SQL_MAX_ROWS=100 for table, all for files)."),
 ) -> None:
     """Run SQL over every lake table (views: trajlake tables) and print or export the result."""
-    settings = build_settings(lake)
+    settings = load(SqlSettings, lake=lake)
     if query == "-":
         query = sys.stdin.read()
     if format is OutputFormat.table and output is not None:
-        raise fail("--output needs --format csv, json or parquet (the table format prints to the terminal)")
+        raise InputError("--output needs --format csv, json or parquet (the table format prints to the terminal)")
     if format is OutputFormat.parquet and output is None:
-        raise fail("--format parquet needs --output FILE")
+        raise InputError("--format parquet needs --output FILE")
     limit = settings.sql_max_rows if format is OutputFormat.table and max_rows is None else max_rows
-    try:
-        result = run_query(Lake(settings.lake), query, max_rows=None if limit is None else limit + 1)
-    except (QueryError, LakeMissing) as e:
-        raise fail(str(e)) from None
+    result = run_query(settings.open_lake(), query, max_rows=None if limit is None else limit + 1)
     more = limit is not None and result.num_rows > limit
     if more:
         result = result.slice(0, limit)
@@ -90,7 +77,7 @@ def write_result(result: pa.Table, fmt: str, output: Path | None) -> None:
         try:
             export(result, output, format=fmt)
         except OSError as e:
-            raise fail(f"cannot write {output}: {e}") from None
+            raise InputError(f"cannot write {output}: {e}") from None
         Console(stderr=True).print(f"wrote {result.num_rows} rows to {output} ({fmt})")
         return
     with tempfile.TemporaryDirectory() as tmp:
@@ -170,11 +157,8 @@ def tables(
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines, one object per view."),
 ) -> None:
     """List the views `trajlake sql` can query, with row counts and Delta versions."""
-    settings = build_settings(lake)
-    try:
-        views = describe_views(Lake(settings.lake))
-    except (QueryError, LakeMissing) as e:
-        raise fail(str(e)) from None
+    settings = load(SqlSettings, lake=lake)
+    views = describe_views(settings.open_lake())
     if as_json:
         for v in views:
             print(json.dumps(dataclasses.asdict(v), sort_keys=True))

@@ -23,7 +23,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
-from pipelines.lineage.openlineage import Lineage, LineageConfigError, open_lineage
+from pipelines.lineage.openlineage import Lineage, open_lineage
+from schemas.errors import InputError, SettingsInvalid
 from store.lake import Lake
 from trainer.config import TrainConfig, load_deepspeed_json
 from trainer.dataset import DatasetRef
@@ -31,9 +32,9 @@ from trainer.errors import TrainerError
 from trainer.records import CheckpointRecord, list_checkpoints, request_retry
 from trainer.train_lineage import traced_train
 from trainer.train_metrics import TrainMetrics, serve_metrics
-from trajlake.options import LAKE_OPTION
-from trajlake.settings import CommonSettings
-from devkit.tiny_model import build_tiny_model, default_model_dir
+from trajlake.options import LAKE_OPTION, first_error
+from trajlake.settings import CommonSettings, load
+from devkit.tiny_model import model_or_tiny
 
 if TYPE_CHECKING:  # torch loads only when a command trains
     from trainer.loop import StepLog
@@ -84,54 +85,44 @@ def train(
     retry: str | None = typer.Option(None, help="NAME@VERSION that failed (e.g. refused at validation): followers train it again."),
 ) -> None:
     """Train on a dataset version with DeepSpeed and record the checkpoint and its lineage."""
-    s = TrainSettings(**{k: v for k, v in dict(lake=lake, bootstrap_servers=bootstrap_servers, train_out=out,
-                                                 train_model=model, follow_poll_s=poll_s).items() if v is not None})  # fmt: skip
+    s = load(TrainSettings, lake=lake, bootstrap_servers=bootstrap_servers, train_out=out, train_model=model,
+             follow_poll_s=poll_s)
     if dataset is None and not follow_mode and retry is None:
         raise typer.BadParameter("give --dataset NAME[@VERSION], or --follow to train new versions as they come")
     err = Console(stderr=True)
     if retry is not None:
-        _mark_retry(Lake(s.lake), retry, err)
+        _mark_retry(s.open_lake(), retry, err)
         if dataset is None and not follow_mode:
             return
     try:
         config = TrainConfig(
-            model=s.train_model or str(build_tiny_model(default_model_dir())), out=s.train_out, mode=mode,
+            model=model_or_tiny(s.train_model, home=s.home), out=s.train_out, mode=mode,
             deepspeed_config=load_deepspeed_json(deepspeed_config) if deepspeed_config else {},
             zero_stage=zero_stage, bf16=bf16, grad_accum=grad_accum, micro_batch_tokens=micro_batch_tokens,
             epochs=epochs, lr=lr, kl_coef=kl_coef, reference_model=reference_model,
             sft_min_reward=sft_min_reward, save_every=save_every, seed=seed,
         )  # fmt: skip
         ref = DatasetRef.parse(dataset) if dataset else None
-    except (ValueError, TrainerError) as exc:
-        err.print(f"[bold red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(code=2) from None
+    except (ValueError, TrainerError) as exc:  # options that cannot train: nothing was started
+        raise SettingsInvalid(first_error(exc)) from None
     console = Console(quiet=not _is_main_rank())
     try:
-        metrics = serve_metrics(Lake(s.lake), port=metrics_port) if metrics_port and _is_main_rank() else None
+        metrics = serve_metrics(s.open_lake(), port=metrics_port) if metrics_port and _is_main_rank() else None
     except OSError as exc:
-        err.print(f"[bold red]error:[/] metrics port {metrics_port}: {exc.strerror}")
-        raise typer.Exit(code=2) from None
-    try:
-        if follow_mode:
-            _follow(Lake(s.lake), config, s, ref, None if no_kafka else s.bootstrap_servers, console, metrics)
-        else:
-            with (open_lineage(s) if _is_main_rank() else Lineage(None)).active():  # rank 0 reports lineage
-                _train_once(Lake(s.lake), config, ref, timedelta(seconds=s.train_lease_s), console, metrics)
-    except (TrainerError, LineageConfigError) as exc:
-        err.print(f"[bold red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(code=1) from None
+        raise SettingsInvalid(f"metrics port {metrics_port}: {exc.strerror}") from None
+    if follow_mode:
+        _follow(s.open_lake(), config, s, ref, None if no_kafka else s.bootstrap_servers, console, metrics)
+    else:
+        with (open_lineage(s) if _is_main_rank() else Lineage(None)).active():  # rank 0 reports lineage
+            _train_once(s.open_lake(), config, ref, timedelta(seconds=s.train_lease_s), console, metrics)
 
 
 def _mark_retry(lake: Lake, spec: str, err: Console) -> None:
     """``--retry NAME@VERSION``: mark its failed runs so followers train it again."""
-    try:
-        ref = DatasetRef.parse(spec)
-        if ref.version is None:
-            raise TrainerError(f"--retry needs NAME@VERSION, got {spec!r} (e.g. {ref.name}@3)")
-        runs = request_retry(lake, ref.name, ref.version)
-    except TrainerError as exc:
-        err.print(f"[bold red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(code=1) from None
+    ref = DatasetRef.parse(spec)
+    if ref.version is None:
+        raise InputError(f"--retry needs NAME@VERSION, got {spec!r} (e.g. {ref.name}@3)")
+    runs = request_retry(lake, ref.name, ref.version)
     err.print(f"{ref.name}@{ref.version} marked for retry ({len(runs)} failed run(s)): "
               "a follower trains it at its next poll", highlight=False)  # fmt: skip
 
@@ -214,8 +205,7 @@ def checkpoints(
     as_json: bool = typer.Option(False, "--json", help="One JSON object per line instead of a table."),
 ) -> None:
     """List trained checkpoints with their dataset version and final metrics, oldest first."""
-    s = TrainSettings(**({"lake": lake} if lake else {}))
-    records = list_checkpoints(Lake(s.lake), dataset=dataset)
+    records = list_checkpoints(load(TrainSettings, lake=lake).open_lake(), dataset=dataset)
     console = Console()
     if as_json:
         for r in records:

@@ -6,36 +6,31 @@ import json
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import typer
-from pydantic import ValidationError
 from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from pipelines.workbench.compare import Arm, CompareConfig, CompareError, Comparison, MetricResult, compare
+from pipelines.workbench.compare import Arm, CompareConfig, Comparison, MetricResult, compare
 from pipelines.datasets.config import RewardRule, Selection
 from pipelines.workbench.failure_packets import RolloutPacket
 from pipelines.workbench.failures import (
     TABLE,
     Extraction,
     FailureConfig,
-    NothingSelected,
     append_packets,
     extract_failures,
     packet_lines,
     write_jsonl,
 )
 from pipelines.datasets.outcomes import SuccessRule
-from pipelines.datasets.selection import BadFilter
-from store.lake import Lake
-from store.sql import LakeMissing
-from trajlake.commands.sql import LAKE_OPTION, fail
-from trajlake.options import TIME_HELP, parse_time
-from trajlake.settings import CommonSettings
+from schemas.errors import InputError
+from trajlake.commands.sql import LAKE_OPTION
+from trajlake.options import TIME_HELP, first_error, parse_time
+from trajlake.settings import CommonSettings, load
 
 PACKET_ID_SHOWN = 11
 """Characters of a packet id the table shows (like a short git hash; --json and the JSONL carry all of it)."""
@@ -53,32 +48,15 @@ class WorkbenchSettings(CommonSettings):
     """Seed of the bootstrap and the permutation test (TRAJLAKE_COMPARE_SEED): same seed, same interval."""
 
 
-def _settings(**flags: Any) -> WorkbenchSettings:
-    return WorkbenchSettings(**{k: v for k, v in flags.items() if v is not None})
-
-
 def _utc(text: str | None, flag: str) -> datetime | None:
     """RFC 3339 text as a UTC datetime; without an offset it is taken as UTC."""
-    if text is None:
-        return None
-    try:
-        return parse_time(text, flag)
-    except ValueError as exc:
-        raise fail(str(exc)) from None
+    return None if text is None else parse_time(text, flag)
 
 
 def _selection(*, since: str | None, until: str | None, task: list[str], tenant: list[str],
                where: str | None, **arms: tuple[str, ...]) -> Selection:
     return Selection(since=_utc(since, "--since"), until=_utc(until, "--until"), tasks=tuple(task),
                      tenants=tuple(tenant), where=where, **arms)
-
-
-def _first_error(exc: Exception) -> str:
-    if isinstance(exc, ValidationError):
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        return f"{where}: {err['msg']}" if where else err["msg"]
-    return str(exc)
 
 
 SINCE = typer.Option(None, help=f"Rollouts started at or after this time ({TIME_HELP}).")
@@ -110,10 +88,10 @@ def failures(
     as_json: bool = JSON,
 ) -> None:
     """Compile failure packets for failed or low-reward rollouts: constraints, steps around the failure, outcome."""
-    settings = _settings(lake=lake)
+    settings = load(WorkbenchSettings, lake=lake)
     to_stdout = output is not None and str(output) == "-"
     if to_stdout and as_json:
-        raise fail("--json and --output - both write to stdout: pick one (or --output FILE with --json)")
+        raise InputError("--json and --output - both write to stdout: pick one (or --output FILE with --json)")
     try:
         config = FailureConfig(
             selection=_selection(since=since, until=until, task=task, tenant=tenant, where=where,
@@ -121,17 +99,14 @@ def failures(
             success=SuccessRule.parse(success), reward_rule=RewardRule.parse(reward_rule),
             group="cluster" if cluster else "rollout", context=context, excerpt_chars=excerpt_chars,
         )
-    except (ValidationError, ValueError) as exc:
-        raise fail(_first_error(exc)) from None
-    lake_ = Lake(settings.lake)
-    try:
-        with Progress(TextColumn("reading failed rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=Console(stderr=True), transient=True) as bar:
-            task_id = bar.add_task("read", total=None)
-            extraction = extract_failures(
-                lake_, config, progress=lambda done, total: bar.update(task_id, completed=done, total=total))
-    except (LakeMissing, NothingSelected, BadFilter) as exc:
-        raise fail(str(exc)) from None
+    except ValueError as exc:  # pydantic's ValidationError included
+        raise InputError(first_error(exc)) from None
+    lake_ = settings.open_lake()
+    with Progress(TextColumn("reading failed rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task_id = bar.add_task("read", total=None)
+        extraction = extract_failures(
+            lake_, config, progress=lambda done, total: bar.update(task_id, completed=done, total=total))
     version = append_packets(lake_, extraction) if store else None
     if to_stdout:
         sys.stdout.write("".join(line + "\n" for line in packet_lines(extraction)))
@@ -139,7 +114,7 @@ def failures(
         try:
             write_jsonl(extraction, output)
         except OSError as exc:
-            raise fail(f"cannot write {output}: {exc.strerror or exc}; pick a writable --output path") from None
+            raise InputError(f"cannot write {output}: {exc.strerror or exc}; pick a writable --output path") from None
     if as_json:
         print(json.dumps(_extraction_summary(extraction, stored=store, version=version, output=output), indent=2))
     else:  # with --output - the packets own stdout, so the summary goes to stderr
@@ -207,7 +182,7 @@ def compare_command(
     as_json: bool = JSON,
 ) -> None:
     """Compare B against A on the tasks both ran: success rate and mean reward, paired by task, with CI and p-value."""
-    settings = _settings(lake=lake, compare_resamples=resamples, compare_seed=seed)
+    settings = load(WorkbenchSettings, lake=lake, compare_resamples=resamples, compare_seed=seed)
     try:
         if by not in ("harness", "policy"):
             raise ValueError(f"--by {by!r}: use harness or policy")
@@ -222,12 +197,9 @@ def compare_command(
             confidence=confidence, alpha=alpha, power=power, resamples=settings.compare_resamples,
             permutations=settings.compare_permutations, seed=settings.compare_seed,
         )
-    except (ValidationError, ValueError) as exc:
-        raise fail(_first_error(exc)) from None
-    try:
-        result = compare(Lake(settings.lake), arm_a, arm_b, config)
-    except (LakeMissing, CompareError, BadFilter) as exc:
-        raise fail(str(exc)) from None
+    except ValueError as exc:  # pydantic's ValidationError included
+        raise InputError(first_error(exc)) from None
+    result = compare(settings.open_lake(), arm_a, arm_b, config)
     if as_json:
         print(result.model_dump_json(indent=2))
         return

@@ -20,6 +20,7 @@ from pipelines.datasets.selection import BadFilter
 from store.lake import Lake
 from store.sql import LakeMissing
 from tests.pipelines.conftest import LakeRows
+from trajlake.cli import Shell
 from trajlake.commands import workbench
 
 TASKS = 200
@@ -241,7 +242,7 @@ def test_oversized_arm_is_refused() -> None:
 
 @pytest.fixture
 def app() -> typer.Typer:
-    app = typer.Typer(pretty_exceptions_enable=False)
+    app = typer.Typer(cls=Shell, pretty_exceptions_enable=False)  # the shell's error handler
 
     @app.callback()
     def _root() -> None:

@@ -26,6 +26,7 @@ from pipelines.datasets.selection import BadFilter
 from store.lake import Lake
 from store.sql import LakeMissing
 from tests.store.lake_builder import event, write_events
+from trajlake.cli import Shell
 from trajlake.commands import workbench
 
 HARNESS = {"name": "swe-agent", "version": "1.2", "config_hash": "cfg-a"}
@@ -104,7 +105,7 @@ def failing_events() -> list:
 
 def build_app() -> typer.Typer:
     """Only the commands under test, registered the way trajlake.cli registers every module."""
-    app = typer.Typer(pretty_exceptions_enable=False)
+    app = typer.Typer(cls=Shell, pretty_exceptions_enable=False)  # the shell's error handler
 
     @app.callback()
     def _root() -> None:

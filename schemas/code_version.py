@@ -1,4 +1,4 @@
-"""The code version recorded in every manifest."""
+"""The code version recorded in every dataset manifest and checkpoint record."""
 
 from __future__ import annotations
 
