@@ -19,6 +19,7 @@ from ingest.ingest_metrics import serve_metrics
 from ingest.ingester import IngesterConfig, IngestStats, OnProgress, run_ingester
 from ingest.log_check import LogWentBackwards
 from ingest.redaction import RedactionConfigError, load_redactor
+from schemas.tables import EVENTS_TABLE, QUARANTINE_TABLE
 from schemas.versions import MAX_EVENT_BYTES
 from store.lake import Lake, TableMissing
 from store.rebuild import RebuildRaced, rebuild_typed_tables
@@ -147,7 +148,7 @@ def _summary(st: IngestStats) -> Table:
         table.add_row("keys", f"{st.key_mismatches:,} events stored whose Kafka key is not their rollout_id")
     if st.recovered_partitions:
         table.add_row("recovered", f"partitions {list(st.recovered_partitions)} re-read from their earliest offset")
-    typed = "  ".join(f"{name} {n:,}" for name, n in sorted(st.rows.items()) if name not in ("events", "quarantine"))
+    typed = "  ".join(f"{name} {n:,}" for name, n in sorted(st.rows.items()) if name not in (EVENTS_TABLE, QUARANTINE_TABLE))
     table.add_row("typed", typed or "-")
     table.add_row("batches", f"{st.batches:,} committed  partitions {list(st.partitions)}  re-seeks {st.assignments + st.conflicts}")
     return table
