@@ -452,7 +452,7 @@ LAKE_IDENTITY = pa.schema(
 
 
 @dataclass(frozen=True)
-class Table:
+class LakeTable:
     """One lake table: its name (folder under the lake root), columns, what a row is, its key, its writer."""
 
     name: str
@@ -462,14 +462,14 @@ class Table:
     writer: str
 
 
-def _typed(name: str, schema: pa.Schema, row: str) -> Table:
-    return Table(name, schema, row, ("tenant", "event_id"), "ingest.ingester (rebuilt by store.rebuild)")
+def _typed(name: str, schema: pa.Schema, row: str) -> LakeTable:
+    return LakeTable(name, schema, row, ("tenant", "event_id"), "ingest.ingester (rebuilt by store.rebuild)")
 
 
-CATALOGUE: dict[str, Table] = {t.name: t for t in (
-    Table(EVENTS_TABLE, EVENTS, "one valid event, token arrays in columns, with its Kafka position",
+CATALOGUE: dict[str, LakeTable] = {t.name: t for t in (
+    LakeTable(EVENTS_TABLE, EVENTS, "one valid event, token arrays in columns, with its Kafka position",
           ("tenant", "event_id"), "ingest.ingester"),
-    Table(QUARANTINE_TABLE, QUARANTINE, "one invalid Kafka message: its raw bytes and why it was refused",
+    LakeTable(QUARANTINE_TABLE, QUARANTINE, "one invalid Kafka message: its raw bytes and why it was refused",
           ("kafka_topic", "kafka_partition", "kafka_offset"), "ingest.ingester"),
     _typed(ROLLOUT_STARTS_TABLE, ROLLOUT_STARTS, "one rollout.started event (group, policy, metadata)"),
     _typed(ROLLOUT_ENDS_TABLE, ROLLOUT_ENDS, "one rollout.finished event (status, reason, steps)"),
@@ -478,25 +478,25 @@ CATALOGUE: dict[str, Table] = {t.name: t for t in (
     _typed(TOOL_CALLS_TABLE, TOOL_CALLS, "one tool.call event"),
     _typed(TOOL_RESULTS_TABLE, TOOL_RESULTS, "one tool.result event"),
     _typed(REWARDS_TABLE, REWARDS, "one reward event (several per rollout, late ones too)"),
-    Table(dataset_table("<name>"), SAMPLES, "one merged training sample; one Delta version per build",
+    LakeTable(dataset_table("<name>"), SAMPLES, "one merged training sample; one Delta version per build",
           ("sample_id",), "pipelines.datasets.build"),
-    Table(DATASET_VERSIONS_TABLE, DATASET_VERSIONS, "one built dataset version with its manifest",
+    LakeTable(DATASET_VERSIONS_TABLE, DATASET_VERSIONS, "one built dataset version with its manifest",
           ("dataset", "version"), "pipelines.datasets.registry"),
-    Table(DATASET_LINEAGE_TABLE, DATASET_LINEAGE, "one rollout used by a dataset version: the events it used",
+    LakeTable(DATASET_LINEAGE_TABLE, DATASET_LINEAGE, "one rollout used by a dataset version: the events it used",
           ("dataset", "version", "rollout_id"), "pipelines.datasets.registry"),
-    Table(FAILURE_PACKETS_TABLE, FAILURE_PACKETS, "one failure packet (a rollout or a cluster) of an extraction",
+    LakeTable(FAILURE_PACKETS_TABLE, FAILURE_PACKETS, "one failure packet (a rollout or a cluster) of an extraction",
           ("extraction_id", "packet_id"), "pipelines.workbench.failures"),
-    Table(TRAIN_RUNS_TABLE, TRAIN_RUNS, "one status change of a training run; the newest row is its state",
+    LakeTable(TRAIN_RUNS_TABLE, TRAIN_RUNS, "one status change of a training run; the newest row is its state",
           ("run_id", "ts"), "trainer.records"),
-    Table(CHECKPOINTS_TABLE, CHECKPOINTS, "one trained checkpoint and the dataset version it came from",
+    LakeTable(CHECKPOINTS_TABLE, CHECKPOINTS, "one trained checkpoint and the dataset version it came from",
           ("checkpoint_id",), "trainer.records"),
-    Table(TRAIN_LEASES_TABLE, TRAIN_LEASES, "one claim, renewal or release of a dataset version's training lease",
+    LakeTable(TRAIN_LEASES_TABLE, TRAIN_LEASES, "one claim, renewal or release of a dataset version's training lease",
           ("dataset", "dataset_version", "claim", "recorded_at"), "trainer.leases"),
-    Table(RUNS_TABLE, RUNS, "one state change of a scheduled job's run for one window",
+    LakeTable(RUNS_TABLE, RUNS, "one state change of a scheduled job's run for one window",
           ("job", "window_key", "claim", "recorded_at"), "store.runs (the scheduler)"),
-    Table(FORGET_AUDIT_TABLE, FORGET_AUDIT, "one table a forget request went through, with the rows it deleted",
+    LakeTable(FORGET_AUDIT_TABLE, FORGET_AUDIT, "one table a forget request went through, with the rows it deleted",
           ("forget_id", "table"), "store.forget"),
-    Table(LAKE_IDENTITY_TABLE, LAKE_IDENTITY, "the lake's one identity row, written on first use",
+    LakeTable(LAKE_IDENTITY_TABLE, LAKE_IDENTITY, "the lake's one identity row, written on first use",
           ("lake_id",), "store.identity"),
 )}
 """Every table of the lake by name; ``datasets/<name>`` stands for each dataset's table."""
