@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 from api.visibility import VisibleVersion, visible_versions
 from api.workers import RemoteSandbox, TableRef, WorkerLimits, WorkerPool
 from pipelines.lineage.trace import Lineage, LineageNotFound, lineage
-from pipelines.datasets.registry import DatasetNotFound, dataset_table
-from schemas.tables import TYPED_TABLES
+from pipelines.datasets.registry import DatasetNotFound
+from schemas.tables import ROLLOUTS_VIEW, TYPED_TABLES, dataset_table
 from store.lake import Lake
 from store.sql import LakeMissing, QueryError, view_name
 from store.tenant_sql import QueryPage, SandboxLimits
@@ -167,7 +167,7 @@ class QueryService:
             where.append("status = ?")
             params.append(status)
         limit = self.pages.clamp(limit)
-        sql = (f"SELECT * EXCLUDE (metadata, rewards, first_event_at, last_event_at) FROM rollouts "
+        sql = (f"SELECT * EXCLUDE (metadata, rewards, first_event_at, last_event_at) FROM {ROLLOUTS_VIEW} "
                f"WHERE {' AND '.join(where)} ORDER BY first_event_at DESC, rollout_id LIMIT ? OFFSET ?")
         with self.sandbox(tenant) as box:
             rows = box.execute(sql, [*params, limit + 1, offset]).to_pylist()

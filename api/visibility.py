@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from deltalake.exceptions import DeltaError
 
-from pipelines.datasets.registry import REGISTRY_TABLE, dataset_table
+from schemas.tables import DATASET_VERSIONS_TABLE, dataset_table
 from store.lake import Lake, TableMissing
 
 History = Literal["kept", "forgotten_rows_removed", "vacuumed"]
@@ -55,9 +55,9 @@ def built_for(manifest: dict[str, Any]) -> str | None:
 
 def visible_versions(lake: Lake, tenant: str) -> dict[str, list[VisibleVersion]]:
     """Dataset name -> the versions built for ``tenant`` only, oldest first."""
-    if not lake.exists(REGISTRY_TABLE):
+    if not lake.exists(DATASET_VERSIONS_TABLE):
         return {}
-    rows = lake.read(REGISTRY_TABLE).sort_by([("dataset", "ascending"), ("version", "ascending")]).to_pylist()
+    rows = lake.read(DATASET_VERSIONS_TABLE).sort_by([("dataset", "ascending"), ("version", "ascending")]).to_pylist()
     newest = {row["dataset"]: row["version"] for row in rows}
     found: dict[str, list[VisibleVersion]] = {}
     for row in rows:

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from schemas.tables import EVENTS_TABLE
 from store.lake import Lake
 
 DEFAULT_MAX_IDS = 1_000_000
@@ -68,10 +69,10 @@ class SeenEventIds:
         """Forget everything, then remember the newest stored events of these partitions."""
         self._first.clear()
         parts = list(partitions)
-        if not parts or not lake.exists("events"):
+        if not parts or not lake.exists(EVENTS_TABLE):
             return 0
         stored = lake.read(
-            "events", columns=["tenant", "event_id", "kafka_partition", "kafka_offset", "ingested_at"],
+            EVENTS_TABLE, columns=["tenant", "event_id", "kafka_partition", "kafka_offset", "ingested_at"],
             filter=(pc.field("kafka_topic") == topic) & pc.field("kafka_partition").isin(parts),
         )
         newest = _newest(stored, self.max_ids)

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from ingest.batch import decode
 from ingest.dedupe import EventKey, SeenEventIds
 from schemas.errors import InvalidEvent
-from store.forget import AUDIT_TABLE
+from schemas.tables import EVENTS_TABLE, FORGET_AUDIT_TABLE, QUARANTINE_TABLE
 from store.lake import Lake
 
 
@@ -37,8 +37,8 @@ class LakeRecords:
         self._rewound = {p: datetime.fromtimestamp(ms / 1000, timezone.utc) for p, ms in rewound_ms.items()
                          if ms is not None}
         self._quarantined = set()
-        if since and self.lake.exists("quarantine"):
-            rows = self.lake.table("quarantine").to_pyarrow_table(
+        if since and self.lake.exists(QUARANTINE_TABLE):
+            rows = self.lake.table(QUARANTINE_TABLE).to_pyarrow_table(
                 columns=["kafka_partition", "kafka_offset"],
                 filters=[("kafka_topic", "=", self.topic), ("kafka_partition", "in", list(since))],
             )
@@ -49,13 +49,13 @@ class LakeRecords:
 
     def quarantined(self, partition: int, offset: int) -> bool:
         """Whether ``quarantine`` holds the message at this offset (positions since the resume point are cached)."""
-        return (partition, offset) in self._quarantined or self._rows_at("quarantine", partition, offset,
+        return (partition, offset) in self._quarantined or self._rows_at(QUARANTINE_TABLE, partition, offset,
                                                                           ["kafka_offset"]).num_rows > 0
 
     def has_at(self, partition: int, offset: int, value: bytes | None) -> bool:
         """Whether the lake holds this very message at this offset: the newest ``events`` row there carries its
         event_id; without an events row there, ``holds`` decides (a duplicate, a quarantined or forgotten one)."""
-        rows = self._rows_at("events", partition, offset, ["event_id", "ingested_at"])
+        rows = self._rows_at(EVENTS_TABLE, partition, offset, ["event_id", "ingested_at"])
         if partition in self._rewound and rows.num_rows:
             rows = rows.filter(pc.greater_equal(rows.column("ingested_at"), pa.scalar(self._rewound[partition],
                                                                                      rows.schema.field("ingested_at").type)))
@@ -86,7 +86,7 @@ class LakeRecords:
     def forgotten(self, tenant: str, rollout_id: str) -> bool:
         return (tenant, rollout_id) in self._forgotten or (None, rollout_id) in self._forgotten
 
-    def stored_keys(self, keys: Iterable[EventKey], table: str = "events") -> set[EventKey]:
+    def stored_keys(self, keys: Iterable[EventKey], table: str = EVENTS_TABLE) -> set[EventKey]:
         """Which of ``keys`` the table holds, read from the table itself (not from memory)."""
         wanted = set(keys)
         if not wanted or not self.lake.exists(table):
@@ -108,7 +108,7 @@ def not_held(rows: pa.Table, held: set[EventKey]) -> pa.Table:
 
 def _forgotten(lake: Lake) -> set[tuple[str | None, str]]:
     """(tenant, rollout_id) pairs that ``trajlake forget`` deleted; tenant None when the request named none."""
-    if not lake.exists(AUDIT_TABLE):
+    if not lake.exists(FORGET_AUDIT_TABLE):
         return set()
-    audit = lake.read(AUDIT_TABLE, columns=["tenant", "rollouts"]).to_pylist()
+    audit = lake.read(FORGET_AUDIT_TABLE, columns=["tenant", "rollouts"]).to_pylist()
     return {(row["tenant"], r) for row in audit for r in row["rollouts"] or []}

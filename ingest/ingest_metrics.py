@@ -31,6 +31,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ingest.ingester import IngesterConfig, IngestStats, OnProgress
+from schemas.tables import EVENTS_TABLE, QUARANTINE_TABLE
 from store.commit import marker_app_id
 from store.lake import Lake
 
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 _COMMIT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _SCRAPE_TIMEOUT_MS = 3_000
 """Longest a scrape waits for the broker (Prometheus' default scrape timeout is 10 s)."""
-_PROGRESS_TABLES = ("events", "quarantine")
+_PROGRESS_TABLES = (EVENTS_TABLE, QUARANTINE_TABLE)
 _INDEX = re.compile(r"\.\d+(?=\.|$)")
 _COUNTED = {
     "consumed": ("messages", "Kafka messages consumed and committed"),
@@ -151,10 +152,10 @@ class LakeCollector(Collector):
     def _quarantine_rows(self) -> Metric:
         family = GaugeMetricFamily("trajlake_quarantine_rows", "rows of the quarantine table by the field their "
                                    "reason names", labels=["field"])
-        version = self.lake.version("quarantine")
+        version = self.lake.version(QUARANTINE_TABLE)
         cached_version, counts = self._quarantine
         if version is not None and version != cached_version:
-            fields = self.lake.read("quarantine", columns=["field"]).column("field").to_pylist()
+            fields = self.lake.read(QUARANTINE_TABLE, columns=["field"]).column("field").to_pylist()
             counts = dict(Tally(_INDEX.sub("", f or "(event)") for f in fields))
             self._quarantine = (version, counts)
         for field, n in sorted(counts.items()):

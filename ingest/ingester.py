@@ -47,7 +47,7 @@ from ingest.log_check import LogGuard, LogProbe, LogUnverifiable, LogWentBackwar
 from ingest.redaction import Redactor
 from ingest.topics import ensure_topic
 from schemas.options import CommonOptions
-from schemas.tables import EVENTS, QUARANTINE, TYPED_TABLES
+from schemas.tables import EVENTS, EVENTS_TABLE, QUARANTINE, QUARANTINE_TABLE, TYPED_TABLES
 from schemas.versions import MAX_EVENT_BYTES
 from store.commit import MarkedTable, OffsetConflict, resume_offsets
 from store.event_rows import quarantine_table, typed_tables
@@ -142,9 +142,9 @@ class _Tables:
         def open_table(name: str, schema: pa.Schema) -> MarkedTable:
             return MarkedTable(lake, name, schema, group=group, topic=topic)
 
-        self.events = open_table("events", EVENTS)
+        self.events = open_table(EVENTS_TABLE, EVENTS)
         self.typed = [open_table(name, schema) for name, schema in TYPED_TABLES.values()]
-        self.quarantine = open_table("quarantine", QUARANTINE)
+        self.quarantine = open_table(QUARANTINE_TABLE, QUARANTINE)
 
     @property
     def all(self) -> list[MarkedTable]:
@@ -422,11 +422,11 @@ class _Loop:
         rejected = quarantine_table(decoded.rejected)
         fresh = self.tables.quarantine.unwritten(rejected)
         self._check_quarantine_replay(rejected, fresh)
-        events = self._fresh(decoded.events, "events")
+        events = self._fresh(decoded.events, EVENTS_TABLE)
         written = self.tables.events.commit(events, last, refresh_offsets=refresh)
         self.stats.duplicates += decoded.duplicates + decoded.events.num_rows - events.num_rows
         self.stats.replayed += events.num_rows - written
-        self._count("events", written)
+        self._count(EVENTS_TABLE, written)
         if self.dead_letters is not None and fresh.num_rows:
             positions = set(zip(fresh.column("kafka_partition").to_pylist(), fresh.column("kafka_offset").to_pylist()))
             self.dead_letters.send_all(
@@ -473,7 +473,7 @@ class _Loop:
 
     def _count(self, table: str, written: int) -> None:
         self.stats.rows[table] = self.stats.rows.get(table, 0) + written
-        if table == "events":
+        if table == EVENTS_TABLE:
             self.stats.events += written
-        elif table == "quarantine":
+        elif table == QUARANTINE_TABLE:
             self.stats.quarantined += written

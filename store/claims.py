@@ -40,7 +40,7 @@ def claims_table(lake: Lake, name: str, schema: pa.Schema) -> DeltaTable:
     """The table as of now, created empty on first use (losing the creation race is fine)."""
     if not lake.exists(name):
         try:
-            DeltaTable.create(lake.uri(name), schema, mode="ignore", storage_options=dict(lake.storage_options))
+            DeltaTable.create(lake.write_uri(name), schema, mode="ignore", storage_options=dict(lake.storage_options))
         except DeltaError:
             pass  # another process created it at the same moment
     return lake.table(name)

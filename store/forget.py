@@ -66,43 +66,24 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from deltalake.exceptions import CommitFailedError
 
+from schemas.errors import InputError
+from schemas.tables import (
+    DATASET_LINEAGE_TABLE,
+    DATASETS_PREFIX,
+    FORGET_AUDIT,
+    FORGET_AUDIT_TABLE,
+    QUARANTINE_TABLE,
+    ROLLOUT_STARTS_TABLE,
+)
 from store.lake import Lake, list_tables
 from store.storage import arrow_filesystem
-from schemas.errors import InputError
 
 log = logging.getLogger(__name__)
 
-AUDIT_TABLE = "forget_audit"
-LINEAGE_TABLE = "dataset_lineage"
-QUARANTINE_TABLE = "quarantine"
-DATASETS_PREFIX = "datasets/"
 MAX_ID_CHARS = 512
 IDS_PER_DELETE = 1000
 DELETE_RETRIES = 5
 """A delete that races with the ingester's appends is retried on a fresh snapshot this often."""
-
-TS = pa.timestamp("us", tz="UTC")
-FORGET_AUDIT = pa.schema(
-    [
-        pa.field("forget_id", pa.string(), nullable=False),
-        pa.field("requested_at", TS, nullable=False),
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("tenant", pa.string()),
-        pa.field("rollouts", pa.list_(pa.string()), nullable=False),
-        pa.field("user_sha256", pa.string()),
-        pa.field("reason", pa.string()),
-        pa.field("table", pa.string(), nullable=False),
-        pa.field("rows_deleted", pa.int64(), nullable=False),
-        pa.field("files_vacuumed", pa.int64(), nullable=False),
-        pa.field("version_before", pa.int64()),
-        pa.field("version_after", pa.int64()),
-        pa.field("dataset_versions_marked", pa.list_(pa.int64()), nullable=False),
-        pa.field("finished_at", TS, nullable=False),
-    ]
-)
-"""One row per table a forget request went through (``table`` empty when the lake had none).
-The user id is kept only as a SHA-256 so the audit itself holds no user id."""
-
 
 @dataclass(frozen=True)
 class ForgetRequest:
@@ -168,7 +149,7 @@ def forget(
     >>> forget(Lake("./lake"), ForgetRequest(tenant="acme"))  # doctest: +SKIP
     """
     requested_at = clock()
-    tables = [name for name in list_tables(lake) if name != AUDIT_TABLE]
+    tables = [name for name in list_tables(lake) if name != FORGET_AUDIT_TABLE]
     rollouts = _selected_rollouts(lake, request, tables)
     marked = _dataset_versions_with(lake, rollouts, tables)
     report = ForgetReport(forget_id=uuid.uuid4().hex, request=request, rollouts=tuple(sorted(rollouts)))
@@ -190,10 +171,10 @@ def forget(
 
 def forgotten_dataset_versions(lake: Lake) -> dict[str, set[int]]:
     """Dataset name -> versions marked as containing forgotten data (by any request)."""
-    if not lake.exists(AUDIT_TABLE):
+    if not lake.exists(FORGET_AUDIT_TABLE):
         return {}
     marked: dict[str, set[int]] = defaultdict(set)
-    for row in lake.read(AUDIT_TABLE, columns=["table", "dataset_versions_marked"]).to_pylist():
+    for row in lake.read(FORGET_AUDIT_TABLE, columns=["table", "dataset_versions_marked"]).to_pylist():
         if row["dataset_versions_marked"]:
             marked[row["table"].removeprefix(DATASETS_PREFIX)].update(row["dataset_versions_marked"])
     return dict(marked)
@@ -218,9 +199,9 @@ def _tenant_rollouts(lake: Lake, tenant: str, tables: list[str]) -> set[str]:
 
 
 def _user_rollouts(lake: Lake, tenant: str, user: str) -> set[str]:
-    if not lake.exists("rollout_starts"):
+    if not lake.exists(ROLLOUT_STARTS_TABLE):
         return set()
-    starts = lake.read("rollout_starts", columns=["tenant", "rollout_id", "metadata"])
+    starts = lake.read(ROLLOUT_STARTS_TABLE, columns=["tenant", "rollout_id", "metadata"])
     starts = starts.filter(pc.equal(starts["tenant"], tenant))
     return {row["rollout_id"] for row in starts.to_pylist() if _metadata_user(row["metadata"]) == user}
 
@@ -238,9 +219,9 @@ def _metadata_user(metadata: str | None) -> str | None:
 
 def _dataset_versions_with(lake: Lake, rollouts: set[str], tables: list[str]) -> dict[str, set[int]]:
     """Dataset -> versions whose lineage names one of ``rollouts``."""
-    if LINEAGE_TABLE not in tables or not rollouts:
+    if DATASET_LINEAGE_TABLE not in tables or not rollouts:
         return {}
-    lineage = lake.read(LINEAGE_TABLE, columns=["dataset", "version", "rollout_id"])
+    lineage = lake.read(DATASET_LINEAGE_TABLE, columns=["dataset", "version", "rollout_id"])
     hits = lineage.filter(pc.is_in(lineage["rollout_id"], pa.array(sorted(rollouts))))
     versions: dict[str, set[int]] = defaultdict(set)
     for row in hits.to_pylist():
@@ -340,7 +321,7 @@ def _audit(lake: Lake, report: ForgetReport, requested_at: datetime, finished_at
          "dataset_versions_marked": list(t.dataset_versions_marked)}
         for t in tables
     ]
-    lake.append(AUDIT_TABLE, pa.Table.from_pylist(rows, schema=FORGET_AUDIT), schema=FORGET_AUDIT)
+    lake.append(FORGET_AUDIT_TABLE, pa.Table.from_pylist(rows, schema=FORGET_AUDIT), schema=FORGET_AUDIT)
 
 
 def _columns(lake: Lake, name: str) -> list[str]:

@@ -16,13 +16,8 @@ import pyarrow as pa
 from deltalake import write_deltalake
 from deltalake.exceptions import DeltaError
 
-from schemas.tables import TS
+from schemas.tables import LAKE_IDENTITY, LAKE_IDENTITY_TABLE
 from store.lake import Lake
-
-IDENTITY_TABLE = "lake_identity"
-
-IDENTITY = pa.schema([pa.field("lake_id", pa.string(), nullable=False), pa.field("created_at", TS, nullable=False)])
-"""The lake's one identity row."""
 
 
 def lake_id(lake: Lake) -> str:
@@ -31,12 +26,14 @@ def lake_id(lake: Lake) -> str:
     >>> lake_id(Lake("/tmp/lake")) == lake_id(Lake("/tmp/lake"))  # doctest: +SKIP
     True
     """
-    if not lake.exists(IDENTITY_TABLE):
-        row = pa.Table.from_pylist([{"lake_id": str(uuid.uuid4()), "created_at": datetime.now(UTC)}], schema=IDENTITY)
+    if not lake.exists(LAKE_IDENTITY_TABLE):
+        row = pa.Table.from_pylist([{"lake_id": str(uuid.uuid4()), "created_at": datetime.now(UTC)}],
+                                   schema=LAKE_IDENTITY)
         try:
-            write_deltalake(lake.uri(IDENTITY_TABLE), row, mode="error", storage_options=dict(lake.storage_options))
+            write_deltalake(lake.write_uri(LAKE_IDENTITY_TABLE), row, mode="error",
+                            storage_options=dict(lake.storage_options))
         except (DeltaError, OSError):
-            if not lake.exists(IDENTITY_TABLE):  # not a lost race: a real write error
+            if not lake.exists(LAKE_IDENTITY_TABLE):  # not a lost race: a real write error
                 raise
-    rows = lake.read(IDENTITY_TABLE).sort_by([("created_at", "ascending"), ("lake_id", "ascending")])
+    rows = lake.read(LAKE_IDENTITY_TABLE).sort_by([("created_at", "ascending"), ("lake_id", "ascending")])
     return rows["lake_id"][0].as_py()

@@ -37,8 +37,9 @@ import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
-from store.storage import StoreUnreachable, arrow_filesystem, is_local, storage_options, store_problem
 from schemas.errors import NotFound
+from schemas.tables import catalogued
+from store.storage import StoreUnreachable, arrow_filesystem, is_local, storage_options, store_problem
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,12 @@ class Lake:
     def uri(self, table: str) -> str:
         """Location of a table; ``datasets/NAME`` style names nest."""
         return f"{self.root.rstrip('/')}/{table}"
+
+    def write_uri(self, table: str) -> str:
+        """Location of a table this process writes; ``TableNotCatalogued`` unless ``schemas.tables`` lists it."""
+        if not catalogued(table):
+            raise TableNotCatalogued(table)
+        return self.uri(table)
 
     def exists(self, table: str) -> bool:
         return DeltaTable.is_deltatable(self.uri(table), storage_options=dict(self.storage_options))
@@ -150,13 +157,14 @@ class Lake:
 
         Creates the table on first write (with ``schema`` when given, so an
         empty first batch still fixes the column types). Returns the new
-        table version.
+        table version. Only catalogued tables are written (``write_uri``).
         """
+        uri = self.write_uri(table)
         if schema is not None:
             data = data.cast(schema)
         txns = [Transaction(app_id=app, version=int(v)) for app, v in (markers or {}).items()]
         write_deltalake(
-            self.uri(table),
+            uri,
             data,
             mode="append",
             storage_options=dict(self.storage_options),
@@ -294,6 +302,15 @@ def _child_dirs(filesystem: pafs.FileSystem, path: str) -> list[str]:
         info.base_name for info in filesystem.get_file_info(selector)
         if info.type == pafs.FileType.Directory and info.base_name != "_delta_log"
     ]
+
+
+class TableNotCatalogued(ValueError):
+    """A write to a table ``schemas.tables.CATALOGUE`` does not list: declare the table there first."""
+
+    def __init__(self, table: str) -> None:
+        super().__init__(f"table {table!r} is not in the lake's catalogue: declare its name and schema in "
+                         "schemas/tables.py (CATALOGUE) before writing it")
+        self.table = table
 
 
 class TableMissing(NotFound):

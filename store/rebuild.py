@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from schemas.tables import TYPED_TABLES
+from schemas.tables import EVENTS_TABLE, TYPED_TABLES
 from store.commit import WRITER_PROPERTIES, marker_app_id
 from store.event_rows import typed_tables
 from store.lake import Lake
@@ -41,7 +41,7 @@ def rebuild_typed_tables(lake: Lake, *, group: str = "trajlake-ingest", batch_ro
     >>> rebuild_typed_tables(Lake("./lake"))  # doctest: +SKIP
     {'rollout_starts': 300, 'llm_requests': 600, ...}
     """
-    events = lake.table("events")
+    events = lake.table(EVENTS_TABLE)
     version = events.version()
     txns = _markers(lake, events, group)
     counts: dict[str, int] = {}
@@ -51,13 +51,13 @@ def rebuild_typed_tables(lake: Lake, *, group: str = "trajlake-ingest", batch_ro
             schema, counter.wrap(_typed_batches(lake, events, event_type, name, batch_rows))
         )
         write_deltalake(
-            lake.uri(name), reader, mode="overwrite", schema_mode="overwrite",
+            lake.write_uri(name), reader, mode="overwrite", schema_mode="overwrite",
             storage_options=dict(lake.storage_options), writer_properties=WRITER_PROPERTIES,
             commit_properties=CommitProperties(app_transactions=txns) if txns else None,
         )
         counts[name] = counter.rows
         log.info("rebuilt table=%s rows=%d from_events_version=%d", name, counter.rows, version)
-    if lake.table("events").version() != version:
+    if lake.table(EVENTS_TABLE).version() != version:
         raise RebuildRaced(
             f"events moved past version {version} during the rebuild: stop the ingesters of group "
             f"{group!r} and run `trajlake rebuild` again"

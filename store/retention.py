@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
+from schemas.tables import EVENTS_TABLE
 from store.forget import ForgetReport, ForgetRequest, forget
 from store.lake import Lake
 
@@ -69,9 +70,9 @@ class RetentionPolicy:
 
 def expired_rollouts(lake: Lake, policy: RetentionPolicy, *, now: datetime) -> dict[str, list[str]]:
     """Tenant -> rollouts whose newest event is older than the tenant's cutoff."""
-    if not lake.exists("events"):
+    if not lake.exists(EVENTS_TABLE):
         return {}
-    events = lake.read("events", columns=["tenant", "rollout_id", "ts"])
+    events = lake.read(EVENTS_TABLE, columns=["tenant", "rollout_id", "ts"])
     newest = events.group_by(["tenant", "rollout_id"]).aggregate([("ts", "max")])
     expired: dict[str, list[str]] = {}
     for tenant in sorted(pc.unique(newest["tenant"]).to_pylist()):

@@ -30,35 +30,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from schemas.tables import TS
+from schemas.tables import RUNS, RUNS_TABLE
 from store.claims import ClaimLost, claims_table, commit_claim, commit_fenced  # noqa: F401  (ClaimLost: re-exported)
 from store.lake import Lake
-
-RUNS_TABLE = "runs"
-
-RUNS = pa.schema(
-    [
-        pa.field("job", pa.string(), nullable=False),
-        pa.field("window_key", pa.string(), nullable=False),
-        pa.field("window_start", TS, nullable=False),
-        pa.field("window_end", TS, nullable=False),
-        pa.field("trigger", pa.string(), nullable=False),
-        pa.field("claim", pa.int64(), nullable=False),
-        pa.field("attempt", pa.int32(), nullable=False),
-        pa.field("status", pa.string(), nullable=False),
-        pa.field("owner", pa.string(), nullable=False),
-        pa.field("started_at", TS, nullable=False),
-        pa.field("ended_at", TS),
-        pa.field("lease_until", TS),
-        pa.field("retry_at", TS),
-        pa.field("dataset_version", pa.int64()),
-        pa.field("checkpoint", pa.string()),
-        pa.field("results", pa.string()),
-        pa.field("error", pa.string()),
-        pa.field("recorded_at", TS, nullable=False),
-    ]
-)
-"""One state change of a scheduled run (see the module docstring)."""
 
 
 class RunStatus(StrEnum):

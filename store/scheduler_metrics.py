@@ -21,8 +21,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from schemas.tables import RUNS_TABLE
 from store.lake import Lake
-from store.runs import RUNS_TABLE, RunRecord, RunsTable, RunStatus
+from store.runs import RunRecord, RunsTable, RunStatus
 
 
 class SchedulerCollector(Collector):

@@ -39,15 +39,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from schemas.tables import INGESTED_TABLES
+from schemas.errors import NotFound, TrajlakeError
+from schemas.tables import INGESTED_TABLES, VIEWS
 from store.lake import Lake, list_tables
 from store.storage import duckdb_secret, store_problem
-from schemas.errors import NotFound, TrajlakeError
 
 log = logging.getLogger(__name__)
 
 VIEWS_SQL = Path(__file__).with_name("views.sql")
-JOINED_VIEWS: tuple[str, ...] = ("llm_calls", "tool_steps", "rollouts")
+JOINED_VIEWS: tuple[str, ...] = tuple(VIEWS)
 """Views defined in ``views.sql``, in creation order."""
 
 READ_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})

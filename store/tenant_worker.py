@@ -23,6 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from schemas.tables import EVENTS_TABLE
 from store.lake import Lake
 from store.sql import QueryError
 from store.tenant_sql import (
@@ -48,7 +49,8 @@ def serve(conn: Connection, root: str, limits: SandboxLimits, memory_bytes: int,
     """The worker's loop: warm up, cap the address space, then answer requests until the pipe closes."""
     _limit_malloc_arenas()
     with open_tenant_sandbox(empty_snapshot(), "warm-up", limits=limits) as box:
-        box.query("SELECT count(*) FROM events", limit=1)  # DuckDB's threads and allocator exist before the cap
+        # DuckDB's threads and allocator exist before the cap
+        box.query(f"SELECT count(*) FROM {EVENTS_TABLE}", limit=1)
     session = _Session(Lake(root), limits, snapshot_ttl_s)
     cap = _cap_address_space(memory_bytes)
     conn.send(("ready",))

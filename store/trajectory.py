@@ -19,6 +19,14 @@ from typing import Annotated, Any, Literal, Union
 import duckdb
 from pydantic import BaseModel, ConfigDict, Field
 
+from schemas.tables import (
+    LLM_CALLS_VIEW,
+    REWARDS_TABLE,
+    ROLLOUT_ENDS_TABLE,
+    ROLLOUT_STARTS_TABLE,
+    ROLLOUTS_VIEW,
+    TOOL_STEPS_VIEW,
+)
 from store.lake import Lake
 from store.sql import check_lake, connect
 from schemas.errors import NotFound, TrajlakeError
@@ -198,14 +206,14 @@ def load_trajectory(
 
 _KIND_ORDER = {"rollout.started": 0, "llm.call": 1, "tool.call": 2, "reward": 3, "rollout.finished": 4}
 _WHERE = "WHERE tenant = ? AND rollout_id = ?"
-_STARTS = f"SELECT seq, ts, group_id, policy_version, metadata FROM rollout_starts {_WHERE}"
-_ENDS = f"SELECT seq, ts, status, reason, steps FROM rollout_ends {_WHERE}"
-_REWARDS = f"SELECT seq, ts, name, value, source FROM rewards {_WHERE}"
+_STARTS = f"SELECT seq, ts, group_id, policy_version, metadata FROM {ROLLOUT_STARTS_TABLE} {_WHERE}"
+_ENDS = f"SELECT seq, ts, status, reason, steps FROM {ROLLOUT_ENDS_TABLE} {_WHERE}"
+_REWARDS = f"SELECT seq, ts, name, value, source FROM {REWARDS_TABLE} {_WHERE}"
 _CALLS = f"""SELECT seq, requested_at AS ts, call_id, model, n_prompt_tokens, n_response_tokens, token_source,
     finish_reason, latency_ms, upstream_retries, policy_version, error, has_response, responded_at,
-    messages, prompt, text FROM llm_calls {_WHERE}"""
+    messages, prompt, text FROM {LLM_CALLS_VIEW} {_WHERE}"""
 _TOOLS = f"""SELECT seq, called_at AS ts, call_id, name, arguments, result, error, duration_ms, state_changed,
-    has_result FROM tool_steps {_WHERE}"""
+    has_result FROM {TOOL_STEPS_VIEW} {_WHERE}"""
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> list[dict[str, Any]]:
@@ -213,7 +221,8 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> list[d
 
 
 def _summary(con: duckdb.DuckDBPyConnection, rollout_id: str, tenant: str | None) -> RolloutSummary:
-    sql = "SELECT * EXCLUDE (metadata, rewards, first_event_at, last_event_at) FROM rollouts WHERE rollout_id = ?"
+    sql = (f"SELECT * EXCLUDE (metadata, rewards, first_event_at, last_event_at) FROM {ROLLOUTS_VIEW} "
+           "WHERE rollout_id = ?")
     params = [rollout_id]
     if tenant is not None:
         sql += " AND tenant = ?"

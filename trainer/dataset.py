@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.tables import SAMPLES
+from schemas.tables import SAMPLES, dataset_table
 from store.lake import Lake, TableMissing
 from trainer.errors import DatasetError
 
@@ -52,7 +52,7 @@ class DatasetRef:
 
     @property
     def table(self) -> str:
-        return f"datasets/{self.name}"
+        return dataset_table(self.name)
 
 
 @dataclass(frozen=True)

@@ -27,32 +27,15 @@ from typing import Any
 
 import pyarrow as pa
 
+from schemas.tables import TRAIN_LEASES, TRAIN_LEASES_TABLE
 from store.claims import ClaimLost, Heartbeat, claims_table, commit_claim, commit_fenced
 from store.lake import Lake
 from trainer.errors import TrainerError
-from trainer.records import TS
 
 log = logging.getLogger(__name__)
 
-LEASES_TABLE = "train_leases"
 CLAIM_RACES = 5
 """Claims lost to a concurrent commit before giving the version up for now."""
-
-TRAIN_LEASES = pa.schema(
-    [
-        pa.field("dataset", pa.string(), nullable=False),
-        pa.field("dataset_version", pa.int64(), nullable=False),
-        pa.field("claim", pa.int64(), nullable=False),
-        pa.field("run_id", pa.string(), nullable=False),
-        pa.field("owner", pa.string(), nullable=False),
-        pa.field("host", pa.string(), nullable=False),
-        pa.field("pid", pa.int64(), nullable=False),
-        pa.field("run_dir", pa.string(), nullable=False),
-        pa.field("lease_until", TS),
-        pa.field("recorded_at", TS, nullable=False),
-    ]
-)
-"""One claim, renewal or release of a version (``lease_until`` null: released)."""
 
 
 class VersionHeld(TrainerError):
@@ -99,9 +82,9 @@ def lease_app_id(dataset: str, version: int) -> str:
 
 def history(lake: Lake, dataset: str, version: int) -> list[Lease]:
     """Every row of one version, in claim order."""
-    if not lake.exists(LEASES_TABLE):
+    if not lake.exists(TRAIN_LEASES_TABLE):
         return []
-    return _rows(lake.table(LEASES_TABLE), dataset, version)
+    return _rows(lake.table(TRAIN_LEASES_TABLE), dataset, version)
 
 
 def _rows(snapshot: Any, dataset: str, version: int) -> list[Lease]:
@@ -117,7 +100,7 @@ def take(lake: Lake, dataset: str, version: int, *, run_id: str, out: Path, leas
     """
     current: Lease | None = None
     for _ in range(CLAIM_RACES):
-        snapshot = claims_table(lake, LEASES_TABLE, TRAIN_LEASES)
+        snapshot = claims_table(lake, TRAIN_LEASES_TABLE, TRAIN_LEASES)
         rows = _rows(snapshot, dataset, version)
         now = datetime.now(UTC)
         current = rows[-1] if rows else None
@@ -149,7 +132,7 @@ def renew(lake: Lake, held: Lease, *, lease: timedelta) -> Lease:
     """Extend the lease; ``ClaimLost`` once another process took the version over."""
     now = datetime.now(UTC)
     renewed = replace(held, lease_until=now + lease, recorded_at=now)
-    commit_fenced(lake, LEASES_TABLE, renewed.row(), app_id=held.app_id, claim=held.claim)
+    commit_fenced(lake, TRAIN_LEASES_TABLE, renewed.row(), app_id=held.app_id, claim=held.claim)
     return renewed
 
 
@@ -157,7 +140,7 @@ def release(lake: Lake, held: Lease) -> None:
     """Give the version up (finished, failed or stopped); a lease already taken over stays with its new holder."""
     released = replace(held, lease_until=None, recorded_at=datetime.now(UTC))
     try:
-        commit_fenced(lake, LEASES_TABLE, released.row(), app_id=held.app_id, claim=held.claim)
+        commit_fenced(lake, TRAIN_LEASES_TABLE, released.row(), app_id=held.app_id, claim=held.claim)
     except ClaimLost:
         log.warning("event=lease_already_taken_over dataset=%s version=%d", held.dataset, held.dataset_version)
 

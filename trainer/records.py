@@ -24,13 +24,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from schemas.tables import CHECKPOINTS, CHECKPOINTS_TABLE, TRAIN_RUNS, TRAIN_RUNS_TABLE
 from store.lake import Lake
 from trainer.errors import TrainerError
 from schemas.errors import Conflict
-
-TS = pa.timestamp("us", tz="UTC")
-RUNS_TABLE = "train_runs"
-CHECKPOINTS_TABLE = "checkpoints"
 
 RUN_TRANSITIONS: dict[str | None, frozenset[str]] = {
     None: frozenset({"started", "failed"}),
@@ -40,47 +37,6 @@ RUN_TRANSITIONS: dict[str | None, frozenset[str]] = {
     "finished": frozenset(),
 }
 """Status -> statuses it may change to (None: the run has no row yet)."""
-
-TRAIN_RUNS = pa.schema(
-    [
-        pa.field("run_id", pa.string(), nullable=False),
-        pa.field("dataset", pa.string(), nullable=False),
-        pa.field("dataset_version", pa.int64(), nullable=False),
-        pa.field("status", pa.string(), nullable=False),
-        pa.field("attempt", pa.int32(), nullable=False),
-        pa.field("step", pa.int64(), nullable=False),
-        pa.field("error", pa.string()),
-        pa.field("host", pa.string(), nullable=False),
-        pa.field("pid", pa.int64(), nullable=False),
-        pa.field("ts", TS, nullable=False),
-    ]
-)
-"""One status change of a training run. ``step``: the optimizer step the run
-starts from (started) or stopped at (finished/failed; -1: failed before it started)."""
-
-CHECKPOINTS = pa.schema(
-    [
-        pa.field("checkpoint_id", pa.string(), nullable=False),
-        pa.field("dataset", pa.string(), nullable=False),
-        pa.field("dataset_version", pa.int64(), nullable=False),
-        pa.field("base_model", pa.string(), nullable=False),
-        pa.field("parent_checkpoint_id", pa.string()),
-        pa.field("mode", pa.string(), nullable=False),
-        pa.field("config", pa.string(), nullable=False),
-        pa.field("code_version", pa.string(), nullable=False),
-        pa.field("metrics", pa.string(), nullable=False),
-        pa.field("ds_path", pa.string(), nullable=False),
-        pa.field("hf_path", pa.string(), nullable=False),
-        pa.field("tokenizer", pa.string(), nullable=False),
-        pa.field("world_size", pa.int32(), nullable=False),
-        pa.field("n_samples", pa.int64(), nullable=False),
-        pa.field("n_tokens", pa.int64(), nullable=False),
-        pa.field("steps", pa.int64(), nullable=False),
-        pa.field("created_at", TS, nullable=False),
-    ]
-)
-"""A trained checkpoint and where it came from. ``config`` and ``metrics`` are
-JSON objects (TrainConfig + DeepSpeed config; final loss, eval loss, tokens/s...)."""
 
 
 @dataclass(frozen=True)
@@ -140,9 +96,9 @@ def run_states(lake: Lake) -> dict[str, RunState]:
 
 def _latest_rows(lake: Lake) -> list[RunState]:
     """Every row as a ``RunState``, oldest first (so the last of each key is its state)."""
-    if not lake.exists(RUNS_TABLE):
+    if not lake.exists(TRAIN_RUNS_TABLE):
         return []
-    rows = lake.read(RUNS_TABLE).sort_by([("ts", "ascending")]).to_pylist()
+    rows = lake.read(TRAIN_RUNS_TABLE).sort_by([("ts", "ascending")]).to_pylist()
     return [
         RunState(r["run_id"], r["dataset"], r["dataset_version"], r["status"], r["attempt"], r["step"], r["error"])
         for r in rows
@@ -180,7 +136,7 @@ def record_status(lake: Lake, run_id: str, *, dataset: str, version: int, status
         "attempt": attempt, "step": step, "error": error, "host": socket.gethostname(),
         "pid": os.getpid(), "ts": datetime.now(UTC),
     }  # fmt: skip
-    lake.append(RUNS_TABLE, pa.Table.from_pylist([row], schema=TRAIN_RUNS), schema=TRAIN_RUNS)
+    lake.append(TRAIN_RUNS_TABLE, pa.Table.from_pylist([row], schema=TRAIN_RUNS), schema=TRAIN_RUNS)
     return RunState(run_id, dataset, version, status, attempt, step, error)
 
 

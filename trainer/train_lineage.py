@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipelines.lineage.openlineage import lake_dataset, traced_run, uri_dataset
+from schemas.tables import dataset_table
 from store.lake import Lake
 from trainer.config import TrainConfig
 from trainer.records import CheckpointRecord
@@ -19,6 +20,6 @@ def traced_train(lake: Lake, dataset: str, version: int | None, config: TrainCon
     with traced_run(f"train.{dataset}") as scope:
         record = train_dataset(lake, dataset, version, config, **options)
         if scope is not None:
-            scope.inputs = [lake_dataset(lake.root, f"datasets/{dataset}", record.dataset_version)]
+            scope.inputs = [lake_dataset(lake.root, dataset_table(dataset), record.dataset_version)]
             scope.outputs = [uri_dataset(record.hf_path, record.checkpoint_id)]
     return record

@@ -22,8 +22,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from schemas.tables import CHECKPOINTS_TABLE
 from store.lake import Lake
-from trainer.records import CHECKPOINTS_TABLE, list_checkpoints
+from trainer.records import list_checkpoints
 
 if TYPE_CHECKING:  # torch loads only when a command trains
     from trainer.loop import StepLog

@@ -18,8 +18,9 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from ingest.broker_probe import probe_broker
-from pipelines.datasets.registry import REGISTRY_TABLE, list_versions
+from pipelines.datasets.registry import list_versions
 from schemas.control import CONTROL_ADAPTER, CONTROL_TOPIC, DatasetVersionEvent
+from schemas.tables import DATASET_VERSIONS_TABLE, DATASETS_FOLDER, dataset_table
 from store.lake import Lake
 
 log = logging.getLogger(__name__)
@@ -29,13 +30,13 @@ VersionKey = tuple[str, int]
 
 def registry_versions(lake: Lake, datasets: list[str] | None = None) -> set[VersionKey]:
     """Every known (dataset, version), from the registry or else from the Delta logs."""
-    if lake.exists(REGISTRY_TABLE):
+    if lake.exists(DATASET_VERSIONS_TABLE):
         table = list_versions(lake)
         found = set(zip(table["dataset"].to_pylist(), table["version"].to_pylist(), strict=True))
     else:
         found = set()
         for name in _dataset_names(lake):
-            latest = lake.version(f"datasets/{name}")
+            latest = lake.version(dataset_table(name))
             found |= {(name, v) for v in range(latest + 1)} if latest is not None else set()
     return {k for k in found if datasets is None or k[0] in datasets}
 
@@ -44,7 +45,7 @@ def _dataset_names(lake: Lake) -> list[str]:
     if not lake.is_local:
         log.warning("event=registry_missing lake=%s hint=without dataset_versions only local lakes are listed", lake.root)
         return []
-    folder = Path(lake.root.removeprefix("file://")) / "datasets"
+    folder = Path(lake.root.removeprefix("file://")) / DATASETS_FOLDER
     return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
 
 

@@ -24,6 +24,7 @@ from ingest.sdk import TrajectoryClient
 from devkit.workload import WorkloadConfig, generate_events
 from schemas.control import CONTROL_TOPIC
 from schemas.events import DEFAULT_TOPIC, Harness
+from schemas.tables import EVENTS_TABLE, LLM_CALLS_VIEW, QUARANTINE_TABLE, ROLLOUTS_VIEW
 from store.lake import Lake
 from store.sql import run_query
 from trajlake.background import serve_in_thread
@@ -34,15 +35,15 @@ DEMO_TENANT = "demo-team"
 AGENT_VERSIONS = ("1.0", "1.1")
 
 SQL_ANSWERS = {
-    "events by type": "SELECT type, count(*) AS events FROM events GROUP BY type ORDER BY events DESC",
-    "token-exact calls by harness": """
+    "events by type": f"SELECT type, count(*) AS events FROM {EVENTS_TABLE} GROUP BY type ORDER BY events DESC",
+    "token-exact calls by harness": f"""
         SELECT harness_name, harness_version, count(*) AS calls, sum(n_prompt_tokens) AS prompt_tokens,
                sum(n_response_tokens) AS response_tokens, round(median(latency_ms), 1) AS p50_latency_ms
-        FROM llm_calls GROUP BY ALL ORDER BY ALL""",
-    "rollouts by status": """
+        FROM {LLM_CALLS_VIEW} GROUP BY ALL ORDER BY ALL""",
+    "rollouts by status": f"""
         SELECT harness_name, status, count(*) AS rollouts, round(avg(reward), 3) AS mean_reward
-        FROM rollouts GROUP BY ALL ORDER BY ALL""",
-    "quarantined events": "SELECT count(*) AS quarantined FROM quarantine",
+        FROM {ROLLOUTS_VIEW} GROUP BY ALL ORDER BY ALL""",
+    "quarantined events": f"SELECT count(*) AS quarantined FROM {QUARANTINE_TABLE}",
 }
 
 

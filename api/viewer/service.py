@@ -13,18 +13,20 @@ from typing import Any
 from api.services import QueryService
 from api.viewer.models import CallText, Facets, RolloutDetail, RolloutRow, RolloutRows, ToolText
 from api.viewer.tokens import TokenDecoder, token_view
+from schemas.tables import LLM_CALLS_VIEW, ROLLOUTS_VIEW, TOOL_STEPS_VIEW
 
 MAX_TEXT_CHARS = 20_000
 """Longest text (messages JSON, response, tool arguments or result) the rollout page shows per field."""
 
 _LIST_COLUMNS = ("rollout_id, task_id, harness_name, harness_version, status, reward, n_llm_calls, n_tool_calls, "
                  "n_response_tokens, llm_latency_ms, coalesce(started_at, first_event_at) AS started_at")
-_CALL_TEXT = ("SELECT call_id, messages, prompt, text, tool_calls FROM llm_calls WHERE rollout_id = ? "
+_CALL_TEXT = (f"SELECT call_id, messages, prompt, text, tool_calls FROM {LLM_CALLS_VIEW} WHERE rollout_id = ? "
               "ORDER BY seq, requested_at, call_id")
-_TOOL_TEXT = "SELECT call_id, arguments, result FROM tool_steps WHERE rollout_id = ? ORDER BY seq, called_at, call_id"
+_TOOL_TEXT = (f"SELECT call_id, arguments, result FROM {TOOL_STEPS_VIEW} WHERE rollout_id = ? "
+              "ORDER BY seq, called_at, call_id")
 _FACETS = ("SELECT list(DISTINCT harness_name || '@' || coalesce(harness_version, '?') ORDER BY 1) "
            "FILTER (WHERE harness_name IS NOT NULL) AS harnesses, "
-           "list(DISTINCT status ORDER BY status) AS statuses, count(*) AS n_rollouts FROM rollouts")
+           f"list(DISTINCT status ORDER BY status) AS statuses, count(*) AS n_rollouts FROM {ROLLOUTS_VIEW}")
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ def list_rollouts(service: QueryService, tenant: str, wanted: RolloutFilter, *, 
     """A page of the tenant's rollouts matching ``wanted``, newest first."""
     limit = service.pages.clamp(limit)
     where, params = wanted.where()
-    sql = (f"SELECT {_LIST_COLUMNS} FROM rollouts WHERE {where} "
+    sql = (f"SELECT {_LIST_COLUMNS} FROM {ROLLOUTS_VIEW} WHERE {where} "
            "ORDER BY first_event_at DESC, rollout_id LIMIT ? OFFSET ?")
     with service.sandbox(tenant) as box:
         rows = box.execute(sql, [*params, limit + 1, offset]).to_pylist()

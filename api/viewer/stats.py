@@ -17,6 +17,7 @@ from typing import Literal
 
 from api.services import QueryService
 from api.viewer.models import SuccessChart, SuccessPoint, SuccessSeries
+from schemas.tables import ROLLOUTS_VIEW
 
 HOURLY_SPAN = timedelta(days=2)
 """Rollouts spanning at most this long are bucketed by hour, longer spans by day."""
@@ -24,7 +25,8 @@ HOURLY_SPAN = timedelta(days=2)
 Bucket = Literal["auto", "hour", "day"]
 
 _AT = "coalesce(started_at, first_event_at)"
-_ENDED = "FROM rollouts WHERE status <> 'running' AND harness_name IS NOT NULL AND (? IS NULL OR harness_name = ?)"
+_ENDED = (f"FROM {ROLLOUTS_VIEW} WHERE status <> 'running' AND harness_name IS NOT NULL "
+          "AND (? IS NULL OR harness_name = ?)")
 _SPAN = f"SELECT min({_AT}) AS first, max({_AT}) AS last {_ENDED}"
 _COUNTS = f"""SELECT harness_name || '@' || coalesce(harness_version, '?') AS harness,
     date_trunc(?, {_AT}) AS bucket,

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from api.viewer.models import TokenBlock, TokenView
 from api.visibility import VisibleVersion, visible_versions
 from api.workers import RemoteSandbox
-from pipelines.datasets.registry import LINEAGE_TABLE, dataset_table
+from schemas.tables import DATASET_LINEAGE_TABLE, LLM_CALLS_VIEW, dataset_table
 from store.lake import Lake
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ MAX_TOKENS_SHOWN = 60_000
 """Tokens one rollout page draws at most (browsers stay responsive below ~100k spans)."""
 
 _SAMPLE_COLUMNS = ["sample_index", "start_reason", "call_ids", "input_ids", "loss_mask"]
-_CALL_TOKENS = ("SELECT call_id, prompt_token_ids, response_token_ids FROM llm_calls "
+_CALL_TOKENS = (f"SELECT call_id, prompt_token_ids, response_token_ids FROM {LLM_CALLS_VIEW} "
                 "WHERE rollout_id = ? ORDER BY seq, requested_at, call_id")
 
 
@@ -105,10 +105,11 @@ def token_view(lake: Lake, box: RemoteSandbox, rollout_id: str, decoder: TokenDe
 def _newest_version_with(lake: Lake, tenant: str, rollout_id: str) -> VisibleVersion | None:
     """The newest (by creation time) dataset version built for ``tenant`` alone that holds the rollout."""
     versions = [v for vs in visible_versions(lake, tenant).values() for v in vs]
-    if not versions or not lake.exists(LINEAGE_TABLE):
+    if not versions or not lake.exists(DATASET_LINEAGE_TABLE):
         return None
     used = lake.read(
-        LINEAGE_TABLE, columns=["dataset", "version"], filter=pc.field("rollout_id") == pa.scalar(rollout_id, pa.string()))
+        DATASET_LINEAGE_TABLE, columns=["dataset", "version"],
+        filter=pc.field("rollout_id") == pa.scalar(rollout_id, pa.string()))
     holding = set(zip(used["dataset"].to_pylist(), used["version"].to_pylist()))
     found = [v for v in versions if (v.dataset, v.version) in holding and v.read_version is not None]
     return max(found, key=lambda v: (v.row["created_at"], v.version), default=None)

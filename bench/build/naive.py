@@ -15,15 +15,23 @@ from collections import defaultdict
 import pyarrow as pa
 from deltalake import write_deltalake
 
-from schemas.tables import SAMPLES
+from schemas.tables import (
+    LLM_REQUESTS_TABLE,
+    LLM_RESPONSES_TABLE,
+    REWARDS_TABLE,
+    ROLLOUT_ENDS_TABLE,
+    ROLLOUT_STARTS_TABLE,
+    SAMPLES,
+    dataset_table,
+)
 from store.lake import Lake
 
 
 def naive_build(lake: Lake, name: str) -> dict[str, int]:
-    starts = {r["rollout_id"]: r for r in lake.read("rollout_starts").to_pylist()}
-    finished = {r["rollout_id"] for r in lake.read("rollout_ends").to_pylist()}
+    starts = {r["rollout_id"]: r for r in lake.read(ROLLOUT_STARTS_TABLE).to_pylist()}
+    finished = {r["rollout_id"] for r in lake.read(ROLLOUT_ENDS_TABLE).to_pylist()}
     latest: dict[str, tuple] = {}
-    for r in lake.read("rewards").to_pylist():
+    for r in lake.read(REWARDS_TABLE).to_pylist():
         key = (r["ts"], r["seq"], r["event_id"])
         if r["rollout_id"] not in latest or key > latest[r["rollout_id"]][0]:
             latest[r["rollout_id"]] = (key, r["value"])
@@ -44,7 +52,7 @@ def naive_build(lake: Lake, name: str) -> dict[str, int]:
                 "advantage": advantage[r], "token_weight": 1 / (n_with * trained[r]), "reward": latest[r][1],
                 "n_tokens": len(s["ids"]), "n_trained_tokens": sum(s["mask"]),
             })
-    write_deltalake(lake.uri(f"datasets/{name}"), pa.Table.from_pylist(rows, schema=SAMPLES), mode="overwrite")
+    write_deltalake(lake.write_uri(dataset_table(name)), pa.Table.from_pylist(rows, schema=SAMPLES), mode="overwrite")
     return {"rollouts": n_with, "samples": len(rows), "tokens": sum(r["n_tokens"] for r in rows),
             "trained_tokens": sum(r["n_trained_tokens"] for r in rows)}
 
@@ -64,10 +72,10 @@ def _grpo(rewards: dict[str, float], groups: dict[str, str]) -> dict[str, float]
 
 def _engine_calls(lake: Lake, rollouts: set[str]) -> dict[str, list[dict]]:
     responses = {}
-    for r in sorted(lake.read("llm_responses").to_pylist(), key=lambda r: (r["seq"], r["event_id"])):
+    for r in sorted(lake.read(LLM_RESPONSES_TABLE).to_pylist(), key=lambda r: (r["seq"], r["event_id"])):
         responses.setdefault((r["rollout_id"], r["call_id"]), r)
     seen, calls = set(), defaultdict(list)
-    requests = sorted(lake.read("llm_requests").to_pylist(), key=lambda r: (r["rollout_id"], r["seq"], r["event_id"]))
+    requests = sorted(lake.read(LLM_REQUESTS_TABLE).to_pylist(), key=lambda r: (r["rollout_id"], r["seq"], r["event_id"]))
     for q in requests:
         resp = responses.get((q["rollout_id"], q["call_id"]))
         ok = (q["rollout_id"] in rollouts and resp is not None and resp["error"] is None

@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from devkit.workload import WorkloadConfig, generate_events  # noqa: E402
 from schemas.fast import decode_batch  # noqa: E402
-from schemas.tables import EVENTS, TYPED_TABLES  # noqa: E402
+from schemas.tables import EVENTS, EVENTS_TABLE, TYPED_TABLES  # noqa: E402
 from schemas.versions import decode_event  # noqa: E402
 from store.commit import MarkedTable  # noqa: E402
 from store.event_rows import KafkaCoordinates, events_table, typed_tables  # noqa: E402
@@ -49,12 +49,12 @@ def timed(label: str, n: int, work: Callable[[], Any]) -> Any:
 
 
 def commit_all(lake: Lake, events: Any, typed: dict[str, Any], last: dict[int, int]) -> None:
-    tables = [MarkedTable(lake, "events", EVENTS, group="bench", topic="bench")]
+    tables = [MarkedTable(lake, EVENTS_TABLE, EVENTS, group="bench", topic="bench")]
     tables += [MarkedTable(lake, name, schema, group="bench", topic="bench") for name, schema in TYPED_TABLES.values()]
     for table in tables:
         table.load(PARTITIONS)
     for table in tables:
-        rows = events if table.name == "events" else typed.get(table.name, table.schema.empty_table())
+        rows = events if table.name == EVENTS_TABLE else typed.get(table.name, table.schema.empty_table())
         table.commit(rows, last, refresh_offsets=50_000)
 
 

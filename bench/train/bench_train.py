@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from schemas.tables import SAMPLES  # noqa: E402
+from schemas.tables import SAMPLES, dataset_table  # noqa: E402
 from store.lake import Lake  # noqa: E402
 from trainer.batching import collate  # noqa: E402
 from trainer.config import TrainConfig  # noqa: E402
@@ -124,7 +124,7 @@ def main() -> None:
         lake = Lake(str(root / "lake"))
         rows_per_batch = args.micro_batch_tokens // 128
         table = synthetic_samples(str(model), groups=max(1, n * rows_per_batch // 2), prompt_len=96, response_len=32)
-        lake.append("datasets/bench", table, schema=SAMPLES)
+        lake.append(dataset_table("bench"), table, schema=SAMPLES)
         config = TrainConfig(model=str(model), out=str(root / "ckpt"), lr=1e-5, zero_stage=args.zero_stage,
                              micro_batch_tokens=args.micro_batch_tokens, save_every=10**6, eval_after=False)  # fmt: skip
         ds_times, plain_times = interleaved(config, lake)

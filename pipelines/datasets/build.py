@@ -31,13 +31,13 @@ from pipelines.datasets.calls import TokenTables, index_calls, trained_tokens_pe
 from pipelines.datasets.config import BuildConfig
 from pipelines.datasets.observations import with_observed_tokens
 from pipelines.datasets.publish import Producer, publish_version
-from pipelines.datasets.registry import check_name, dataset_table, record_version
+from pipelines.datasets.registry import check_name, record_version
 from pipelines.datasets.samples import RolloutPlan, SampleStream
 from pipelines.datasets.selection import select_rollouts
 from pipelines.datasets.sources import SOURCE_TABLES, Snapshot, pinned_connection
 from pipelines.datasets.tool_credit import add_tool_credit
 from schemas.code_version import code_version
-from schemas.tables import SAMPLES
+from schemas.tables import SAMPLES, TOOL_RESULTS_TABLE, dataset_table
 from store.identity import lake_id
 from store.lake import Lake
 from schemas.errors import InputError
@@ -86,7 +86,7 @@ def build_dataset(
     """
     config = config or BuildConfig()
     check_name(name)
-    snapshot = Snapshot.pin(lake, SOURCE_TABLES + (("tool_results",) if config.tool_credit else ()))
+    snapshot = Snapshot.pin(lake, SOURCE_TABLES + ((TOOL_RESULTS_TABLE,) if config.tool_credit else ()))
     con = pinned_connection(lake, snapshot)
     try:
         tables = TokenTables(lake, snapshot)
@@ -116,7 +116,7 @@ def build_dataset(
 def _write(lake: Lake, name: str, stream: SampleStream) -> None:
     """One Delta overwrite commit of the streamed samples; errors raised while merging come out unwrapped."""
     try:
-        write_deltalake(lake.uri(dataset_table(name)), stream.reader(), mode="overwrite", schema_mode="overwrite",
+        write_deltalake(lake.write_uri(dataset_table(name)), stream.reader(), mode="overwrite", schema_mode="overwrite",
                         storage_options=dict(lake.storage_options), writer_properties=SAMPLE_FILES,
                         target_file_size=SAMPLE_FILE_BYTES)
     except Exception:

@@ -29,17 +29,18 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from pipelines.datasets.sources import Snapshot
+from schemas.tables import LLM_REQUESTS_TABLE, LLM_RESPONSES_TABLE
 from store.lake import Lake
 
 # Token counts come from the scalar columns the ingester fills beside the
 # token lists (n_prompt_tokens = len(prompt_token_ids), NULL when there are
 # none), so this pass never decodes a prompt; the merger checks them.
-CALL_INDEX = """
+CALL_INDEX = f"""
 CREATE OR REPLACE TEMP TABLE call_index AS
 WITH req AS (
     SELECT rollout_id, call_id, seq, event_id AS req_event_id, idempotency_key,
            n_prompt_tokens IS NOT NULL AS has_prompt, coalesce(n_prompt_tokens, 0) AS n_prompt
-    FROM llm_requests SEMI JOIN usable USING (tenant, rollout_id)),
+    FROM {LLM_REQUESTS_TABLE} SEMI JOIN usable USING (tenant, rollout_id)),
 resp AS (
     SELECT * FROM (
         SELECT rollout_id, call_id, event_id AS resp_event_id, token_source, error,
@@ -47,7 +48,7 @@ resp AS (
                CASE WHEN logprobs IS NULL THEN token_source = 'engine'
                     ELSE len(logprobs) <> coalesce(n_response_tokens, -1) END AS bad_logprobs,
                row_number() OVER (PARTITION BY rollout_id, call_id ORDER BY seq, event_id) AS k
-        FROM llm_responses SEMI JOIN usable USING (tenant, rollout_id))
+        FROM {LLM_RESPONSES_TABLE} SEMI JOIN usable USING (tenant, rollout_id))
     WHERE k = 1),
 calls AS (
     SELECT req.*, resp.resp_event_id, resp.n_response,
@@ -111,11 +112,11 @@ class TokenTables:
 
     def __init__(self, lake: Lake, snapshot: Snapshot) -> None:
         self.requests = DecodedFiles(
-            lake.dataset("llm_requests", version=snapshot.versions["llm_requests"], prune_on=["rollout_id"]),
+            lake.dataset(LLM_REQUESTS_TABLE, version=snapshot.versions[LLM_REQUESTS_TABLE], prune_on=["rollout_id"]),
             ["event_id", "span_id", "tokenizer", "chat_template_hash", "prompt_token_ids"],
         )
         self.responses = DecodedFiles(
-            lake.dataset("llm_responses", version=snapshot.versions["llm_responses"], prune_on=["rollout_id"]),
+            lake.dataset(LLM_RESPONSES_TABLE, version=snapshot.versions[LLM_RESPONSES_TABLE], prune_on=["rollout_id"]),
             ["event_id", "response_token_ids", "logprobs", "policy_version"],
         )
 

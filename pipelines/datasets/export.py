@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from pipelines.datasets.registry import dataset_table, get_manifest
+from pipelines.datasets.registry import get_manifest
+from schemas.tables import dataset_table
 from store.lake import Lake
 
 

@@ -19,50 +19,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines.datasets.config import DATASET_NAME
+from schemas.tables import (
+    DATASET_LINEAGE,
+    DATASET_LINEAGE_TABLE,
+    DATASET_VERSIONS,
+    DATASET_VERSIONS_TABLE,
+    dataset_table,
+)
 from store.lake import Lake
 from schemas.errors import InputError, NotFound
-
-REGISTRY_TABLE = "dataset_versions"
-LINEAGE_TABLE = "dataset_lineage"
-
-REGISTRY = pa.schema(
-    [
-        pa.field("dataset", pa.string(), nullable=False),
-        pa.field("version", pa.int64(), nullable=False),
-        pa.field("content_hash", pa.string(), nullable=False),
-        pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
-        pa.field("n_samples", pa.int64(), nullable=False),
-        pa.field("n_rollouts", pa.int64(), nullable=False),
-        pa.field("n_tokens", pa.int64(), nullable=False),
-        pa.field("n_trained_tokens", pa.int64(), nullable=False),
-        pa.field("code_version", pa.string()),
-        pa.field("manifest", pa.string(), nullable=False),
-    ]
-)
-"""One row per dataset version; ``manifest`` is the full JSON manifest."""
-
-LINEAGE = pa.schema(
-    [
-        pa.field("dataset", pa.string(), nullable=False),
-        pa.field("version", pa.int64(), nullable=False),
-        pa.field("rollout_id", pa.string(), nullable=False),
-        pa.field("task_id", pa.string(), nullable=False),
-        pa.field("reward", pa.float64(), nullable=False),
-        pa.field("advantage", pa.float32(), nullable=False),
-        pa.field("n_samples", pa.int32(), nullable=False),
-        pa.field("call_event_ids", pa.list_(pa.string()), nullable=False),
-        pa.field("reward_event_ids", pa.list_(pa.string()), nullable=False),
-    ]
-)
-"""Which events of each rollout a dataset version used (llm.request/response, reward)."""
 
 
 class DatasetNotFound(NotFound):
     """No such dataset or version in the registry."""
-
-
-def dataset_table(name: str) -> str:
-    return f"datasets/{name}"
 
 
 def check_name(name: str) -> str:
@@ -80,14 +49,14 @@ def parse_ref(ref: str) -> tuple[str, int | None]:
 
 
 def record_version(lake: Lake, manifest: dict[str, Any], lineage: pa.Table) -> None:
-    """Append the lineage rows (``LINEAGE`` minus dataset/version), then the registry row.
+    """Append the lineage rows (``DATASET_LINEAGE`` minus dataset/version), then the registry row.
 
     The registry row is the commit point of a build.
     """
     n = lineage.num_rows
     lineage = lineage.append_column("dataset", pa.array([manifest["dataset"]] * n, pa.string()))
     lineage = lineage.append_column("version", pa.array([manifest["version"]] * n, pa.int64()))
-    lake.append(LINEAGE_TABLE, lineage.select(LINEAGE.names), schema=LINEAGE)
+    lake.append(DATASET_LINEAGE_TABLE, lineage.select(DATASET_LINEAGE.names), schema=DATASET_LINEAGE)
     counts = manifest["counts"]
     row = {
         "dataset": manifest["dataset"],
@@ -101,14 +70,14 @@ def record_version(lake: Lake, manifest: dict[str, Any], lineage: pa.Table) -> N
         "code_version": manifest.get("code_version"),
         "manifest": json.dumps(manifest, sort_keys=True),
     }
-    lake.append(REGISTRY_TABLE, pa.Table.from_pylist([row], schema=REGISTRY), schema=REGISTRY)
+    lake.append(DATASET_VERSIONS_TABLE, pa.Table.from_pylist([row], schema=DATASET_VERSIONS), schema=DATASET_VERSIONS)
 
 
 def list_versions(lake: Lake, name: str | None = None) -> pa.Table:
     """Registry rows (without manifests), newest last; all datasets or one."""
-    if not lake.exists(REGISTRY_TABLE):
-        return REGISTRY.empty_table().drop_columns(["manifest"])
-    table = lake.read(REGISTRY_TABLE, columns=[f.name for f in REGISTRY if f.name != "manifest"])
+    if not lake.exists(DATASET_VERSIONS_TABLE):
+        return DATASET_VERSIONS.empty_table().drop_columns(["manifest"])
+    table = lake.read(DATASET_VERSIONS_TABLE, columns=[f.name for f in DATASET_VERSIONS if f.name != "manifest"])
     if name is not None:
         table = table.filter(pc.equal(table["dataset"], name))
     return table.sort_by([("dataset", "ascending"), ("version", "ascending")])
@@ -116,9 +85,9 @@ def list_versions(lake: Lake, name: str | None = None) -> pa.Table:
 
 def get_manifest(lake: Lake, name: str, version: int | None = None) -> dict[str, Any]:
     """The manifest of one version (latest when ``version`` is None)."""
-    if not lake.exists(REGISTRY_TABLE):
+    if not lake.exists(DATASET_VERSIONS_TABLE):
         raise DatasetNotFound(f"no dataset has been built in lake {lake.root!r} yet: run trajlake build-dataset NAME")
-    table = lake.read(REGISTRY_TABLE, columns=["dataset", "version", "manifest"])
+    table = lake.read(DATASET_VERSIONS_TABLE, columns=["dataset", "version", "manifest"])
     table = table.filter(pc.equal(table["dataset"], name))
     if version is not None:
         table = table.filter(pc.equal(table["version"], version))
@@ -143,6 +112,6 @@ def read_dataset(lake: Lake, name: str, version: int | None = None, *, columns: 
 
 def lineage_rows(lake: Lake, name: str, version: int) -> pa.Table:
     """The ``dataset_lineage`` rows of one version."""
-    table = lake.read(LINEAGE_TABLE)
+    table = lake.read(DATASET_LINEAGE_TABLE)
     mask = pc.and_(pc.equal(table["dataset"], name), pc.equal(table["version"], version))
     return table.filter(mask).sort_by("rollout_id")

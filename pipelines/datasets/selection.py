@@ -18,8 +18,9 @@ import pyarrow as pa
 
 from pipelines.datasets.config import RewardRule, Selection
 from schemas.errors import InputError
+from schemas.tables import LLM_RESPONSES_TABLE, REWARDS_TABLE, ROLLOUT_ENDS_TABLE, ROLLOUT_STARTS_TABLE
 
-ROLLOUT_SUMMARY = """
+ROLLOUT_SUMMARY = f"""
 CREATE OR REPLACE TEMP VIEW rollout_summary AS
 WITH s AS (
     SELECT tenant, rollout_id, arg_min(task_id, seq) AS task_id,
@@ -27,17 +28,17 @@ WITH s AS (
            arg_min(policy_version, seq) AS policy_version, arg_min(harness_name, seq) AS harness_name,
            arg_min(harness_version, seq) AS harness_version,
            arg_min(harness_config_hash, seq) AS harness_config_hash, min(ts) AS started_at
-    FROM rollout_starts GROUP BY tenant, rollout_id),
+    FROM {ROLLOUT_STARTS_TABLE} GROUP BY tenant, rollout_id),
 e AS (
     SELECT tenant, rollout_id, arg_max(status, seq) AS status, arg_max(ts, seq) AS finished_at,
            arg_max(steps, seq) AS steps, arg_min(task_id, seq) AS task_id,
            arg_min(attempt, seq) AS attempt, arg_min(harness_name, seq) AS harness_name,
            arg_min(harness_version, seq) AS harness_version,
            arg_min(harness_config_hash, seq) AS harness_config_hash
-    FROM rollout_ends GROUP BY tenant, rollout_id),
+    FROM {ROLLOUT_ENDS_TABLE} GROUP BY tenant, rollout_id),
 p AS (
     SELECT tenant, rollout_id, arg_min(policy_version, seq) AS policy_version
-    FROM llm_responses WHERE policy_version IS NOT NULL GROUP BY tenant, rollout_id)
+    FROM {LLM_RESPONSES_TABLE} WHERE policy_version IS NOT NULL GROUP BY tenant, rollout_id)
 SELECT coalesce(s.rollout_id, e.rollout_id) AS rollout_id,
        coalesce(s.task_id, e.task_id) AS task_id,
        coalesce(s.tenant, e.tenant) AS tenant,
@@ -94,12 +95,12 @@ def reward_sql(rule: RewardRule) -> tuple[str, list[Any]]:
     The latest reward of each name (by ts, then seq) is the one that counts;
     rollouts without a usable reward get no row (the caller counts them).
     """
-    latest = """
+    latest = f"""
         WITH latest AS (
             SELECT rollout_id, name, value, event_id,
                    row_number() OVER (PARTITION BY rollout_id, name ORDER BY ts DESC, seq DESC, event_id DESC) AS k,
                    ts, seq
-            FROM rewards SEMI JOIN selected USING (tenant, rollout_id) WHERE TRUE {name_filter}),
+            FROM {REWARDS_TABLE} SEMI JOIN selected USING (tenant, rollout_id) WHERE TRUE {{name_filter}}),
         per_name AS (SELECT * FROM latest WHERE k = 1)
     """
     params: list[Any] = []

@@ -11,11 +11,18 @@ from dataclasses import dataclass
 
 import duckdb
 
+from schemas.tables import (
+    LLM_REQUESTS_TABLE,
+    LLM_RESPONSES_TABLE,
+    REWARDS_TABLE,
+    ROLLOUT_ENDS_TABLE,
+    ROLLOUT_STARTS_TABLE,
+)
 from store.lake import Lake
 from store.sql import lock_down, open_duckdb
 from schemas.errors import NotFound
 
-SOURCE_TABLES = ("rollout_starts", "rollout_ends", "llm_requests", "llm_responses", "rewards")
+SOURCE_TABLES = (ROLLOUT_STARTS_TABLE, ROLLOUT_ENDS_TABLE, LLM_REQUESTS_TABLE, LLM_RESPONSES_TABLE, REWARDS_TABLE)
 """Physical tables a build reads (the joined SQL views are deliberately not used)."""
 
 

@@ -38,14 +38,15 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines.datasets.config import ToolCredit
+from schemas.tables import TOOL_RESULTS_TABLE
 
 NO_CAP = 2**62
 
-TOOL_RUNS = """
+TOOL_RUNS = f"""
 WITH results AS (
     SELECT rollout_id, event_id, seq, name, state_changed,
            row_number() OVER (PARTITION BY rollout_id, call_id ORDER BY seq, event_id) AS k
-    FROM tool_results SEMI JOIN selected USING (tenant, rollout_id)),
+    FROM {TOOL_RESULTS_TABLE} SEMI JOIN selected USING (tenant, rollout_id)),
 walked AS (
     SELECT *, sum(CASE WHEN name <> $tool AND state_changed THEN 1 ELSE 0 END)
                   OVER (PARTITION BY rollout_id ORDER BY seq, event_id ROWS UNBOUNDED PRECEDING) AS changes

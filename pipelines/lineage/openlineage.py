@@ -32,6 +32,7 @@ from urllib.parse import urlparse
 
 from pipelines.datasets.build import BuildResult, build_dataset
 from pipelines.datasets.config import BuildConfig
+from schemas.tables import dataset_table
 from store.lake import Lake
 from schemas.errors import SettingsInvalid
 
@@ -93,7 +94,7 @@ def lake_dataset(lake_root: str, table: str, version: int | None) -> LineageData
 def build_datasets(manifest: Mapping[str, Any], *, lake_root: str) -> tuple[list[LineageDataset], list[LineageDataset]]:
     """Inputs (source tables at the pinned versions) and output (the dataset version) of a build."""
     inputs = [lake_dataset(lake_root, t, v) for t, v in sorted(manifest["sources"].items())]
-    return inputs, [lake_dataset(lake_root, f"datasets/{manifest['dataset']}", manifest["version"])]
+    return inputs, [lake_dataset(lake_root, dataset_table(manifest["dataset"]), manifest["version"])]
 
 
 def build_job(dataset: str) -> str:

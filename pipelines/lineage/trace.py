@@ -25,14 +25,17 @@ from typing import Any, Literal
 import duckdb
 import pyarrow as pa
 
-from pipelines.datasets.registry import LINEAGE_TABLE, REGISTRY_TABLE, get_manifest
-from schemas.tables import TYPED_TABLES
+from pipelines.datasets.registry import get_manifest
+from schemas.tables import (
+    CHECKPOINTS_TABLE,
+    DATASET_LINEAGE_TABLE,
+    DATASET_VERSIONS_TABLE,
+    TRAIN_RUNS_TABLE,
+    TYPED_TABLES,
+)
 from store.lake import Lake
 from store.sql import connect
 from schemas.errors import NotFound, TrajlakeError
-
-CHECKPOINTS_TABLE = "checkpoints"
-TRAIN_RUNS_TABLE = "train_runs"
 
 
 class LineageNotFound(NotFound):
@@ -98,8 +101,8 @@ def lineage(lake: Lake, ref: str, *, tenant: str | None = None) -> Lineage:
 
     >>> lineage(Lake("./lake"), "nightly@3").offset_ranges()  # doctest: +SKIP
     """
-    tables = [t for t in (LINEAGE_TABLE, REGISTRY_TABLE, CHECKPOINTS_TABLE, TRAIN_RUNS_TABLE, *_typed())
-              if lake.exists(t)]  # fmt: skip
+    wanted = (DATASET_LINEAGE_TABLE, DATASET_VERSIONS_TABLE, CHECKPOINTS_TABLE, TRAIN_RUNS_TABLE, *_typed())
+    tables = [t for t in wanted if lake.exists(t)]
     con = connect(lake, tables=tables)
     try:
         match = re.fullmatch(r"(.+)@(\d+)", ref)
@@ -113,8 +116,8 @@ def lineage(lake: Lake, ref: str, *, tenant: str | None = None) -> Lineage:
             found = finder(con, tables, ref, tenant)
             if found is not None:
                 return found
-        if REGISTRY_TABLE in tables and con.execute(
-            f"SELECT 1 FROM {REGISTRY_TABLE} WHERE dataset = ? LIMIT 1", [ref]
+        if DATASET_VERSIONS_TABLE in tables and con.execute(
+            f"SELECT 1 FROM {DATASET_VERSIONS_TABLE} WHERE dataset = ? LIMIT 1", [ref]
         ).fetchone():
             return _dataset(lake, con, tables, ref, None)
     finally:
@@ -194,12 +197,12 @@ def _dataset(lake: Lake, con: duckdb.DuckDBPyConnection, tables: list[str], name
     manifest = get_manifest(lake, name, version)
     use = DatasetUse(name, manifest["version"])
     used = con.execute(
-        f"""SELECT rollout_id FROM {LINEAGE_TABLE} WHERE dataset = ? AND version = ? ORDER BY rollout_id""",
+        f"""SELECT rollout_id FROM {DATASET_LINEAGE_TABLE} WHERE dataset = ? AND version = ? ORDER BY rollout_id""",
         [name, use.version],
     ).to_arrow_table()
     con.execute(  # by (rollout_id, event_id): event ids are unique per tenant, a version's rollout ids across tenants
         f"""CREATE OR REPLACE TEMP TABLE used_events AS
-            SELECT rollout_id, unnest(call_event_ids || reward_event_ids) AS event_id FROM {LINEAGE_TABLE}
+            SELECT rollout_id, unnest(call_event_ids || reward_event_ids) AS event_id FROM {DATASET_LINEAGE_TABLE}
             WHERE dataset = ? AND version = ?""",
         [name, use.version],
     )
@@ -216,10 +219,10 @@ def _dataset(lake: Lake, con: duckdb.DuckDBPyConnection, tables: list[str], name
 
 
 def _uses(con: duckdb.DuckDBPyConnection, tables: list[str], rollout_id: str, event_id: str | None) -> list[DatasetUse]:
-    if LINEAGE_TABLE not in tables:
+    if DATASET_LINEAGE_TABLE not in tables:
         return []
     rows = con.execute(
-        f"""SELECT dataset, version, list_contains(call_event_ids || reward_event_ids, ?) FROM {LINEAGE_TABLE}
+        f"""SELECT dataset, version, list_contains(call_event_ids || reward_event_ids, ?) FROM {DATASET_LINEAGE_TABLE}
             WHERE rollout_id = ? ORDER BY dataset, version""",
         [event_id, rollout_id],
     ).fetchall()

@@ -43,35 +43,11 @@ from pipelines.workbench.failure_packets import (
     with_id,
 )
 from pipelines.datasets.outcomes import SuccessRule, select_outcomes
+from schemas.tables import FAILURE_PACKETS, FAILURE_PACKETS_TABLE, LLM_REQUESTS_TABLE
 from store.lake import Lake
 from store.sql import check_lake, connect
 from store.trajectory import EXCERPT_CHARS, load_trajectory
 from schemas.errors import NotFound
-
-TABLE = "failure_packets"
-PACKETS_SCHEMA = pa.schema([
-    pa.field("extraction_id", pa.string(), nullable=False),
-    pa.field("packet_id", pa.string(), nullable=False),
-    pa.field("kind", pa.string(), nullable=False),
-    pa.field("harness_name", pa.string()),
-    pa.field("harness_version", pa.string()),
-    pa.field("harness_config_hash", pa.string()),
-    pa.field("status", pa.string()),
-    pa.field("failing_tool", pa.string()),
-    pa.field("error_signature", pa.string()),
-    pa.field("finish_reason", pa.string()),
-    pa.field("rollouts", pa.int32(), nullable=False),
-    pa.field("task_id", pa.string()),
-    pa.field("rollout_id", pa.string()),
-    pa.field("packet", pa.string(), nullable=False),
-    pa.field("extracted_at", pa.timestamp("us", tz="UTC"), nullable=False),
-])
-"""Table ``failure_packets``: one row per packet of an extraction; ``packet`` is the packet's canonical JSON.
-
-``task_id``/``rollout_id`` are set for rollout packets, NULL for clusters;
-``extracted_at`` (when the rows were written) is the only wall-clock value
-and lives outside the packets.
-"""
 
 Progress = Callable[[int, int], None]
 
@@ -152,11 +128,11 @@ def _request_facts(
     if not rollout_ids:
         return {}
     rows = con.execute(
-        """SELECT rollout_id, arg_min(messages, (seq, ts, event_id)) AS messages,
+        f"""SELECT rollout_id, arg_min(messages, (seq, ts, event_id)) AS messages,
                   arg_min(prompt, (seq, ts, event_id)) AS prompt,
                   count(DISTINCT call_id) FILTER (WHERE idempotency_key IS NOT NULL)
                       - count(DISTINCT idempotency_key) AS harness_retries
-           FROM llm_requests WHERE rollout_id IN (SELECT unnest(?)) GROUP BY rollout_id""",
+           FROM {LLM_REQUESTS_TABLE} WHERE rollout_id IN (SELECT unnest(?)) GROUP BY rollout_id""",
         [rollout_ids],
     ).fetchall()
     return {rid: (first_messages(messages, prompt, chars=chars), retries)
@@ -201,13 +177,13 @@ def append_packets(lake: Lake, extraction: Extraction) -> int | None:
     a rerun on the same inputs finds it and writes nothing.
     """
     app_id = f"trajlake-failures/{extraction.extraction_id}"
-    if lake.marker(TABLE, app_id) is not None:
+    if lake.marker(FAILURE_PACKETS_TABLE, app_id) is not None:
         return None
     now = datetime.now(timezone.utc)
     rows = [_row(extraction.extraction_id, packet, line, now)
             for packet, line in zip(extraction.packets, packet_lines(extraction))]
-    return lake.append(TABLE, pa.Table.from_pylist(rows, schema=PACKETS_SCHEMA), markers={app_id: 0},
-                       schema=PACKETS_SCHEMA)
+    return lake.append(FAILURE_PACKETS_TABLE, pa.Table.from_pylist(rows, schema=FAILURE_PACKETS), markers={app_id: 0},
+                       schema=FAILURE_PACKETS)
 
 
 def _row(extraction_id: str, packet: RolloutPacket | ClusterPacket, line: str, now: datetime) -> dict:

@@ -2,7 +2,7 @@ import pyarrow as pa
 import pytest
 
 import store.commit
-from schemas.tables import QUARANTINE
+from schemas.tables import EVENTS, EVENTS_TABLE, QUARANTINE
 from store.commit import CommitContention, MarkedTable, OffsetConflict, marker_app_id, resume_offsets
 from store.event_rows import KafkaCoordinates, Rejected, quarantine_table
 
@@ -60,10 +60,10 @@ def test_markers_moved_by_another_writer_are_a_conflict(lake):
 
 
 def test_resume_is_the_smallest_marker_plus_one(lake):
-    a, b = table(lake, "quarantine"), table(lake, "other")
+    a, b = table(lake, "quarantine"), MarkedTable(lake, EVENTS_TABLE, EVENTS, group="g", topic="t")
     assert resume_offsets([a, b], [0, 1]) == {0: None, 1: None}
     a.commit(rows(0, []), {0: 9, 1: 3}, refresh_offsets=0)
-    b.commit(rows(0, []), {0: 4}, refresh_offsets=0)
+    b.commit(EVENTS.empty_table(), {0: 4}, refresh_offsets=0)
     assert resume_offsets([a, b], [0, 1]) == {0: 5, 1: None}
 
 

@@ -16,9 +16,9 @@ import pytest
 from deltalake import write_deltalake
 
 from schemas.events import EVENT_ADAPTER
-from schemas.tables import INGESTED_TABLES, QUARANTINE, SAMPLES
+from schemas.tables import FORGET_AUDIT_TABLE, INGESTED_TABLES, QUARANTINE, SAMPLES
 from store.event_rows import KafkaCoordinates, Rejected, events_table, quarantine_table, typed_tables
-from store.forget import AUDIT_TABLE, ForgetRequest, forget, forgotten_dataset_versions
+from store.forget import ForgetRequest, forget, forgotten_dataset_versions
 from store.lake import Lake
 from store.retention import RetentionPolicy, apply_retention, expired_rollouts
 
@@ -190,7 +190,7 @@ def test_datasets_with_forgotten_rows_are_marked_and_audited(full_lake: Lake) ->
     report = forget(full_lake, ForgetRequest(tenant="acme", user="u2", reason="gdpr-7"))
     assert report.marked_datasets == {"datasets/nightly": (0, 1)}
     assert forgotten_dataset_versions(full_lake) == {"nightly": {0, 1}}
-    audit = full_lake.read(AUDIT_TABLE).to_pylist()
+    audit = full_lake.read(FORGET_AUDIT_TABLE).to_pylist()
     assert {row["forget_id"] for row in audit} == {report.forget_id}
     assert {row["kind"] for row in audit} == {"forget"} and {row["reason"] for row in audit} == {"gdpr-7"}
     assert audit[0]["user_sha256"] == hashlib.sha256(b"u2").hexdigest()
@@ -214,12 +214,12 @@ def test_forget_again_is_a_no_op_that_is_still_audited(full_lake: Lake) -> None:
     forget(full_lake, ForgetRequest(rollouts=("r2",)))
     again = forget(full_lake, ForgetRequest(rollouts=("r2",)))
     assert again.rows_deleted == 0 and again.marked_datasets == {}
-    assert len({row["forget_id"] for row in full_lake.read(AUDIT_TABLE).to_pylist()}) == 2
+    assert len({row["forget_id"] for row in full_lake.read(FORGET_AUDIT_TABLE).to_pylist()}) == 2
 
 
 def test_forget_on_an_empty_lake_records_the_request(lake: Lake) -> None:
     report = forget(lake, ForgetRequest(tenant="nobody"))
-    assert report.tables == [] and lake.read(AUDIT_TABLE)["table"].to_pylist() == [""]
+    assert report.tables == [] and lake.read(FORGET_AUDIT_TABLE)["table"].to_pylist() == [""]
 
 
 def test_forget_escapes_quotes_in_ids(lake: Lake) -> None:
@@ -261,7 +261,7 @@ def test_retention_forgets_whole_rollouts_older_than_the_tenant_cutoff(lake: Lak
     reports = apply_retention(lake, RetentionPolicy.parse({"*": 30}), clock=lambda: now)
     assert [(r.request.tenant, r.rollouts) for r in reports] == [("keep", ("k-old",)), ("zeta", ("z-old",))]
     assert rollouts_in(lake, "events") == {"new"}
-    kinds = pc.unique(lake.read(AUDIT_TABLE)["kind"]).to_pylist()
+    kinds = pc.unique(lake.read(FORGET_AUDIT_TABLE)["kind"]).to_pylist()
     assert kinds == ["retention"]
 
 

@@ -8,7 +8,9 @@ from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 import pytest
+from deltalake import write_deltalake
 
+from schemas.tables import dataset_table
 from store.lake import Lake
 from store.runs import ClaimLost, RunRecord, RunsTable, RunStatus
 from store.scheduler import Job, Scheduler, Window
@@ -18,19 +20,19 @@ NIGHTLY = "0 2 * * *"
 
 
 def writing_job(lake: Lake, name: str = "nightly", **options) -> Job:
-    """A real job: appends one row per window to a Delta table ``out_<name>``."""
+    """A real job: appends one row per window to a Delta table ``datasets/out_<name>``."""
 
     def run(window: Window) -> dict:
-        version = lake.append(f"out_{name}", pa.table({"window": [window.key]}))
+        version = lake.append(dataset_table(f"out_{name}"), pa.table({"window": [window.key]}))
         return {"dataset_version": version, "checkpoint": f"ckpt-{window.key}", "rows": 1}
 
     return Job(name, options.pop("cron", NIGHTLY), run=run, **options)
 
 
 def windows_written(lake: Lake, name: str = "nightly") -> list[str]:
-    if not lake.exists(f"out_{name}"):
+    if not lake.exists(dataset_table(f"out_{name}")):
         return []
-    return sorted(lake.read(f"out_{name}").column("window").to_pylist())
+    return sorted(lake.read(dataset_table(f"out_{name}")).column("window").to_pylist())
 
 
 def test_latest_window_runs_once_across_a_restart(lake: Lake) -> None:
@@ -291,7 +293,7 @@ def test_scheduler_cli_runs_a_window_once(lake: Lake) -> None:
 
     from trajlake.cli import build_app
 
-    lake.append("events_like", pa.table({"task_id": ["t"], "rollout_id": ["r"]}))
+    write_deltalake(lake.uri("events_like"), pa.table({"task_id": ["t"], "rollout_id": ["r"]}))
     runner = CliRunner()
     first = runner.invoke(build_app(), ["scheduler", "--once", "--job", "compact", "--lake", lake.root])
     assert first.exit_code == 0, first.output
@@ -358,7 +360,7 @@ def test_two_scheduler_processes_take_each_backfilled_window_once(lake: Lake) ->
     import subprocess
     import sys
 
-    lake.append("events_like", pa.table({"task_id": ["t"], "rollout_id": ["r"]}))
+    write_deltalake(lake.uri("events_like"), pa.table({"task_id": ["t"], "rollout_id": ["r"]}))
     since = (datetime.now(timezone.utc) - timedelta(days=3)).strftime("%Y-%m-%dT%H:%M:%S")
     command = [sys.executable, "-m", "trajlake.cli", "scheduler", "--once", "--job", "compact",
                "--backfill", since, "--lake", lake.root]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import duckdb
 import pyarrow as pa
 import pytest
+from deltalake import write_deltalake
 from tests.store.lake_builder import sample_rollout, write_events
 
 from schemas.tables import INGESTED_TABLES
@@ -210,7 +211,7 @@ def test_a_young_lake_has_every_view_empty(lake):
 def test_extra_tables_are_filtered_too_and_must_carry_a_tenant_column(two_tenants):
     rows = pa.table({"tenant": ["acme", "beta"], "secret": ["mine", "theirs"]})
     two_tenants.append("datasets/mixed", rows)
-    two_tenants.append("scores", pa.table({"secret": ["anyone's"]}))
+    write_deltalake(two_tenants.uri("scores"), pa.table({"secret": ["anyone's"]}))
     extra = {"datasets__mixed": delta_dataset(two_tenants, "datasets/mixed")}
     with open_tenant_sandbox(take_snapshot(two_tenants), "acme", extra=extra) as box:
         assert box.query("SELECT secret FROM datasets__mixed", limit=5).table.to_pylist() == [{"secret": "mine"}]

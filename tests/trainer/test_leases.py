@@ -10,9 +10,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from schemas.tables import TRAIN_LEASES, TRAIN_LEASES_TABLE
 from store.claims import ClaimLost, claims_table, commit_claim
 from store.lake import Lake
-from trainer.leases import LEASES_TABLE, TRAIN_LEASES, Lease, VersionHeld, history, release, renew, take
+from trainer.leases import Lease, VersionHeld, history, release, renew, take
 
 LEASE = timedelta(minutes=5)
 
@@ -21,7 +22,7 @@ def _held_elsewhere(lake: Lake, *, until: datetime, host: str = "other-host", pi
     """A claim committed by a process on another machine (or a given pid here)."""
     now = datetime.now(UTC)
     lease = Lease("syn", 0, 1, "run-a", f"{host}:{pid}:x", host, pid, "/elsewhere/run-a/claim-1", until, now)
-    commit_claim(claims_table(lake, LEASES_TABLE, TRAIN_LEASES), lease.row(), app_id=lease.app_id, claim=1)
+    commit_claim(claims_table(lake, TRAIN_LEASES_TABLE, TRAIN_LEASES), lease.row(), app_id=lease.app_id, claim=1)
     return lease
 
 

@@ -54,12 +54,12 @@ def _register(lake, name: str, manifest: dict) -> None:
     import json
     from datetime import datetime, timezone
 
-    from pipelines.datasets.registry import REGISTRY, REGISTRY_TABLE
+    from schemas.tables import DATASET_VERSIONS, DATASET_VERSIONS_TABLE
 
     row = {"dataset": name, "version": 0, "content_hash": "x", "created_at": datetime.now(timezone.utc),
            "n_samples": 4, "n_rollouts": 4, "n_tokens": 0, "n_trained_tokens": 0, "code_version": None,
            "manifest": json.dumps(manifest)}
-    lake.append(REGISTRY_TABLE, pa.Table.from_pylist([row], schema=REGISTRY), schema=REGISTRY)
+    lake.append(DATASET_VERSIONS_TABLE, pa.Table.from_pylist([row], schema=DATASET_VERSIONS), schema=DATASET_VERSIONS)
 
 
 def test_an_observation_dataset_is_refused_for_policy_gradient(lake, tiny_model_dir, tmp_path):

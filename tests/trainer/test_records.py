@@ -52,11 +52,11 @@ def test_versions_come_from_the_delta_log_without_a_registry(lake):
 
 
 def test_versions_come_from_the_registry_when_it_exists(lake):
-    from pipelines.datasets.registry import REGISTRY, REGISTRY_TABLE
+    from schemas.tables import DATASET_VERSIONS, DATASET_VERSIONS_TABLE
 
     row = {"dataset": "a", "version": 7, "content_hash": "h", "created_at": datetime.now(UTC), "n_samples": 1,
            "n_rollouts": 1, "n_tokens": 1, "n_trained_tokens": 1, "code_version": None, "manifest": "{}"}  # fmt: skip
-    lake.append(REGISTRY_TABLE, pa.Table.from_pylist([row], schema=REGISTRY))
+    lake.append(DATASET_VERSIONS_TABLE, pa.Table.from_pylist([row], schema=DATASET_VERSIONS))
     lake.append("datasets/a", pa.Table.from_pylist([], schema=SAMPLES))
     assert registry_versions(lake) == {("a", 7)}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
+from deltalake import write_deltalake
 from typer.testing import CliRunner
 
 from trajlake.cli import build_app
@@ -12,7 +14,7 @@ def health(*args: str):
 
 
 def test_an_empty_s3_lake_is_healthy_and_a_missing_bucket_is_not(s3_lake, s3_server):
-    s3_lake.append("events_like", __import__("pyarrow").table({"x": [1]}))
+    write_deltalake(s3_lake.uri("events_like"), pa.table({"x": [1]}), storage_options=dict(s3_lake.storage_options))
     result = health("--lake", s3_lake.root)
     assert result.exit_code == 0 and "(1 tables)" in result.output, result.output
     result = health("--lake", "s3://no-such-bucket-x/lake")

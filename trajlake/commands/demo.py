@@ -45,6 +45,7 @@ def show(console: Console, result: Any) -> None:
 
     from pipelines import BuildResult, Lineage
     from pipelines.workbench.compare import Comparison
+    from schemas.tables import dataset_table
     from trainer.records import CheckpointRecord
     from trajlake.commands.datasets import render_manifest
     from trajlake.commands.lineage import render as render_lineage
@@ -54,7 +55,7 @@ def show(console: Console, result: Any) -> None:
     from trajlake.commands.workbench import render_comparison
 
     if isinstance(result, BuildResult):
-        console.print(f"datasets/{result.dataset} version {result.version} (content {result.content_hash[:12]}); "
+        console.print(f"{dataset_table(result.dataset)} version {result.version} (content {result.content_hash[:12]}); "
                       f"dataset.version published: {result.published}")
         render_manifest(console, result.manifest)
     elif isinstance(result, CheckpointRecord):

@@ -16,6 +16,7 @@ from ingest.ingest_metrics import serve_metrics
 from ingest.ingester import IngesterConfig, IngestStats, OnProgress, run_ingester
 from ingest.redaction import RedactionConfigError, load_redactor
 from schemas.errors import BrokerUnreachable, SettingsInvalid
+from schemas.tables import EVENTS_TABLE, QUARANTINE_TABLE
 from store.rebuild import rebuild_typed_tables
 from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings, load
@@ -106,7 +107,7 @@ def _summary(st: IngestStats) -> Table:
         table.add_row("keys", f"{st.key_mismatches:,} events stored whose Kafka key is not their rollout_id")
     if st.recovered_partitions:
         table.add_row("recovered", f"partitions {list(st.recovered_partitions)} re-read from their earliest offset")
-    typed = "  ".join(f"{name} {n:,}" for name, n in sorted(st.rows.items()) if name not in ("events", "quarantine"))
+    typed = "  ".join(f"{name} {n:,}" for name, n in sorted(st.rows.items()) if name not in (EVENTS_TABLE, QUARANTINE_TABLE))
     table.add_row("typed", typed or "-")
     table.add_row("batches", f"{st.batches:,} committed  partitions {list(st.partitions)}  re-seeks {st.assignments + st.conflicts}")
     return table

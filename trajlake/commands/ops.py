@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ingest.topic_retention import TopicRetention, topic_retention
+from schemas.tables import DATASETS_PREFIX
 from store.compact import Compacted, compact
 from store.forget import ForgetReport, ForgetRequest, forget
 from store.lake import Lake
@@ -149,7 +150,7 @@ def _render_forget(console: Console, report: ForgetReport, what: str, retrain: d
             table.add_row(t.table, f"{t.rows_deleted:,}", str(t.files_vacuumed), f"{t.version_before} -> {t.version_after}")
     console.print(table if report.rows_deleted else f"nothing matched {what}; the request is recorded in forget_audit")
     for table, versions in report.marked_datasets.items():
-        dataset = table.removeprefix("datasets/")
+        dataset = table.removeprefix(DATASETS_PREFIX)
         console.print(f"[yellow]{table}[/] versions {', '.join(map(str, versions))} contained forgotten rollouts: "
                       f"rebuild it (trajlake build-dataset {dataset})")
         if retrain.get(table):

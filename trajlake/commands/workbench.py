@@ -18,7 +18,6 @@ from pipelines.workbench.compare import Arm, CompareConfig, Comparison, MetricRe
 from pipelines.datasets.config import RewardRule, Selection
 from pipelines.workbench.failure_packets import RolloutPacket
 from pipelines.workbench.failures import (
-    TABLE,
     Extraction,
     FailureConfig,
     append_packets,
@@ -28,6 +27,7 @@ from pipelines.workbench.failures import (
 )
 from pipelines.datasets.outcomes import SuccessRule
 from schemas.errors import InputError
+from schemas.tables import FAILURE_PACKETS_TABLE
 from trajlake.commands.sql import LAKE_OPTION
 from trajlake.options import TIME_HELP, first_error, parse_time
 from trajlake.settings import CommonSettings, load
@@ -83,7 +83,7 @@ def failures(
     context: int = typer.Option(4, min=0, max=100, help="Steps kept either side of the failing step."),
     excerpt_chars: int = typer.Option(200, min=0, max=100_000, help="Length of each step's input/output excerpt."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the packets as JSONL here (- for stdout)."),
-    store: bool = typer.Option(True, help=f"Append the packets to the Delta table {TABLE} (once per extraction)."),
+    store: bool = typer.Option(True, help=f"Append the packets to the Delta table {FAILURE_PACKETS_TABLE} (once per extraction)."),
     lake: str | None = LAKE_OPTION,
     as_json: bool = JSON,
 ) -> None:
@@ -125,7 +125,7 @@ def failures(
 def _extraction_summary(x: Extraction, *, stored: bool, version: int | None, output: Path | None) -> dict:
     return {
         "extraction_id": x.extraction_id, "selected": x.selected, "failed": x.failed, "packets": len(x.packets),
-        "group": x.config.group, "success": x.config.success.describe(), "table": TABLE if stored else None,
+        "group": x.config.group, "success": x.config.success.describe(), "table": FAILURE_PACKETS_TABLE if stored else None,
         "table_version": version, "already_stored": stored and version is None,
         "output": None if output is None else str(output),
         "packet_ids": [p.packet_id for p in x.packets],
@@ -153,7 +153,7 @@ def _render_extraction(console: Console, x: Extraction, *, stored: bool, version
         console.print(table)
     console.print(f"extraction {x.extraction_id}")
     if stored:
-        console.print(f"table {TABLE}: " + (f"version {version}" if version is not None
+        console.print(f"table {FAILURE_PACKETS_TABLE}: " + (f"version {version}" if version is not None
                                              else "already holds this extraction (nothing written)"))
     if output is not None:
         console.print(f"JSONL: {output}")

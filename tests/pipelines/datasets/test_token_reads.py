@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyarrow as pa
+from deltalake import write_deltalake
 
 from pipelines.datasets.calls import DecodedFiles
 
@@ -10,7 +11,7 @@ from pipelines.datasets.calls import DecodedFiles
 def _table(lake, files: list[list[str]]):
     """A Delta table whose files hold the given rollout ids (one commit, so one file, each)."""
     for ids in files:
-        lake.append("t", pa.table({"rollout_id": ids, "value": [f"{i}!" for i in ids]}))
+        write_deltalake(lake.uri("t"), pa.table({"rollout_id": ids, "value": [f"{i}!" for i in ids]}), mode="append")
     return lake.dataset("t", prune_on=["rollout_id"])
 
 

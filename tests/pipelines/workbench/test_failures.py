@@ -13,7 +13,6 @@ from typer.testing import CliRunner
 from pipelines.datasets.config import Selection
 from pipelines.workbench.failure_packets import ERROR_CHARS, ERROR_SIGNATURE_CHARS, first_messages, normalise
 from pipelines.workbench.failures import (
-    TABLE,
     FailureConfig,
     NothingSelected,
     append_packets,
@@ -23,6 +22,7 @@ from pipelines.workbench.failures import (
 )
 from pipelines.datasets.outcomes import SuccessRule
 from pipelines.datasets.selection import BadFilter
+from schemas.tables import FAILURE_PACKETS_TABLE
 from store.lake import Lake
 from store.sql import LakeMissing
 from tests.store.lake_builder import event, write_events
@@ -190,13 +190,13 @@ def test_delta_table_holds_each_extraction_once(fresh_lake: Lake) -> None:
     x = extract_failures(fresh_lake, FailureConfig(group="cluster"))
     assert append_packets(fresh_lake, x) is not None
     assert append_packets(fresh_lake, extract_failures(fresh_lake, FailureConfig(group="cluster"))) is None
-    table = fresh_lake.read(TABLE).sort_by("packet_id")
+    table = fresh_lake.read(FAILURE_PACKETS_TABLE).sort_by("packet_id")
     assert table.num_rows == len(x.packets) == 2
     assert sorted(table.column("packet").to_pylist()) == sorted(packet_lines(x))
     assert set(table.column("extraction_id").to_pylist()) == {x.extraction_id}
     assert sorted(table.column("rollouts").to_pylist()) == [1, 2]
     append_packets(fresh_lake, extract_failures(fresh_lake, FailureConfig()))
-    assert fresh_lake.read(TABLE).num_rows == 2 + 3  # another extraction: appended beside the first
+    assert fresh_lake.read(FAILURE_PACKETS_TABLE).num_rows == 2 + 3  # another extraction: appended beside the first
 
 
 def test_oversized_and_malformed_inputs_are_cut_not_carried(lake: Lake) -> None:
