@@ -24,11 +24,10 @@ from schemas.tables import CATALOGUE, INGESTED_TABLES, TYPED_TABLES, catalogued,
 from store.commit import MarkedTable, resume_offsets
 from store.forget import forgotten_dataset_versions
 from store.identity import lake_id
-from store.lake import Lake
+from store.lake import Lake, list_tables
 from store.rebuild import rebuild_typed_tables
 from store.runs import RunsTable, RunStatus
 from store.sql import run_query
-from store.storage import list_tables
 from store.trajectory import load_trajectory
 from tests.fixtures.make_pinned_lake import CHECKPOINT, DATASET, GROUP, TOPIC, make_pinned_lake
 from trainer.dataset import DatasetRef, load_samples
