@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-import duckdb
 from pydantic import BaseModel, ConfigDict, Field
 
-from store.lake import Lake
-from store.sql import check_lake, connect
+if TYPE_CHECKING:  # the step models import without DuckDB or deltalake (the CLI's --help stays light)
+    import duckdb
+
+    from store.lake import Lake
 
 EXCERPT_CHARS = 200
 """Default length of text excerpts (prompt, response, tool arguments and results)."""
@@ -174,6 +175,8 @@ def load_trajectory(
     Pass ``con`` (a ``connect(lake, sandbox=True)`` connection the caller
     keeps) when loading many rollouts: opening the views costs more than a lookup.
     """
+    from store.sql import check_lake, connect
+
     own = con is None
     if own:
         check_lake(lake)

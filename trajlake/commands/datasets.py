@@ -5,11 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from kafka import KafkaProducer
-from kafka.errors import KafkaError
 from pydantic import ValidationError
 from rich import box
 from rich.console import Console
@@ -17,30 +15,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from ingest.broker_probe import probe_broker
-from ingest.topics import ensure_topic
-from pipelines import (
-    BadFilter,
-    BuildConfig,
-    BuildResult,
-    CorruptTable,
-    DatasetNotFound,
-    EmptyDataset,
-    RewardRule,
-    Selection,
-    ToolCredit,
-    SourceMissing,
-    diff_versions,
-    export_parquet,
-    get_manifest,
-    list_versions,
-    parse_ref,
-)
-from pipelines.lineage.openlineage import LineageConfigError, open_lineage, traced_build
 from schemas.control import CONTROL_TOPIC
-from store.lake import Lake
 from trajlake.options import LAKE_OPTION, TIME_HELP, parse_time
 from trajlake.settings import CommonSettings
+
+if TYPE_CHECKING:
+    from kafka import KafkaProducer
+
+    from pipelines import BuildResult
 
 
 class DatasetSettings(CommonSettings):
@@ -98,6 +80,10 @@ def build_dataset_command(
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
 ) -> None:
     """Build a new version of datasets/NAME from the lake's rollouts and print its merge statistics."""
+    from pipelines import BadFilter, BuildConfig, CorruptTable, EmptyDataset, RewardRule, Selection, SourceMissing, ToolCredit
+    from pipelines.lineage.openlineage import LineageConfigError, open_lineage, traced_build
+    from store.lake import Lake
+
     settings = _settings(lake=lake, bootstrap_servers=bootstrap_servers, build_batch_tokens=batch_tokens)
     try:
         config = BuildConfig(
@@ -138,6 +124,12 @@ def build_dataset_command(
 
 
 def _producer(settings: DatasetSettings, console: Console) -> KafkaProducer | None:
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError
+
+    from ingest.broker_probe import probe_broker
+    from ingest.topics import ensure_topic
+
     try:
         probe_broker(settings.bootstrap_servers)
         ensure_topic(settings.bootstrap_servers, settings.control_topic, partitions=1)
@@ -216,6 +208,9 @@ def list_command(
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines, one object per version."),
 ) -> None:
     """Every registered dataset version, oldest first."""
+    from pipelines import list_versions
+    from store.lake import Lake
+
     rows = list_versions(Lake(_settings(lake=lake).lake), name).to_pylist()
     if as_json:
         for r in rows:
@@ -241,6 +236,9 @@ def show_command(
     as_json: bool = typer.Option(False, "--json", help="Print the whole manifest as JSON."),
 ) -> None:
     """The manifest of one dataset version (latest when no @VERSION)."""
+    from pipelines import DatasetNotFound, get_manifest, parse_ref
+    from store.lake import Lake
+
     try:
         manifest = get_manifest(Lake(_settings(lake=lake).lake), *parse_ref(ref))
     except (DatasetNotFound, ValueError) as exc:
@@ -259,6 +257,9 @@ def diff_command(
     as_json: bool = typer.Option(False, "--json", help="Print the diff as one JSON object (each change as a pair: old, new)."),
 ) -> None:
     """What changed between two dataset versions: content, config, sources, counts, rollouts, rewards."""
+    from pipelines import DatasetNotFound, diff_versions, parse_ref
+    from store.lake import Lake
+
     try:
         d = diff_versions(Lake(_settings(lake=lake).lake), parse_ref(a), parse_ref(b))
     except (DatasetNotFound, ValueError) as exc:
@@ -284,6 +285,9 @@ def export_command(
     lake: str | None = LAKE_OPTION,
 ) -> None:
     """Write a dataset version as plain Parquet (loads with Hugging Face datasets)."""
+    from pipelines import DatasetNotFound, export_parquet, parse_ref
+    from store.lake import Lake
+
     name, version = parse_ref(ref)
     try:
         result = export_parquet(Lake(_settings(lake=lake).lake), name, directory, version=version)

@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import typer
-from kafka.errors import KafkaError
 from rich.console import Console
 from rich.text import Text
 
-from ingest.broker_probe import probe_broker
-from ingest.topics import topic_partitions
-from store.health import LakeUnreachable, check_lake
-from store.lake import Lake
 from trajlake.options import BOOTSTRAP_SERVERS_OPTION, LAKE_OPTION, TOPIC_OPTION
 from trajlake.settings import CommonSettings
 
@@ -25,6 +20,12 @@ def health(
 
     Cheap enough for a container health check every few seconds: it lists the lake's tables, reads no data.
     """
+    from kafka.errors import KafkaError
+    from ingest.broker_probe import probe_broker
+    from ingest.topics import topic_partitions
+    from store.health import LakeUnreachable, check_lake
+    from store.lake import Lake
+
     flags = {"lake": lake, "bootstrap_servers": bootstrap_servers, "topic": topic}
     settings = CommonSettings(**{k: v for k, v in flags.items() if v is not None})
     try:

@@ -6,6 +6,7 @@ import logging
 import signal
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -14,16 +15,12 @@ from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 from rich.text import Text
 
-from ingest.consumer import BrokerUnreachable
-from ingest.ingest_metrics import serve_metrics
-from ingest.ingester import IngesterConfig, IngestStats, OnProgress, run_ingester
-from ingest.log_check import LogWentBackwards
-from ingest.redaction import RedactionConfigError, load_redactor
 from schemas.versions import MAX_EVENT_BYTES
-from store.lake import Lake, TableMissing
-from store.rebuild import RebuildRaced, rebuild_typed_tables
 from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings
+
+if TYPE_CHECKING:
+    from ingest.ingester import IngestStats
 
 
 class IngestSettings(CommonSettings):
@@ -72,6 +69,13 @@ def ingest(
     error (broker unreachable, lake write failed); 2 bad options or redaction rules; 3 the log went
     backwards (broker restarted with memory storage, topic recreated): nothing was skipped, rerun with --recover.
     """
+    from ingest.consumer import BrokerUnreachable
+    from ingest.ingest_metrics import serve_metrics
+    from ingest.ingester import IngesterConfig, IngestStats, OnProgress, run_ingester
+    from ingest.log_check import LogWentBackwards
+    from ingest.redaction import RedactionConfigError, load_redactor
+    from store.lake import Lake
+
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -158,6 +162,9 @@ def rebuild(
     group: str | None = typer.Option(None, help="Ingest group whose markers the typed tables take over (default trajlake-ingest)."),
 ) -> None:
     """Re-derive the typed tables from the events table (one Delta version each). Stop the ingesters first."""
+    from store.lake import Lake, TableMissing
+    from store.rebuild import RebuildRaced, rebuild_typed_tables
+
     s = _settings(lake=lake, group=group)
     console = Console()
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=console, transient=True) as progress:

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
 
-from pipelines import AmbiguousId, DatasetNotFound, Lineage, LineageNotFound, get_manifest, run_event
-from pipelines.lineage.trace import lineage
-from store.lake import Lake
 from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings
+
+if TYPE_CHECKING:
+    from pipelines import Lineage
 
 
 def lineage_command(
@@ -26,6 +27,10 @@ def lineage_command(
     openlineage: bool = typer.Option(False, "--openlineage", help="For a dataset version: print its build as an OpenLineage RunEvent."),
 ) -> None:
     """Trace an id down to rollouts, events and Kafka offsets, and up to dataset versions and checkpoints."""
+    from pipelines import AmbiguousId, DatasetNotFound, LineageNotFound, get_manifest, run_event
+    from pipelines.lineage.trace import lineage
+    from store.lake import Lake
+
     settings = CommonSettings(**({"lake": lake} if lake else {}))
     try:
         found = lineage(Lake(settings.lake), ref, tenant=tenant)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from pydantic import Field, ValidationError
@@ -14,14 +15,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ingest.topic_retention import TopicRetention, topic_retention
-from store.compact import Compacted, compact
-from store.forget import ForgetReport, ForgetRequest, forget
-from store.lake import Lake
-from store.retention import DEFAULT_KEY, RetentionPolicy, apply_retention, expired_rollouts
-from trainer.records import list_checkpoints
 from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings
+
+if TYPE_CHECKING:
+    from ingest.topic_retention import TopicRetention
+    from store.compact import Compacted
+    from store.forget import ForgetReport, ForgetRequest
+    from store.lake import Lake
+    from store.retention import RetentionPolicy
 
 
 class OpsSettings(CommonSettings):
@@ -35,6 +37,8 @@ class OpsSettings(CommonSettings):
     """Hours a file removed by compaction stays for readers of older snapshots (TRAJLAKE_COMPACT_VACUUM_HOURS)."""
 
     def policy(self) -> RetentionPolicy:
+        from store.retention import RetentionPolicy
+
         if self.retention_policy is not None:
             return RetentionPolicy.from_file(self.retention_policy)
         return RetentionPolicy.parse(self.retention_days)
@@ -63,6 +67,10 @@ def forget_command(
 
     Not reached: the raw events in the Kafka topic (kept until its retention.ms) and the predicate of each
     DELETE commit in the tables' _delta_log (it names the tenant and rollout ids; kept until log cleanup)."""
+    from ingest.topic_retention import topic_retention
+    from store.forget import ForgetRequest, forget
+    from store.lake import Lake
+
     try:
         request = ForgetRequest(tenant=tenant, rollouts=tuple(rollout), user=user, reason=reason)
     except ValueError as exc:
@@ -83,6 +91,9 @@ def retention_show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines: tenant ('*': any other), days, expired_rollouts."),
 ) -> None:
     """Show the retention policy and how many rollouts each tenant has past it."""
+    from store.lake import Lake
+    from store.retention import DEFAULT_KEY, expired_rollouts
+
     settings, parsed = _policy(policy, lake)
     expired = expired_rollouts(Lake(settings.lake), parsed, now=datetime.now(timezone.utc))
     if as_json:
@@ -106,6 +117,9 @@ def retention_apply(
     lake: str | None = LAKE_OPTION,
 ) -> None:
     """Forget every rollout older than its tenant's retention (audited as kind=retention)."""
+    from store.lake import Lake
+    from store.retention import apply_retention
+
     settings, parsed = _policy(policy, lake)
     store = Lake(settings.lake)
     reports = apply_retention(store, parsed)
@@ -122,6 +136,9 @@ def compact_command(
     lake: str | None = LAKE_OPTION,
 ) -> None:
     """Rewrite small files into few z-ordered ones (task_id, rollout_id), then vacuum; safe during ingestion."""
+    from store.compact import compact
+    from store.lake import Lake
+
     settings = settings_from(lake=lake, compact_vacuum_hours=vacuum_hours)
     results = compact(Lake(settings.lake), tables=table or None,
                       vacuum_retention=timedelta(hours=settings.compact_vacuum_hours))
@@ -150,6 +167,8 @@ def _describe(request: ForgetRequest) -> str:
 
 
 def _render_forget(console: Console, report: ForgetReport, what: str, lake: Lake) -> None:
+    from trainer.records import list_checkpoints
+
     table = Table("table", "rows deleted", "files vacuumed", "version", title=f"forgot {what} (forget_id {report.forget_id})",
                   box=box.SIMPLE_HEAD)
     for t in report.tables:

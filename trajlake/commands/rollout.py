@@ -11,8 +11,6 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from store.lake import Lake
-from store.sql import LakeMissing
 from store.trajectory import (
     EXCERPT_CHARS,
     AmbiguousRollout,
@@ -42,6 +40,9 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print the trajectory as JSON instead of a table."),
 ) -> None:
     """Print one rollout in order: start, LLM calls (tokens, latency, finish), tools, rewards, finish."""
+    from store.lake import Lake
+    from store.sql import LakeMissing
+
     settings = build_settings(lake)
     try:
         trajectory = load_trajectory(Lake(settings.lake), rollout_id, tenant=tenant, excerpt_chars=excerpt_chars)

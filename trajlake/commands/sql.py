@@ -10,20 +10,19 @@ import tempfile
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 import typer
 from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from store.lake import Lake
-from store.sql import LakeMissing, QueryError, describe_views, export, run_query
-from store.trajectory import excerpt
 from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 CELL_CHARS = 60
 """Longest cell text in the table format; longer values end in an ellipsis."""
@@ -61,6 +60,9 @@ def sql(
     max_rows: int | None = typer.Option(None, "--max-rows", "-n", min=0, help="Stop after N rows (default: TRAJLAKE_SQL_MAX_ROWS=100 for table, all for files)."),
 ) -> None:
     """Run SQL over every lake table (views: trajlake tables) and print or export the result."""
+    from store.lake import Lake
+    from store.sql import LakeMissing, QueryError, run_query
+
     settings = build_settings(lake)
     if query == "-":
         query = sys.stdin.read()
@@ -86,6 +88,8 @@ def sql(
 
 def write_result(result: pa.Table, fmt: str, output: Path | None) -> None:
     """Export to ``output``, or through a temporary file to stdout."""
+    from store.sql import export
+
     if output is not None:
         try:
             export(result, output, format=fmt)
@@ -104,6 +108,8 @@ def write_result(result: pa.Table, fmt: str, output: Path | None) -> None:
 
 def print_table(result: pa.Table, *, more: bool = False) -> None:
     """A rich table; one block per record when the columns would not fit the terminal."""
+    import pyarrow as pa
+
     console = Console()
     if result.column_names == ["explain_key", "explain_value"]:  # EXPLAIN: the plan text, uncut
         for plan in result.column("explain_value").to_pylist():
@@ -136,6 +142,8 @@ def _table_width(names: list[str], rows: list[list[str]]) -> int:
 
 def cell(value: Any) -> str:
     """One value as table text: lists of numbers as counts, long text cut."""
+    from store.trajectory import excerpt
+
     if value is None:
         return "NULL"
     if isinstance(value, list):
@@ -170,6 +178,9 @@ def tables(
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines, one object per view."),
 ) -> None:
     """List the views `trajlake sql` can query, with row counts and Delta versions."""
+    from store.lake import Lake
+    from store.sql import LakeMissing, QueryError, describe_views
+
     settings = build_settings(lake)
     try:
         views = describe_views(Lake(settings.lake))

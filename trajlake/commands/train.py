@@ -23,20 +23,16 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
-from pipelines.lineage.openlineage import Lineage, LineageConfigError, open_lineage
-from store.lake import Lake
-from trainer.config import TrainConfig, load_deepspeed_json
-from trainer.dataset import DatasetRef
-from trainer.errors import TrainerError
-from trainer.records import CheckpointRecord, list_checkpoints, request_retry
-from trainer.train_lineage import traced_train
-from trainer.train_metrics import TrainMetrics, serve_metrics
 from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings
-from devkit.tiny_model import build_tiny_model, default_model_dir
 
 if TYPE_CHECKING:  # torch loads only when a command trains
+    from store.lake import Lake
+    from trainer.config import TrainConfig
+    from trainer.dataset import DatasetRef
     from trainer.loop import StepLog
+    from trainer.records import CheckpointRecord
+    from trainer.train_metrics import TrainMetrics
 
 
 class TrainSettings(CommonSettings):
@@ -84,6 +80,14 @@ def train(
     retry: str | None = typer.Option(None, help="NAME@VERSION that failed (e.g. refused at validation): followers train it again."),
 ) -> None:
     """Train on a dataset version with DeepSpeed and record the checkpoint and its lineage."""
+    from pipelines.lineage.openlineage import Lineage, LineageConfigError, open_lineage
+    from store.lake import Lake
+    from trainer.config import TrainConfig, load_deepspeed_json
+    from trainer.dataset import DatasetRef
+    from trainer.errors import TrainerError
+    from trainer.train_metrics import serve_metrics
+    from devkit.tiny_model import build_tiny_model, default_model_dir
+
     s = TrainSettings(**{k: v for k, v in dict(lake=lake, bootstrap_servers=bootstrap_servers, train_out=out,
                                                  train_model=model, follow_poll_s=poll_s).items() if v is not None})  # fmt: skip
     if dataset is None and not follow_mode and retry is None:
@@ -124,6 +128,10 @@ def train(
 
 def _mark_retry(lake: Lake, spec: str, err: Console) -> None:
     """``--retry NAME@VERSION``: mark its failed runs so followers train it again."""
+    from trainer.dataset import DatasetRef
+    from trainer.errors import TrainerError
+    from trainer.records import request_retry
+
     try:
         ref = DatasetRef.parse(spec)
         if ref.version is None:
@@ -138,6 +146,8 @@ def _mark_retry(lake: Lake, spec: str, err: Console) -> None:
 
 def _train_once(lake: Lake, config: TrainConfig, ref: DatasetRef, lease: timedelta, console: Console,
                 metrics: TrainMetrics | None) -> None:
+    from trainer.train_lineage import traced_train
+
     console.print(f"training [bold]{ref.name}@{ref.version if ref.version is not None else 'latest'}[/] "
                   f"from {escape(config.model)} ({config.mode})")  # fmt: skip
     with _progress(console) as (progress, on_step):
@@ -149,6 +159,7 @@ def _train_once(lake: Lake, config: TrainConfig, ref: DatasetRef, lease: timedel
 
 def _follow(lake: Lake, config: TrainConfig, s: TrainSettings, ref: DatasetRef | None, kafka: str | None,
             console: Console, metrics: TrainMetrics | None) -> None:  # fmt: skip
+    from pipelines.lineage.openlineage import Lineage, open_lineage
     from trainer.follow import follow
 
     stop = threading.Event()
@@ -214,6 +225,9 @@ def checkpoints(
     as_json: bool = typer.Option(False, "--json", help="One JSON object per line instead of a table."),
 ) -> None:
     """List trained checkpoints with their dataset version and final metrics, oldest first."""
+    from store.lake import Lake
+    from trainer.records import list_checkpoints
+
     s = TrainSettings(**({"lake": lake} if lake else {}))
     records = list_checkpoints(Lake(s.lake), dataset=dataset)
     console = Console()

@@ -6,7 +6,7 @@ import json
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from pydantic import ValidationError
@@ -16,26 +16,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from pipelines.workbench.compare import Arm, CompareConfig, CompareError, Comparison, MetricResult, compare
-from pipelines.datasets.config import RewardRule, Selection
-from pipelines.workbench.failure_packets import RolloutPacket
-from pipelines.workbench.failures import (
-    TABLE,
-    Extraction,
-    FailureConfig,
-    NothingSelected,
-    append_packets,
-    extract_failures,
-    packet_lines,
-    write_jsonl,
-)
-from pipelines.datasets.outcomes import SuccessRule
-from pipelines.datasets.selection import BadFilter
-from store.lake import Lake
-from store.sql import LakeMissing
 from trajlake.commands.sql import LAKE_OPTION, fail
 from trajlake.options import TIME_HELP, parse_time
 from trajlake.settings import CommonSettings
+
+if TYPE_CHECKING:
+    from pipelines.datasets.config import Selection
+    from pipelines.workbench.compare import Comparison, MetricResult
+    from pipelines.workbench.failures import Extraction
 
 PACKET_ID_SHOWN = 11
 """Characters of a packet id the table shows (like a short git hash; --json and the JSONL carry all of it)."""
@@ -69,6 +57,8 @@ def _utc(text: str | None, flag: str) -> datetime | None:
 
 def _selection(*, since: str | None, until: str | None, task: list[str], tenant: list[str],
                where: str | None, **arms: tuple[str, ...]) -> Selection:
+    from pipelines.datasets.config import Selection
+
     return Selection(since=_utc(since, "--since"), until=_utc(until, "--until"), tasks=tuple(task),
                      tenants=tuple(tenant), where=where, **arms)
 
@@ -105,11 +95,18 @@ def failures(
     context: int = typer.Option(4, min=0, max=100, help="Steps kept either side of the failing step."),
     excerpt_chars: int = typer.Option(200, min=0, max=100_000, help="Length of each step's input/output excerpt."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the packets as JSONL here (- for stdout)."),
-    store: bool = typer.Option(True, help=f"Append the packets to the Delta table {TABLE} (once per extraction)."),
+    store: bool = typer.Option(True, help="Append the packets to the lake's failure-packet table (once per extraction)."),
     lake: str | None = LAKE_OPTION,
     as_json: bool = JSON,
 ) -> None:
     """Compile failure packets for failed or low-reward rollouts: constraints, steps around the failure, outcome."""
+    from pipelines.datasets.config import RewardRule
+    from pipelines.datasets.outcomes import SuccessRule
+    from pipelines.datasets.selection import BadFilter
+    from pipelines.workbench.failures import FailureConfig, NothingSelected, append_packets, extract_failures, packet_lines, write_jsonl
+    from store.lake import Lake
+    from store.sql import LakeMissing
+
     settings = _settings(lake=lake)
     to_stdout = output is not None and str(output) == "-"
     if to_stdout and as_json:
@@ -148,6 +145,8 @@ def failures(
 
 
 def _extraction_summary(x: Extraction, *, stored: bool, version: int | None, output: Path | None) -> dict:
+    from pipelines.workbench.failures import TABLE
+
     return {
         "extraction_id": x.extraction_id, "selected": x.selected, "failed": x.failed, "packets": len(x.packets),
         "group": x.config.group, "success": x.config.success.describe(), "table": TABLE if stored else None,
@@ -159,6 +158,9 @@ def _extraction_summary(x: Extraction, *, stored: bool, version: int | None, out
 
 def _render_extraction(console: Console, x: Extraction, *, stored: bool, version: int | None,
                        output: Path | None) -> None:
+    from pipelines.workbench.failure_packets import RolloutPacket
+    from pipelines.workbench.failures import TABLE
+
     console.print(f"{x.failed} of {x.selected} selected rollouts did not succeed "
                   f"(success = {x.config.success.describe()}): {len(x.packets)} {x.config.group} packet(s)")
     if x.packets:
@@ -207,6 +209,13 @@ def compare_command(
     as_json: bool = JSON,
 ) -> None:
     """Compare B against A on the tasks both ran: success rate and mean reward, paired by task, with CI and p-value."""
+    from pipelines.datasets.config import RewardRule
+    from pipelines.datasets.outcomes import SuccessRule
+    from pipelines.datasets.selection import BadFilter
+    from pipelines.workbench.compare import Arm, CompareConfig, CompareError, compare
+    from store.lake import Lake
+    from store.sql import LakeMissing
+
     settings = _settings(lake=lake, compare_resamples=resamples, compare_seed=seed)
     try:
         if by not in ("harness", "policy"):
