@@ -11,7 +11,7 @@ ratio. Then the CLI's start-up: ``trajlake --help`` and ``trajlake sql
 average is recorded beside every figure: on a shared machine absolute times
 move with it, ratios less so.
 
-    python bench/sql/run.py                      # 6,000 rollouts (~126k calls)
+    python bench/sql/run.py                      # 6,000 rollouts (128k calls)
     python bench/sql/run.py --rollouts 48000     # ~1M calls (hours to generate on 2 cores)
 """
 
