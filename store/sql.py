@@ -173,7 +173,9 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, sandbox: bool = 
     an absent one is skipped, or an empty view when it is an ingested table).
     ``sandbox`` turns off file access outside the lake root, Python
     replacement scans and extension loading, then locks the configuration;
-    ``run_query`` always uses it.
+    ``run_query`` always uses it. Every table is pinned at the version it had
+    when the connection opened (``attach_table``): one consistent snapshot per
+    connection; open a new connection to see later commits.
 
     >>> con = connect(Lake("./lake"))  # doctest: +SKIP
     >>> con.sql("SELECT status, count(*) FROM rollouts GROUP BY ALL").fetchall()  # doctest: +SKIP

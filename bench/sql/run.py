@@ -25,6 +25,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -110,7 +111,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=6000, help="rollouts to generate (~21 LLM calls each)")
     parser.add_argument("--per-commit", type=int, default=50, help="rollouts per commit of the ingested lake")
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/trajlake-bench-sql"))
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "trajlake-bench-sql",
+                        help="where the lakes are built and kept for the next run")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per query after one warm-up")
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--only", choices=("queries", "cli"), help="run only the queries or only the CLI start-up")
