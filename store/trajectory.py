@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-import duckdb
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.tables import (
+from schemas.errors import NotFound, TrajlakeError
+from schemas.table_names import (
     LLM_CALLS_VIEW,
     REWARDS_TABLE,
     ROLLOUT_ENDS_TABLE,
@@ -27,9 +27,11 @@ from schemas.tables import (
     ROLLOUTS_VIEW,
     TOOL_STEPS_VIEW,
 )
-from store.lake import Lake
-from store.sql import check_lake, connect
-from schemas.errors import NotFound, TrajlakeError
+
+if TYPE_CHECKING:  # the step models import without DuckDB or deltalake (the CLI's --help stays light)
+    import duckdb
+
+    from store.lake import Lake
 
 EXCERPT_CHARS = 200
 """Default length of text excerpts (prompt, response, tool arguments and results)."""
@@ -183,6 +185,8 @@ def load_trajectory(
     Pass ``con`` (a ``connect(lake, sandbox=True)`` connection the caller
     keeps) when loading many rollouts: opening the views costs more than a lookup.
     """
+    from store.sql import check_lake, connect
+
     own = con is None
     if own:
         check_lake(lake)

@@ -60,6 +60,7 @@ def test_every_delta_write_goes_through_the_checked_path() -> None:
 
 def test_tables_are_declared_only_in_the_catalogue() -> None:
     declaration = re.compile(r"^[A-Z_]+ = pa\.(schema|timestamp)\(|^[A-Z_]*TABLE[A-Z_]* = [\"']")
-    offenders = [f"{p.relative_to(ROOT)}:{n}" for p in sources() if p != ROOT / "schemas" / "tables.py"
+    catalogue = (ROOT / "schemas" / "tables.py", ROOT / "schemas" / "table_names.py")
+    offenders = [f"{p.relative_to(ROOT)}:{n}" for p in sources() if p not in catalogue
                  for n, line in enumerate(p.read_text().splitlines(), 1) if declaration.search(line)]
     assert not offenders, offenders

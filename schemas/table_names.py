@@ -1,0 +1,38 @@
+"""The lake's table and view names, without their schemas (``schemas.tables``): cheap to import, so the
+CLI and readers that only name a table do not load pyarrow. ``schemas.tables`` is the catalogue."""
+
+from __future__ import annotations
+
+EVENTS_TABLE = "events"
+QUARANTINE_TABLE = "quarantine"
+LLM_REQUESTS_TABLE = "llm_requests"
+LLM_RESPONSES_TABLE = "llm_responses"
+TOOL_CALLS_TABLE = "tool_calls"
+TOOL_RESULTS_TABLE = "tool_results"
+REWARDS_TABLE = "rewards"
+ROLLOUT_STARTS_TABLE = "rollout_starts"
+ROLLOUT_ENDS_TABLE = "rollout_ends"
+LLM_CALLS_VIEW = "llm_calls"
+TOOL_STEPS_VIEW = "tool_steps"
+ROLLOUTS_VIEW = "rollouts"
+DATASET_VERSIONS_TABLE = "dataset_versions"
+DATASET_LINEAGE_TABLE = "dataset_lineage"
+FAILURE_PACKETS_TABLE = "failure_packets"
+TRAIN_RUNS_TABLE = "train_runs"
+CHECKPOINTS_TABLE = "checkpoints"
+TRAIN_LEASES_TABLE = "train_leases"
+RUNS_TABLE = "runs"
+FORGET_AUDIT_TABLE = "forget_audit"
+LAKE_IDENTITY_TABLE = "lake_identity"
+
+DATASETS_FOLDER = "datasets"
+DATASETS_PREFIX = f"{DATASETS_FOLDER}/"
+
+
+def dataset_table(name: str) -> str:
+    """The table of dataset ``name``: ``datasets/<name>``.
+
+    >>> dataset_table("nightly")
+    'datasets/nightly'
+    """
+    return f"{DATASETS_PREFIX}{name}"
