@@ -225,21 +225,11 @@ class _TokenSlices:
 
 
 def _parse_ids(slices: list[bytes]) -> Parsed | None:
-    """Integers: one ``np.fromstring`` pass over the non-empty slices joined by a ``-1`` (never a valid id)
-    between them, whose positions give each slice's count. None when the text or the markers do not add up."""
+    """Integers: one ``np.fromstring`` pass over the slices' items (None when their count is not the commas')."""
+    counts = np.array([_count(s) for s in slices], np.int64)
     filled = [s for s in slices if s]
-    counts = np.zeros(len(slices), np.int64)
-    if not filled:
-        return np.zeros(0, np.int64), counts
-    values = _fromstring(b",-1,".join(filled), np.int64)
-    if values is None:
-        return None
-    marks = np.flatnonzero(values == -1)
-    if len(marks) != len(filled) - 1:
-        return None  # a -1 in the data: an invalid event, found by the slice-by-slice check
-    bounds = np.concatenate(([-1], marks, [len(values)]))
-    counts[[i for i, s in enumerate(slices) if s]] = np.diff(bounds) - 1
-    return np.delete(values, marks), counts
+    values = _fromstring(b",".join(filled), np.int64) if filled else np.zeros(0, np.int64)
+    return (values, counts) if values is not None and len(values) == counts.sum() else None
 
 
 def _parse_numbers(slices: list[bytes]) -> Parsed | None:

@@ -6,7 +6,7 @@ One run, one embedded broker (tansu), two workloads, each on its own
 * ``full_prompt``: the workload generator's events (every event type; LLM
   requests carry the full prompt's token ids), ~4.2 KB and ~490 ids on average;
 * ``large``: the generator's ``llm.request`` events only, with a long context
-  and a small vocabulary: ~3,000 token ids and ~15 KB each.
+  and a small vocabulary: ~3,000 token ids and ~17 KB each.
 
 Two readers take turns over the same messages of a workload:
 
@@ -28,8 +28,8 @@ over rounds), its peak RSS while it ran (sampled) and the process's peak.
 
 ``--soak-minutes N`` instead runs the ingester alone for N minutes against a
 producer process sending fresh workload events at ``--soak-rate`` events/s and
-reports its RSS every 10 s and the slope (MB per minute, least squares after
-the first minute) in ``bench/ingest/soak.json``.
+reports its RSS every 10 s and the slope (MB per minute, least squares over
+the second half) in ``bench/ingest/soak.json``.
 
 Writes bench/ingest/results.json (format: ``bench.results``).
 """
@@ -78,7 +78,7 @@ WORKLOADS = {
     w.name: w for w in (
         Workload("full_prompt", "workload events, ~490 token ids / ~4.2 KB each on average",
                  lambda tasks, seed: WorkloadConfig(tasks=tasks, rollouts_per_task=8, seed=seed)),
-        Workload("large", "llm.request events only, ~3,000 token ids / ~15 KB each",
+        Workload("large", "llm.request events only, ~3,000 token ids / ~17 KB each",
                  lambda tasks, seed: WorkloadConfig(tasks=max(1, tasks // 2), rollouts_per_task=8, seed=seed,
                                                     max_context_tokens=7_000, vocab_size=5_000),
                  keep=lambda event: event["type"] == "llm.request"),
@@ -103,10 +103,11 @@ class Run:
 
 
 class RssSampler:
-    """Samples this process's resident set (VmRSS, MB) every ``every_s`` seconds in a thread."""
+    """Samples this process's resident set (VmRSS, MB) every ``every_s`` seconds in a thread; also what
+    Arrow's memory pool holds (``arrow``), to tell Arrow buffers from the rest."""
 
     def __init__(self, every_s: float) -> None:
-        self.every_s, self.samples = every_s, []
+        self.every_s, self.samples, self.arrow = every_s, [], []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._started = time.monotonic()
@@ -114,6 +115,7 @@ class RssSampler:
     def _run(self) -> None:
         while True:
             self.samples.append((time.monotonic() - self._started, rss_mb()))
+            self.arrow.append(pa.total_allocated_bytes() / 2**20)
             if self._stop.wait(self.every_s):
                 return
 
@@ -264,7 +266,7 @@ def main_bench(args: argparse.Namespace) -> int:
         f"per CPU second" for d in done)
     recorder.write(
         ratios=ratios, summary=summary,
-        peak_rss_mb={f"ingester ({d['workload'].name})": d["figures"]["ingester_peak_rss_mb"] for d in done}
+        peak_rss_mb={f"while ingesting {d['workload'].name}": d["figures"]["ingester_peak_rss_mb"] for d in done}
         | {"bench process": peak_rss_mb()},
         cpu_s_by_stage={d["workload"].name: d["stages"] for d in done},
         detail={"rounds": args.rounds, "batch_max_events": args.batch_max_events, "tasks": args.tasks,
@@ -323,14 +325,15 @@ def main_soak(args: argparse.Namespace) -> int:
         finally:
             timer.cancel()
             feeder.wait(60)
-    slope = slope_mb_per_min(sampler.samples, after_s=60)
+    slope = slope_mb_per_min(sampler.samples, after_s=seconds / 2)
     result = {"minutes": args.soak_minutes, "rate": args.soak_rate, "dedupe_max_ids": args.soak_dedupe_ids,
-              "events": stats.events, "batches": stats.batches, "slope_mb_per_min_after_1_min": slope,
-              "rss_mb_samples": [[round(t, 1), round(mb, 1)] for t, mb in sampler.samples]}
+              "events": stats.events, "batches": stats.batches, "slope_mb_per_min_second_half": slope,
+              "rss_mb_samples": [[round(t, 1), round(mb, 1)] for t, mb in sampler.samples],
+              "arrow_pool_mb_samples": [round(mb, 1) for mb in sampler.arrow]}
     (Path(__file__).parent / "soak.json").write_text(json.dumps(result, indent=2) + "\n")
     first, last = sampler.samples[0][1], sampler.samples[-1][1]
     print(f"soak: {args.soak_minutes} min, {stats.events:,} events in {stats.batches:,} batches; RSS {first:,.0f} -> "
-          f"{last:,.0f} MB (peak {sampler.peak:,.0f}); slope after the first minute {slope:+.2f} MB/min")
+          f"{last:,.0f} MB (peak {sampler.peak:,.0f}); slope over the second half {slope:+.2f} MB/min")
     return 0
 
 
