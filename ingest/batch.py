@@ -27,8 +27,9 @@ from ingest.rejected import producer_rejection
 from schemas.errors import InvalidEvent
 from schemas.events import Event
 from schemas.fast import FastEvent, decode_batch
+from schemas.fast_tokens import decode_batch_columnar
 from schemas.versions import decode_event
-from store.event_rows import KafkaCoordinates, Rejected, events_table
+from store.event_rows import TOKEN_FIELDS, KafkaCoordinates, Rejected, events_table
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +95,10 @@ class Batch:
                replayed_through: Mapping[int, int | None] | None = None) -> DecodedBatch:
         """Validate, dedupe and convert the records, in offset order per partition.
 
-        The whole batch goes through the msgspec fast path first; each record it
-        refuses takes ``decode_event``, which accepts it or names the problem.
+        The whole batch goes through the msgspec fast path first, token arrays
+        parsed straight into Arrow (``schemas.fast_tokens``; with redaction rules,
+        ``schemas.fast``); each record it refuses takes ``schemas.fast`` alone, then
+        ``decode_event``, which accepts it or names the problem.
         ``replayed_through`` is the ``events`` marker per partition: records at or
         below it were decided before and are checked against ``seen``, not added to it.
         """
@@ -106,13 +109,18 @@ class Batch:
         duplicates = key_mismatches = 0
         unheld: list[Unheld] = []
         marks = replayed_through or {}
-        fast = decode_batch([r.value for r in self.records], max_bytes=max_event_bytes)
-        for r, event in zip(self.records, fast):
+        values = [r.value for r in self.records]
+        columnar = decode_batch_columnar(values, max_bytes=max_event_bytes) if redactor is None else None
+        first = columnar.events if columnar is not None else decode_batch(values, max_bytes=max_event_bytes)
+        sources: list[int | tuple[list[int] | None, list[float] | None]] = []
+        """Per kept event, where its tokens are: its row in ``columnar.tokens``, or its own lists."""
+        for row, (r, event) in enumerate(zip(self.records, first)):
             at = KafkaCoordinates(r.topic, r.partition, r.offset)
             last[r.partition] = max(r.offset, last.get(r.partition, -1))
+            in_columns = event is not None and columnar is not None
             if event is None:
                 try:
-                    event = decode(r.value, max_bytes=max_event_bytes)
+                    event = decode(r.value, max_bytes=max_event_bytes, fast_tried=columnar is None)
                 except InvalidEvent as exc:
                     exc = producer_rejection(r.value) or exc
                     rejected.append(_rejected(r.value, r.key, at, exc, max_event_bytes, redactor))
@@ -137,14 +145,27 @@ class Batch:
                 key_mismatches += 1
             events.append(event if redactor is None else redactor.redact(event))
             where.append(at)
-        return DecodedBatch(events_table(events, where), rejected, last, duplicates, unheld, key_mismatches)
+            sources.append(row if in_columns else _token_lists(event))
+        tokens = columnar.tokens.pick(sources) if columnar is not None else None
+        return DecodedBatch(events_table(events, where, tokens=tokens), rejected, last, duplicates, unheld,
+                            key_mismatches)
 
 
-def decode(raw: bytes | None, *, max_bytes: int) -> Event:
-    """``schemas.versions.decode_event``, plus a readable reason for a null message value."""
+def decode(raw: bytes | None, *, max_bytes: int, fast_tried: bool = True) -> Event | FastEvent:
+    """One event the batch path refused: ``schemas.fast`` (unless ``fast_tried``), then
+    ``schemas.versions.decode_event``, plus a readable reason for a null message value."""
     if raw is None:
         raise InvalidEvent("(event)", "empty message (null value): send one JSON event per message")
+    if not fast_tried:
+        [event] = decode_batch([raw], max_bytes=max_bytes)
+        if event is not None:
+            return event
     return decode_event(raw, max_bytes=max_bytes)
+
+
+def _token_lists(event: Event | FastEvent) -> tuple[list[int] | None, list[float] | None]:
+    ids, logprobs = TOKEN_FIELDS.get(event.type, (None, None))
+    return (getattr(event.payload, ids) if ids else None), (getattr(event.payload, logprobs) if logprobs else None)
 
 
 def _rejected(raw: bytes | None, key: bytes | None, at: KafkaCoordinates, exc: InvalidEvent, max_bytes: int,

@@ -124,6 +124,10 @@ class IngestStats:
     last_commit_s: float = 0.0
     """Wall time of the last batch's commit (decode + every table), for the commit latency metric."""
     rows: dict[str, int] = field(default_factory=dict)
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    """CPU seconds of the whole process (all threads) by stage of the loop: ``consume`` (Kafka polls),
+    ``log_check``, ``decode`` (validation, dedupe, ``events`` rows), ``typed_rows``, ``commit`` (Delta commits
+    of every table, dead letters)."""
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -191,6 +195,16 @@ def ingest_until_idle(config: IngesterConfig, *, idle_s: float = 3.0, on_progres
 
 
 @contextmanager
+def _cpu(stats: IngestStats, stage: str) -> Iterator[None]:
+    """Add the process's CPU time spent inside the block to ``stats.cpu_s[stage]``."""
+    started = time.process_time()
+    try:
+        yield
+    finally:
+        stats.cpu_s[stage] = stats.cpu_s.get(stage, 0.0) + time.process_time() - started
+
+
+@contextmanager
 def _cyclic_gc_paused() -> Iterator[None]:
     """Pause the cycle collector while a batch is decoded and written.
 
@@ -242,7 +256,8 @@ class _Loop:
                 self._commit_batch()
                 continue
             try:
-                polled = self.consumer.poll(timeout_ms=POLL_MS, max_records=self.config.batch_max_events)
+                with _cpu(self.stats, "consume"):
+                    polled = self.consumer.poll(timeout_ms=POLL_MS, max_records=self.config.batch_max_events)
             except (OffsetOutOfRangeError, LogTruncationError) as exc:
                 self._out_of_range(exc)
                 continue
@@ -365,7 +380,8 @@ class _Loop:
         started = time.perf_counter()
         last_records = self.batch.last_records()
         try:
-            problems = self.guard.recheck(sorted(last_records))
+            with _cpu(self.stats, "log_check"):
+                problems = self.guard.recheck(sorted(last_records))
         except LogUnverifiable as exc:
             log.warning("batch of %d kept, not committed: %s", len(self.batch), exc)
             self.unverified = True
@@ -376,9 +392,10 @@ class _Loop:
             raise LogWentBackwards(self.config.topic, self.config.group, problems)
         try:
             with _cyclic_gc_paused():
-                decoded = self.batch.decode(self.seen, max_event_bytes=self.config.max_event_bytes,
-                                            redactor=self.config.redactor,
-                                            replayed_through=self.tables.events.markers)
+                with _cpu(self.stats, "decode"):
+                    decoded = self.batch.decode(self.seen, max_event_bytes=self.config.max_event_bytes,
+                                                redactor=self.config.redactor,
+                                                replayed_through=self.tables.events.markers)
                 self._check_replay(decoded)
                 self._write(decoded)
         except OffsetConflict as exc:
@@ -423,7 +440,8 @@ class _Loop:
         fresh = self.tables.quarantine.unwritten(rejected)
         self._check_quarantine_replay(rejected, fresh)
         events = self._fresh(decoded.events, EVENTS_TABLE)
-        written = self.tables.events.commit(events, last, refresh_offsets=refresh)
+        with _cpu(self.stats, "commit"):
+            written = self.tables.events.commit(events, last, refresh_offsets=refresh)
         self.stats.duplicates += decoded.duplicates + decoded.events.num_rows - events.num_rows
         self.stats.replayed += events.num_rows - written
         self._count(EVENTS_TABLE, written)
@@ -432,10 +450,12 @@ class _Loop:
             self.dead_letters.send_all(
                 [r for r in decoded.rejected if (r.coordinates.partition, r.coordinates.offset) in positions]
             )
-        derived = typed_tables(decoded.events)
+        with _cpu(self.stats, "typed_rows"):
+            derived = typed_tables(decoded.events)
         work = [(t, self._fresh(derived.get(t.name, t.schema.empty_table()), t.name)) for t in self.tables.typed]
         work.append((self.tables.quarantine, rejected))
-        written_per_table = self._commit_side_by_side(work, last)
+        with _cpu(self.stats, "commit"):
+            written_per_table = self._commit_side_by_side(work, last)
         for (table, _), n in zip(work, written_per_table):
             self._count(table.name, n)
         self.stats.replayed += rejected.num_rows - written_per_table[-1]  # quarantine is last

@@ -36,7 +36,6 @@ import pyarrow as pa
 
 from schemas.table_names import (  # the names alone, light to import; re-exported here with their schemas
     CHECKPOINTS_TABLE,
-    DATASETS_FOLDER,
     DATASETS_PREFIX,
     DATASET_LINEAGE_TABLE,
     DATASET_VERSIONS_TABLE,

@@ -65,13 +65,16 @@ class Rejected:
 
 
 def events_table(
-    events: Sequence[Event | FastEvent], coordinates: Sequence[KafkaCoordinates], *, ingested_at: datetime | None = None
+    events: Sequence[Event | FastEvent], coordinates: Sequence[KafkaCoordinates], *, ingested_at: datetime | None = None,
+    tokens: tuple[pa.Array, pa.Array] | None = None,
 ) -> pa.Table:
     """Rows of the ``events`` table, one per event, in the given order.
 
     Takes pydantic ``Event``s and the ingester's msgspec ``FastEvent``s alike
     (same attribute names; their rows are byte-identical, which
     ``tests/schemas/test_fast_decode.py`` checks). Built column by column.
+    ``tokens``: the ``token_ids`` and ``logprobs`` columns already built
+    (``schemas.fast_tokens``); the events' own token fields are then not read.
 
     >>> events_table([event], [KafkaCoordinates("trajlake.events", 0, 41)])  # doctest: +SKIP
     """
@@ -86,14 +89,20 @@ def events_table(
         "harness_version": [h.version if h else None for h in harness],
         "harness_config_hash": [h.config_hash if h else None for h in harness],
         "payload": [_payload_json(e.payload, fields) for e, fields in zip(events, token_fields)],
-        "token_ids": [getattr(e.payload, ids) if ids else None for e, (ids, _) in zip(events, token_fields)],
-        "logprobs": [getattr(e.payload, lps) if lps else None for e, (_, lps) in zip(events, token_fields)],
+        "token_ids": tokens[0] if tokens else [getattr(e.payload, ids) if ids else None
+                                               for e, (ids, _) in zip(events, token_fields)],
+        "logprobs": tokens[1] if tokens else [getattr(e.payload, lps) if lps else None
+                                              for e, (_, lps) in zip(events, token_fields)],
         "kafka_topic": [c.topic for c in coordinates],
         "kafka_partition": [c.partition for c in coordinates],
         "kafka_offset": [c.offset for c in coordinates],
         "ingested_at": [stamp] * len(events),
     }
-    return pa.table({f.name: pa.array(cols[f.name], type=f.type) for f in EVENTS}, schema=EVENTS)
+    return pa.table({f.name: _array(cols[f.name], f.type) for f in EVENTS}, schema=EVENTS)
+
+
+def _array(values: list[Any] | pa.Array, type_: pa.DataType) -> pa.Array:
+    return values if isinstance(values, pa.Array) else pa.array(values, type=type_)
 
 
 def _payload_json(payload: Any, token_fields: tuple[str | None, str | None]) -> str:

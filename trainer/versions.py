@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from ingest.broker_probe import probe_broker
 from pipelines.datasets.registry import list_versions
 from schemas.control import CONTROL_ADAPTER, CONTROL_TOPIC, DatasetVersionEvent
-from schemas.tables import DATASET_VERSIONS_TABLE, DATASETS_FOLDER, dataset_table
+from schemas.table_names import DATASET_VERSIONS_TABLE, DATASETS_FOLDER, dataset_table
 from store.lake import Lake
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,8 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 from loadgen import RunResult, Target, at_rate, saturate  # noqa: E402
 
-from devkit.broker import EmbeddedBroker
+from bench.results import Ratio, Recorder  # noqa: E402
+from devkit.broker import EmbeddedBroker  # noqa: E402
 from devkit.ports import free_port  # noqa: E402
 
 KEY = "sk-bench"
@@ -119,6 +120,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     args = parser.parse_args()
     rates = [int(r) for r in args.rates.split(",")]
+    recorder = Recorder("gateway", "added latency vs the same upstream called directly (fast local upstream), "
+                                   "open-loop at fixed rates, then closed-loop at saturation")
     engine_port, gateway_port = free_port(), free_port()
     fake_dir = ROOT / "tests" / "ingest" / "gateway"
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
@@ -150,7 +153,19 @@ def main() -> None:
                 proc.terminate()
                 proc.wait(30)
     print(json.dumps(results, indent=2))
-    (Path(__file__).parent / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    record(recorder, results)
+
+
+def record(recorder: Recorder, results: dict) -> None:
+    """results.json in the common format (``bench.results``); every figure above goes under ``detail``."""
+    at_200 = results["rates"].get("200")
+    latency = (f"200 req/s: p50 +{at_200['overhead_p50_ms']:.2f} ms, p99 +{at_200['overhead_p99_ms']:.2f} ms "
+               "(goal p50 <= 1 ms, p99 <= 5 ms); " if at_200 else "")
+    summary = (f"{latency}max {results['max_gateway']['req_s']:,.0f} proxied req/s (goal >= 1,000; direct "
+               f"{results['max_direct']['req_s']:,.0f}); {results['cpu_ms_per_request']['gateway_process']:.2f} ms "
+               "gateway CPU per call")
+    recorder.write(ratios=[Ratio("max_throughput", "max req/s, through the gateway / direct", [results["max_ratio"]])],
+                   summary=summary, detail=results)
 
 
 if __name__ == "__main__":

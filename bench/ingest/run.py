@@ -1,7 +1,14 @@
 """Ingest throughput: broker -> committed Delta rows, against a raw consume + Parquet baseline.
 
-One run, one embedded broker (tansu), the workload generator's events on a
-4-partition topic. Two readers take turns over the same messages:
+One run, one embedded broker (tansu), two workloads, each on its own
+4-partition topic:
+
+* ``full_prompt``: the workload generator's events (every event type; LLM
+  requests carry the full prompt's token ids), ~4.2 KB and ~490 ids on average;
+* ``large``: the generator's ``llm.request`` events only, with a long context
+  and a small vocabulary: ~3,000 token ids and ~17 KB each.
+
+Two readers take turns over the same messages of a workload:
 
 * **baseline**: the same kafka-python consumer settings, no validation, no
   dedupe; each batch of raw messages (value, key, partition, offset) is written
@@ -11,13 +18,20 @@ One run, one embedded broker (tansu), the workload generator's events on a
   batch with transaction markers), timed until its last batch is committed.
 
 Rounds alternate (baseline, ingester, baseline, ...) so drift on a shared
-machine hits both; the median of each side is reported. Goal (issue): the
-ingester reaches at least 70% of the baseline's events/s.
+machine hits both; each round gives a ratio (ingester events/s / baseline
+events/s) and the median ratio is the result. Goal (issue): >= 0.70. Also
+printed: the ingester's CPU seconds by stage (``IngestStats.cpu_s``, median
+over rounds), its peak RSS while it ran (sampled) and the process's peak.
 
-    .venv/bin/python -m bench ingest              # ~1-2 min on 2 cores
-    .venv/bin/python bench/ingest/run.py --tasks 40 --rounds 3
+    .venv/bin/python -m bench ingest              # ~2-3 min on 2 cores
+    .venv/bin/python bench/ingest/run.py --tasks 40 --rounds 5 --workloads full_prompt
 
-Writes bench/ingest/results.json.
+``--soak-minutes N`` instead runs the ingester alone for N minutes against a
+producer process sending fresh workload events at ``--soak-rate`` events/s and
+reports its RSS every 10 s and the slope (MB per minute, least squares over
+the second half) in ``bench/ingest/soak.json``.
+
+Writes bench/ingest/results.json (format: ``bench.results``).
 """
 
 from __future__ import annotations
@@ -25,12 +39,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -39,14 +54,36 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from bench.results import Ratio, Recorder, peak_rss_mb  # noqa: E402
 from devkit.broker import EmbeddedBroker  # noqa: E402
+from devkit.workload import WorkloadConfig, generate_events  # noqa: E402
 from ingest.consumer import AssignmentFlag, open_consumer, seek  # noqa: E402
 from ingest.ingester import IngesterConfig, IngestStats, run_ingester  # noqa: E402
-from devkit.workload import WorkloadConfig, generate_events  # noqa: E402
 
-TOPIC = "bench.events"
 PARTITIONS = (0, 1, 2, 3)
 GOAL = 0.70
+SOAK_SAMPLE_S = 10.0
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    description: str
+    config: Callable[[int, int], WorkloadConfig]
+    """(tasks, seed) -> the generator's configuration."""
+    keep: Callable[[dict], bool] = lambda event: True
+
+
+WORKLOADS = {
+    w.name: w for w in (
+        Workload("full_prompt", "workload events, ~490 token ids / ~4.2 KB each on average",
+                 lambda tasks, seed: WorkloadConfig(tasks=tasks, rollouts_per_task=8, seed=seed)),
+        Workload("large", "llm.request events only, ~3,000 token ids / ~17 KB each",
+                 lambda tasks, seed: WorkloadConfig(tasks=max(1, tasks // 2), rollouts_per_task=8, seed=seed,
+                                                    max_context_tokens=7_000, vocab_size=5_000),
+                 keep=lambda event: event["type"] == "llm.request"),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -57,59 +94,102 @@ class Run:
     """CPU time of this process (all its threads) during the run: robust to a busy shared machine."""
     messages: int
     bytes: int
+    peak_rss_mb: float = 0.0
+    cpu_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def events_per_s(self) -> float:
         return self.messages / self.seconds
 
-    @property
-    def mb_per_s(self) -> float:
-        return self.bytes / self.seconds / 1e6
+
+class RssSampler:
+    """Samples this process's resident set (VmRSS, MB) every ``every_s`` seconds in a thread; also what
+    Arrow's memory pool holds (``arrow``), to tell Arrow buffers from the rest."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s, self.samples, self.arrow = every_s, [], []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._started = time.monotonic()
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append((time.monotonic() - self._started, rss_mb()))
+            self.arrow.append(pa.total_allocated_bytes() / 2**20)
+            if self._stop.wait(self.every_s):
+                return
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
     @property
-    def events_per_cpu_s(self) -> float:
-        return self.messages / self.cpu_seconds
+    def peak(self) -> float:
+        return max(mb for _, mb in self.samples)
 
 
-def produce_workload(bootstrap_servers: str, *, tasks: int, rollouts: int, seed: int) -> tuple[int, int]:
-    """Send the workload's events (key = rollout_id); returns (messages, value bytes)."""
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status (Linux only)")
+
+
+def workload_values(workload: Workload, *, tasks: int, seed: int) -> Iterator[tuple[bytes, bytes]]:
+    """(key, value) of each kept workload event, as a producer sends it."""
+    for event in generate_events(workload.config(tasks, seed)):
+        if workload.keep(event):
+            yield event["rollout_id"].encode(), json.dumps(event, separators=(",", ":")).encode()
+
+
+def producer(bootstrap_servers: str):
     from kafka import KafkaProducer
 
-    producer = KafkaProducer(bootstrap_servers=bootstrap_servers, linger_ms=20, batch_size=1 << 20,
-                             max_request_size=64 << 20)
-    n = size = 0
-    for event in generate_events(WorkloadConfig(tasks=tasks, rollouts_per_task=rollouts, seed=seed)):
-        value = json.dumps(event, separators=(",", ":")).encode()
-        producer.send(TOPIC, key=event["rollout_id"].encode(), value=value)
-        n, size = n + 1, size + len(value)
-    producer.flush()
-    producer.close()
-    return n, size
+    return KafkaProducer(bootstrap_servers=bootstrap_servers, linger_ms=20, batch_size=1 << 20,
+                         max_request_size=64 << 20)
 
 
-def baseline(bootstrap_servers: str, out: Path, *, expected: int, batch_max_events: int) -> Run:
+def produce_workload(bootstrap_servers: str, topic: str, workload: Workload, *, tasks: int,
+                     seed: int) -> tuple[int, int, int]:
+    """Send the workload's events (key = rollout_id); returns (messages, value bytes, token ids)."""
+    out = producer(bootstrap_servers)
+    n = size = ids = 0
+    for key, value in workload_values(workload, tasks=tasks, seed=seed):
+        out.send(topic, key=key, value=value)
+        n, size, ids = n + 1, size + len(value), ids + value.count(b",")  # upper bound: commas, ~all in id lists
+    out.flush()
+    out.close()
+    return n, size, ids
+
+
+def baseline(bootstrap_servers: str, topic: str, out: Path, *, expected: int, batch_max_events: int) -> Run:
     """Consume everything and write raw Parquet files, one per batch."""
     start, cpu = time.perf_counter(), time.process_time()
-    consumer = open_consumer(bootstrap_servers, TOPIC, group=None, partitions=PARTITIONS, flag=AssignmentFlag())
-    seek(consumer, TOPIC, {p: None for p in PARTITIONS})
-    got = size = files = 0
-    while got < expected:
-        records = [r for rs in consumer.poll(timeout_ms=200, max_records=batch_max_events).values() for r in rs]
-        if not records:
-            continue
-        table = pa.table({
-            "value": pa.array([r.value for r in records], pa.binary()),
-            "key": pa.array([r.key for r in records], pa.binary()),
-            "partition": pa.array([r.partition for r in records], pa.int32()),
-            "offset": pa.array([r.offset for r in records], pa.int64()),
-        })
-        pq.write_table(table, out / f"part-{files:05d}.parquet")
-        got, size, files = got + len(records), size + sum(len(r.value) for r in records), files + 1
-    consumer.close()
-    return Run("baseline", time.perf_counter() - start, time.process_time() - cpu, got, size)
+    with RssSampler(0.1) as rss:
+        consumer = open_consumer(bootstrap_servers, topic, group=None, partitions=PARTITIONS, flag=AssignmentFlag())
+        seek(consumer, topic, {p: None for p in PARTITIONS})
+        got = size = files = 0
+        while got < expected:
+            records = [r for rs in consumer.poll(timeout_ms=200, max_records=batch_max_events).values() for r in rs]
+            if not records:
+                continue
+            table = pa.table({
+                "value": pa.array([r.value for r in records], pa.binary()),
+                "key": pa.array([r.key for r in records], pa.binary()),
+                "partition": pa.array([r.partition for r in records], pa.int32()),
+                "offset": pa.array([r.offset for r in records], pa.int64()),
+            })
+            pq.write_table(table, out / f"part-{files:05d}.parquet")
+            got, size, files = got + len(records), size + sum(len(r.value) for r in records), files + 1
+        consumer.close()
+    return Run("baseline", time.perf_counter() - start, time.process_time() - cpu, got, size, rss.peak)
 
 
-def ingester(bootstrap_servers: str, lake: Path, *, expected: int, batch_max_events: int) -> Run:
+def ingester(bootstrap_servers: str, topic: str, lake: Path, *, expected: int, batch_max_events: int) -> Run:
     """Run the real ingester until it has committed every message."""
     stop = threading.Event()
 
@@ -117,60 +197,165 @@ def ingester(bootstrap_servers: str, lake: Path, *, expected: int, batch_max_eve
         if stats.consumed >= expected:
             stop.set()
 
-    config = IngesterConfig(lake=str(lake), bootstrap_servers=bootstrap_servers, topic=TOPIC, group="bench",
+    config = IngesterConfig(lake=str(lake), bootstrap_servers=bootstrap_servers, topic=topic, group="bench",
                             partitions=PARTITIONS, batch_max_events=batch_max_events)
     start, cpu = time.perf_counter(), time.process_time()
-    stats = run_ingester(config, stop, on_progress=done)
-    return Run("ingester", time.perf_counter() - start, time.process_time() - cpu, stats.consumed, stats.bytes)
+    with RssSampler(0.1) as rss:
+        stats = run_ingester(config, stop, on_progress=done)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    if stats.events + stats.duplicates + stats.quarantined != expected:
+        raise RuntimeError(f"ingester accounted for {stats.events + stats.duplicates + stats.quarantined} of "
+                           f"{expected} messages: {stats}")
+    return Run("ingester", seconds, cpu, stats.consumed, stats.bytes, rss.peak, dict(stats.cpu_s))
 
 
-def median_run(runs: list[Run]) -> Run:
-    return Run(runs[0].side, statistics.median(r.seconds for r in runs),
-               statistics.median(r.cpu_seconds for r in runs), runs[0].messages, runs[0].bytes)
+def bench_workload(broker: EmbeddedBroker, tmp: Path, workload: Workload, args: argparse.Namespace) -> dict:
+    topic = f"bench.{workload.name}"
+    broker.create_topic(topic, partitions=len(PARTITIONS))
+    messages, size, ids = produce_workload(broker.bootstrap_servers, topic, workload, tasks=args.tasks, seed=args.seed)
+    print(f"{workload.name}: produced {messages:,} events ({size / 1e6:,.1f} MB, {size / messages / 1e3:.1f} KB "
+          f"and <= {ids / messages:,.0f} token ids each) on {len(PARTITIONS)} partitions", flush=True)
+    runs: dict[str, list[Run]] = {"baseline": [], "ingester": []}
+    for i in range(args.rounds):
+        for side, fn in (("baseline", baseline), ("ingester", ingester)):
+            out = tmp / f"{workload.name}-{side}-{i}"
+            out.mkdir()
+            run = fn(broker.bootstrap_servers, topic, out, expected=messages, batch_max_events=args.batch_max_events)
+            runs[side].append(run)
+            print(f"  round {i + 1} {side:9s} {run.seconds:6.2f} s {run.events_per_s:9,.0f} events/s "
+                  f"{run.bytes / run.seconds / 1e6:6.1f} MB/s ({run.cpu_seconds:5.2f} CPU s, "
+                  f"peak RSS {run.peak_rss_mb:,.0f} MB)", flush=True)
+    ratios = [o.events_per_s / b.events_per_s for b, o in zip(runs["baseline"], runs["ingester"])]
+    cpu_ratios = [(b.cpu_seconds / b.messages) / (o.cpu_seconds / o.messages)
+                  for b, o in zip(runs["baseline"], runs["ingester"])]
+    ours = runs["ingester"]
+    stages = {s: statistics.median(r.cpu_s.get(s, 0.0) for r in ours) for s in ours[0].cpu_s}
+    stages["other"] = max(0.0, statistics.median(r.cpu_seconds for r in ours) - sum(stages.values()))
+    figures = {
+        "events": messages, "bytes": size, "token_ids_at_most": ids,
+        **{f"{side}_events_per_s": statistics.median(r.events_per_s for r in rs) for side, rs in runs.items()},
+        **{f"{side}_cpu_us_per_event": statistics.median(r.cpu_seconds for r in rs) / messages * 1e6
+           for side, rs in runs.items()},
+        "ingester_peak_rss_mb": max(r.peak_rss_mb for r in ours),
+        "ratios": ratios, "cpu_ratios": cpu_ratios,
+        "seconds": {side: [r.seconds for r in rs] for side, rs in runs.items()},
+        "cpu_seconds": {side: [r.cpu_seconds for r in rs] for side, rs in runs.items()},
+    }
+    split = "  ".join(f"{s} {v / messages * 1e6:.0f}" for s, v in stages.items())
+    print(f"  {workload.name}: ratio {statistics.median(ratios):.2f} (rounds: "
+          f"{', '.join(f'{r:.2f}' for r in ratios)}; per CPU second {statistics.median(cpu_ratios):.2f}) | ingester "
+          f"{figures['ingester_events_per_s']:,.0f} vs baseline {figures['baseline_events_per_s']:,.0f} events/s\n"
+          f"  ingester CPU us/event by stage: {split}", flush=True)
+    return {"workload": workload, "ratios": ratios, "cpu_ratios": cpu_ratios, "stages": stages, "figures": figures}
+
+
+def main_bench(args: argparse.Namespace) -> int:
+    recorder = Recorder("ingest", "broker -> committed Delta rows (validation, dedupe, quarantine, exactly-once "
+                                  "markers) vs a consumer writing raw Parquet, 4 partitions, rounds alternating; "
+                                  + "; ".join(f"`{w}`: {WORKLOADS[w].description}" for w in args.workloads.split(",")))
+    done = []
+    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
+        for name in args.workloads.split(","):
+            done.append(bench_workload(broker, Path(tmp), WORKLOADS[name], args))
+    ratios = [Ratio(d["workload"].name, f"{d['workload'].name}: events/s, ingester / raw-Parquet consumer",
+                    d["ratios"], goal=GOAL) for d in done]
+    summary = "; ".join(
+        f"{d['workload'].name}: {d['figures']['ingester_events_per_s']:,.0f} vs "
+        f"{d['figures']['baseline_events_per_s']:,.0f} events/s ({d['figures']['events']:,} events of "
+        f"{d['figures']['bytes'] / d['figures']['events'] / 1e3:.1f} KB), {statistics.median(d['cpu_ratios']):.2f}x "
+        f"per CPU second" for d in done)
+    recorder.write(
+        ratios=ratios, summary=summary,
+        peak_rss_mb={f"while ingesting {d['workload'].name}": d["figures"]["ingester_peak_rss_mb"] for d in done}
+        | {"bench process": peak_rss_mb()},
+        cpu_s_by_stage={d["workload"].name: d["stages"] for d in done},
+        detail={"rounds": args.rounds, "batch_max_events": args.batch_max_events, "tasks": args.tasks,
+                "seed": args.seed, "partitions": len(PARTITIONS),
+                "workloads": {d["workload"].name: d["figures"] for d in done}},
+    )
+    for r in ratios:
+        if r.goal is not None:
+            print(f"{r.key}: ratio {r.value:.2f} ({'meets' if r.meets else 'MISSES'} the {r.goal:.0%} goal)")
+    return 0
+
+
+def soak_producer(bootstrap_servers: str, topic: str, rate: float, seconds: float) -> None:
+    """Send fresh workload events (new seed per pass) at ``rate`` events/s for ``seconds``."""
+    out = producer(bootstrap_servers)
+    started, sent, seed = time.monotonic(), 0, 1000
+    while time.monotonic() - started < seconds:
+        for key, value in workload_values(WORKLOADS["full_prompt"], tasks=4, seed=seed):
+            ahead = sent / rate - (time.monotonic() - started)
+            if ahead > 0:
+                time.sleep(ahead)
+            if time.monotonic() - started >= seconds:
+                break
+            out.send(topic, key=key, value=value)
+            sent += 1
+        seed += 1
+    out.flush()
+    out.close()
+    print(json.dumps({"sent": sent}), flush=True)
+
+
+def slope_mb_per_min(samples: list[tuple[float, float]], *, after_s: float) -> float:
+    points = [(t / 60, mb) for t, mb in samples if t >= after_s]
+    if len(points) < 2:
+        return float("nan")
+    return statistics.linear_regression([t for t, _ in points], [mb for _, mb in points]).slope
+
+
+def main_soak(args: argparse.Namespace) -> int:
+    seconds = args.soak_minutes * 60
+    topic = "bench.soak"
+    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="bench-ingest-soak-") as tmp:
+        broker.create_topic(topic, partitions=len(PARTITIONS))
+        feeder = subprocess.Popen(
+            [sys.executable, __file__, "--soak-producer", broker.bootstrap_servers, "--soak-rate", str(args.soak_rate),
+             "--soak-minutes", str(args.soak_minutes)], stdout=subprocess.PIPE, text=True)
+        stop = threading.Event()
+        config = IngesterConfig(lake=str(Path(tmp) / "lake"), bootstrap_servers=broker.bootstrap_servers, topic=topic,
+                                group="soak", partitions=PARTITIONS, dedupe_max_ids=args.soak_dedupe_ids)
+        timer = threading.Timer(seconds + 5, stop.set)
+        timer.start()
+        sampler = RssSampler(SOAK_SAMPLE_S)
+        try:
+            with sampler:
+                stats = run_ingester(config, stop)
+        finally:
+            timer.cancel()
+            feeder.wait(60)
+    slope = slope_mb_per_min(sampler.samples, after_s=seconds / 2)
+    result = {"minutes": args.soak_minutes, "rate": args.soak_rate, "dedupe_max_ids": args.soak_dedupe_ids,
+              "events": stats.events, "batches": stats.batches, "slope_mb_per_min_second_half": slope,
+              "rss_mb_samples": [[round(t, 1), round(mb, 1)] for t, mb in sampler.samples],
+              "arrow_pool_mb_samples": [round(mb, 1) for mb in sampler.arrow]}
+    (Path(__file__).parent / "soak.json").write_text(json.dumps(result, indent=2) + "\n")
+    first, last = sampler.samples[0][1], sampler.samples[-1][1]
+    print(f"soak: {args.soak_minutes} min, {stats.events:,} events in {stats.batches:,} batches; RSS {first:,.0f} -> "
+          f"{last:,.0f} MB (peak {sampler.peak:,.0f}); slope over the second half {slope:+.2f} MB/min")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tasks", type=int, default=30, help="workload tasks (x rollouts each)")
-    parser.add_argument("--rollouts", type=int, default=8, help="rollouts per task")
+    parser.add_argument("--tasks", type=int, default=30, help="workload tasks (x 8 rollouts each)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per side")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
     parser.add_argument("--batch-max-events", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--soak-minutes", type=float, default=0, help="run the RSS soak instead of the ratio bench")
+    parser.add_argument("--soak-rate", type=float, default=300, help="events/s sent during the soak")
+    parser.add_argument("--soak-dedupe-ids", type=int, default=1_000_000, help="the ingester's dedupe_max_ids")
+    parser.add_argument("--soak-producer", metavar="BOOTSTRAP", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-
-    runs: dict[str, list[Run]] = {"baseline": [], "ingester": []}
-    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
-        broker.create_topic(TOPIC, partitions=len(PARTITIONS))
-        messages, size = produce_workload(broker.bootstrap_servers, tasks=args.tasks, rollouts=args.rollouts,
-                                          seed=args.seed)
-        print(f"produced {messages:,} events ({size / 1e6:,.1f} MB) on {len(PARTITIONS)} partitions", flush=True)
-        for i in range(args.rounds):
-            for side, fn in (("baseline", baseline), ("ingester", ingester)):
-                out = Path(tmp) / f"{side}-{i}"
-                out.mkdir()
-                run = fn(broker.bootstrap_servers, out, expected=messages, batch_max_events=args.batch_max_events)
-                runs[side].append(run)
-                print(f"round {i + 1} {side:9s} {run.seconds:6.2f} s  {run.events_per_s:9,.0f} events/s  "
-                      f"{run.mb_per_s:6.1f} MB/s  ({run.cpu_seconds:5.2f} CPU s)", flush=True)
-    base, ours = median_run(runs["baseline"]), median_run(runs["ingester"])
-    ratio = ours.events_per_s / base.events_per_s
-    cpu_ratio = ours.events_per_cpu_s / base.events_per_cpu_s
-    verdict = "meets" if ratio >= GOAL else "MISSES"
-    print(f"\nmedian  baseline {base.events_per_s:,.0f} events/s {base.mb_per_s:.1f} MB/s | ingester "
-          f"{ours.events_per_s:,.0f} events/s {ours.mb_per_s:.1f} MB/s | ratio {ratio:.2f} ({verdict} the {GOAL:.0%} goal)"
-          f" | per CPU second: ratio {cpu_ratio:.2f}")
-    result = {
-        "bench": "ingest", "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "workload": {"tasks": args.tasks, "rollouts_per_task": args.rollouts, "seed": args.seed,
-                     "events": messages, "bytes": size, "partitions": len(PARTITIONS)},
-        "batch_max_events": args.batch_max_events, "rounds": args.rounds,
-        **{side: {"events_per_s": r.events_per_s, "mb_per_s": r.mb_per_s, "events_per_cpu_s": r.events_per_cpu_s,
-                  "seconds": [x.seconds for x in runs[side]], "cpu_seconds": [x.cpu_seconds for x in runs[side]]}
-           for side, r in (("baseline", base), ("ingester", ours))},
-        "ratio": ratio, "cpu_ratio": cpu_ratio, "goal": GOAL,
-    }
-    (Path(__file__).parent / "results.json").write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+    unknown = set(args.workloads.split(",")) - WORKLOADS.keys()
+    if unknown:
+        parser.error(f"unknown workload(s) {', '.join(sorted(unknown))}: choose from {', '.join(WORKLOADS)}")
+    if args.soak_producer:
+        soak_producer(args.soak_producer, "bench.soak", args.soak_rate, args.soak_minutes * 60)
+        return 0
+    return main_soak(args) if args.soak_minutes else main_bench(args)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from devkit.workload import WorkloadConfig, generate_events  # noqa: E402
 from schemas.fast import decode_batch  # noqa: E402
+from schemas.fast_tokens import decode_batch_columnar  # noqa: E402
 from schemas.tables import EVENTS, EVENTS_TABLE, TYPED_TABLES  # noqa: E402
 from schemas.versions import decode_event  # noqa: E402
 from store.commit import MarkedTable  # noqa: E402
@@ -72,10 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     coordinates = [KafkaCoordinates("bench", PARTITIONS[i % len(PARTITIONS)], i) for i in range(n)]
     gc.disable()
     timed("decode: pydantic contract", n, lambda: [decode_event(v) for v in values])
-    fast = timed("decode: msgspec fast path", n, lambda: decode_batch(values))
+    fast = timed("decode: msgspec, token lists", n, lambda: decode_batch(values))
     if None in fast:
         raise SystemExit("the fast path refused a workload event: run tests/schemas/test_fast_decode.py")
-    events = timed("events rows", n, lambda: events_table(fast, coordinates))
+    timed("events rows from token lists", n, lambda: events_table(fast, coordinates))
+    columnar = timed("decode: msgspec, tokens->Arrow", n, lambda: decode_batch_columnar(values))
+    if None in columnar.events:
+        raise SystemExit("the columnar path refused a workload event: run tests/schemas/test_fast_tokens.py")
+    events = timed("events rows, tokens in Arrow", n, lambda: events_table(
+        columnar.events, coordinates, tokens=columnar.tokens.pick(list(range(n)))))
     typed = timed("typed rows", n, lambda: typed_tables(events))
     last = {p: n for p in PARTITIONS}
     with tempfile.TemporaryDirectory(prefix="bench-stages-") as tmp:

@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
+from bench.results import Ratio, Recorder  # noqa: E402
 from schemas.tables import SAMPLES, dataset_table  # noqa: E402
 from store.lake import Lake  # noqa: E402
 from trainer.batching import collate  # noqa: E402
@@ -118,6 +119,9 @@ def main() -> None:
     logging.basicConfig(level="WARNING")
     init_distributed()
     n = args.steps + args.warmup
+    recorder = Recorder("train", f"DeepSpeed trainer (`train_dataset`, ZeRO-{args.zero_stage} fp32) vs a plain torch "
+                                 f"loop, same model (Llama hidden {args.hidden}, {args.layers} layers) and batches, "
+                                 "steps alternating")
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         root = Path(tmp)
         model = build_model(root / "model", hidden=args.hidden, layers=args.layers)
@@ -147,7 +151,12 @@ def main() -> None:
     }
     result["meets_goal"] = result["overhead"] <= 0.05
     print(json.dumps(result, indent=2))
-    (Path(__file__).parent / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    recorder.write(
+        ratios=[Ratio("deepspeed_over_plain", "tokens/s, DeepSpeed trainer / plain torch loop",
+                      [result["ratio_ds_over_plain"]], goal=0.95)],
+        summary=f"{result['overhead']:.1%} overhead ({result['deepspeed_tokens_per_s']:,.0f} vs "
+                f"{result['plain_tokens_per_s']:,.0f} tokens/s, median of {len(ds)} steps)",
+        detail=result)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,97 @@
+"""Guard: token arrays parsed straight into Arrow (schemas.fast_tokens) give the contract's rows and verdicts.
+
+Valid events: byte-identical ``events`` rows (and typed rows) to the pydantic
+contract's. Invalid token fields: refused by the columnar path, and the
+ingester's batch decode then quarantines them with the contract's reasons,
+also when they sit among valid events of the same batch.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_fast_decode import STAMP, batch_outcome, contract_outcome, coordinates, pydantic_rows
+from test_wire_contract import event
+
+from devkit.workload import WorkloadConfig, generate_events
+from schemas.fast_tokens import decode_batch_columnar
+from store.event_rows import events_table, typed_tables
+
+
+def columnar_rows(values: list[bytes]):
+    batch = decode_batch_columnar(values)
+    assert None not in batch.events
+    return events_table(batch.events, coordinates(len(values)), ingested_at=STAMP,
+                        tokens=batch.tokens.pick(list(range(len(values)))))
+
+
+def request(ids) -> dict:
+    raw = event("llm.request")
+    raw["payload"]["prompt_token_ids"] = ids
+    return raw
+
+
+def response(ids, logprobs, **payload) -> dict:
+    raw = event("llm.response")
+    raw["payload"].update(response_token_ids=ids, logprobs=logprobs, **payload)
+    return raw
+
+
+@pytest.mark.parametrize("separators", [(",", ":"), (", ", ": ")], ids=["compact", "spaced"])
+def test_workload_events_give_byte_identical_rows(separators):
+    events = list(generate_events(WorkloadConfig(tasks=6, rollouts_per_task=6, seed=3)))
+    values = [json.dumps(e, separators=separators).encode() for e in events]
+    ours, theirs = columnar_rows(values), pydantic_rows(values)
+    assert ours.equals(theirs)
+    for name, rows in typed_tables(ours).items():
+        assert rows.equals(typed_tables(theirs)[name])
+
+
+VALID = [
+    request([]), request(None), request([0, 2**31 - 1]), request([7] * 3000),
+    response([4, 5], [-1, 0]), response([4, 5, 6], [-0.0, 1e-300, 1.5e2]), response([], []),
+    response([1, 2], None), response(None, None, token_source="none"), response([3], [-2.220446049250313e-16]),
+    response([9], [-0.1234567890123456789]),
+]
+
+
+@pytest.mark.parametrize("raw", VALID, ids=lambda r: json.dumps(r["payload"])[:60])
+def test_valid_token_fields_read_the_same(raw):
+    values = [json.dumps(raw).encode()]
+    assert columnar_rows(values).equals(pydantic_rows(values))
+
+
+def test_whitespace_inside_token_arrays_reads_the_same():
+    text = json.dumps(response([1, 2, 3], [-0.5, -1.0, -2.0])).encode()
+    for spaced in (b"[ 1 ,\n2,\t3 ]", b"[1 , 2 , 3]"):
+        value = text.replace(b"[1, 2, 3]", spaced)
+        assert spaced in value
+        assert columnar_rows([value]).equals(pydantic_rows([value]))
+
+
+INVALID = [
+    request([-1]), request([2**31]), request([10**30]), request([1.0]), request([1e2]), request(["1"]),
+    request([None]), request([[1]]), request({}), request("1,2"), request([True]), request([0, -5]),
+    response([1], [1e400]), response([1], [-1e400]), response([1], ["x"]), response([1], [None]),
+    response([1], [[]]), response([1, 2], [-0.1]), response([1], [-0.1, -0.2]),
+    response(None, None, token_source="engine"), response([1], [True]),
+]
+
+
+@pytest.mark.parametrize("raw", INVALID, ids=lambda r: json.dumps(r["payload"])[:70])
+def test_invalid_token_fields_leave_the_columnar_path(raw):
+    value = json.dumps(raw).encode().replace(b"Infinity", b"1e400")  # a JSON number that overflows a double
+    assert decode_batch_columnar([value]).events == [None]
+    rows, reasons = batch_outcome([value])
+    assert (rows, reasons) == contract_outcome([value])
+
+
+def test_a_batch_mixing_valid_and_invalid_token_fields_gives_the_contracts_rows_and_reasons():
+    values = []
+    for i, raw in enumerate([*VALID, *INVALID, *VALID]):
+        raw["event_id"] = f"e-{i}"
+        values.append(json.dumps(raw).encode().replace(b"Infinity", b"1e400"))
+    rows, reasons = batch_outcome(values)
+    assert (rows, reasons) == contract_outcome(values)
+    assert len(reasons) == len(INVALID) and len(rows) == 2 * len(VALID)
