@@ -120,18 +120,20 @@ class SampleStream:
                 self._progress(done, len(plan.rollout_ids))
 
     def _record_batch(self, rows: list[tuple[int, int, Sample]]) -> pa.RecordBatch:
+        """The rows as one record batch; token columns filled in place (one buffer per column, no copies)."""
         plan = self._plan
-        ids, masks, logprobs, trained = [], [], [], []
-        for i, k, sample in rows:
-            input_ids, mask, lps = sample.observation_arrays() if self._observations else sample.arrays()
-            ids.append(input_ids)
-            masks.append(mask)
-            logprobs.append(lps)
+        lengths = np.array([len(sample.tokens) for _, _, sample in rows], dtype=np.int64)
+        offsets = np.concatenate(([0], np.cumsum(lengths)))
+        ids = np.empty(offsets[-1], dtype=np.int32)
+        masks, logprobs = np.zeros(offsets[-1], dtype=np.int8), np.zeros(offsets[-1], dtype=np.float32)
+        trained = []
+        for j, (i, k, sample) in enumerate(rows):
+            row = slice(offsets[j], offsets[j + 1])
+            sample.fill(ids[row], masks[row], logprobs[row], observations=self._observations)
             trained.append(sample.n_observed if self._observations else sample.n_trained)
             self.start_reasons[sample.start_reason] += 1
-            self._hash_row(plan.rollout_ids[i], k, sample, input_ids, mask, lps, i)
-        lengths = np.array([len(x) for x in ids], dtype=np.int64)
-        offsets = pa.array(np.concatenate(([0], np.cumsum(lengths))).astype(np.int32))
+            self._hash_row(plan.rollout_ids[i], k, sample, ids[row], masks[row], logprobs[row], i)
+        list_offsets = pa.array(offsets.astype(np.int32))
         rollout = [i for i, _, _ in rows]
         self.n_samples += len(rows)
         self.n_tokens += int(lengths.sum())
@@ -148,9 +150,9 @@ class SampleStream:
                 pa.array([s.call_ids for _, _, s in rows], pa.list_(pa.string())),
                 pa.array([s.policy_version or plan.policy_versions[i] for i, _, s in rows], pa.string()),
                 pa.array([s.tokenizer for _, _, s in rows], pa.string()),
-                pa.ListArray.from_arrays(offsets, _concat(ids, np.int32)),
-                pa.ListArray.from_arrays(offsets, _concat(masks, np.int8)),
-                pa.ListArray.from_arrays(offsets, _concat(logprobs, np.float32)),
+                pa.ListArray.from_arrays(list_offsets, pa.array(ids)),
+                pa.ListArray.from_arrays(list_offsets, pa.array(masks)),
+                pa.ListArray.from_arrays(list_offsets, pa.array(logprobs)),
                 pa.array(plan.advantages[rollout], pa.float32()),
                 pa.array(plan.token_weights[rollout], pa.float32()),
                 pa.array(plan.rewards[rollout], pa.float64()),
@@ -179,10 +181,6 @@ class SampleStream:
         for array in (ids, mask, lps):
             self._hash.update(len(array).to_bytes(8, "little"))
             self._hash.update(np.ascontiguousarray(array).data)  # the bytes tobytes() gave, without the copy
-
-
-def _concat(arrays: list[np.ndarray], dtype: type) -> pa.Array:
-    return pa.array(np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype))
 
 
 class CorruptTable(RuntimeError):
