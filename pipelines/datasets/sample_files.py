@@ -55,17 +55,19 @@ def write_version(lake: Lake, table: str, batches: Iterable[pa.RecordBatch], *, 
             writer = None
         _commit(lake, table, actions, schema)
     except BaseException:
-        _remove_uncommitted(filesystem, folder, [a.path for a in actions] + ([writer.name] if writer else []))
+        if writer is not None:
+            writer.abandon()
+        for action in actions:
+            _delete(filesystem, f"{folder}/{action.path}")
         raise
 
 
-def _remove_uncommitted(filesystem: Any, folder: str, names: list[str]) -> None:
-    """A failed build leaves no file behind (readers would ignore them, but they take space until a vacuum)."""
-    for name in names:
-        try:
-            filesystem.delete_file(f"{folder}/{name}")
-        except OSError:
-            pass
+def _delete(filesystem: Any, path: str) -> None:
+    """A failed build leaves no file behind (readers ignore them, but they take space until a vacuum)."""
+    try:
+        filesystem.delete_file(path)
+    except OSError:
+        pass
 
 
 def _commit(lake: Lake, table: str, actions: list[AddAction], schema: pa.Schema) -> None:
@@ -106,6 +108,13 @@ class _File:
             if low.is_valid:
                 self._min[name] = min(self._min.get(name, low.as_py()), low.as_py())
                 self._max[name] = max(self._max.get(name, high.as_py()), high.as_py())
+
+    def abandon(self) -> None:
+        try:
+            self._writer.close()
+        except OSError:
+            pass
+        _delete(self._filesystem, self._path)
 
     def close(self) -> AddAction:
         self._writer.close()
