@@ -1,60 +1,73 @@
-"""Build benchmark: build-dataset vs a naive per-call Python loop, at two input sizes, in one run.
+"""Build benchmark: build-dataset vs a bare scan of its token columns and vs a naive Python loop, in one run.
 
 Generates two lakes with the workload generator (``--rollouts`` and 4x that),
-then runs each build in its own process and reports rollouts/s, tokens/s
-(input tokens of the source tables), CPU seconds (user + sys, all threads:
-fairer than wall time on a shared machine) and peak RSS (VmHWM).
-The naive baseline (bench/build/naive.py) runs on the small lake (and on the
-large one with ``--naive-on-both``); its sample and token counts must equal
-the pipeline's. Prints a table and writes ``bench/build/results.json``.
+then, for ``--rounds`` rounds, runs on each lake, each in its own process and
+timed after the imports: the bare scans (``scan.py``: every prompt/response id
+and logprob read and summed, with Arrow and with DuckDB), the pipeline build,
+and on the small lake the naive per-call loop (``naive.py``, whose sample and
+token counts must equal the pipeline's). Ratios are per round (ours / a
+baseline measured moments apart on the same machine), reported as medians:
+wall time of the build / the faster scan (goal <= 2x, both sizes), the same
+in CPU seconds (steadier on a loaded machine), naive / build wall time, and
+the build's peak RSS (VmHWM) on the large lake / the small (goal <= 1.1x).
+Prints CPU seconds by stage
+(``stages.py``) and writes ``bench/build/results.json`` (``bench.results``
+format) with each build's content hash in ``detail``; exits 1 when the
+rounds' content hashes disagree or the naive loop's counts differ.
 
-    .venv/bin/python bench/build/run.py [--rollouts 400] [--naive-on-both] [--lakes DIR]
-
-Goals (issue): >= 10x the naive baseline; peak RSS flat as the input grows 4x.
+    .venv/bin/python bench/build/run.py [--rollouts 400] [--rounds 3] [--lakes DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(ROOT), str(HERE)]
 
+from bench.results import Ratio, Recorder, peak_rss_mb  # noqa: E402
 
-def peak_rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
+KINDS = ("scan-arrow", "scan-duckdb", "pipeline", "naive")
+SCAN_GOAL = 2.0
+"""Build wall time / bare scan wall time (issue 14)."""
+RSS_GOAL = 1.1
+"""Peak RSS growth of the build for 4x the input (issue 14)."""
 
 
 def child(kind: str, lake_root: str) -> None:
-    """Run one build in this process and print its figures as JSON."""
+    """Run one build (or scan) in this process and print its figures as JSON."""
     from naive import naive_build
+    from scan import arrow_scan, duckdb_scan
+    from stages import cpu_by_stage, process_cpu
 
     from pipelines import build_dataset
     from store.lake import Lake
 
     lake = Lake(lake_root)
-    cpu = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = process_cpu()
     started = time.perf_counter()
     if kind == "pipeline":
-        counts = build_dataset(lake, "bench").manifest["counts"]
+        with cpu_by_stage() as stages:
+            result = build_dataset(lake, "bench")
+        counts = result.manifest["counts"]
         figures = {"rollouts": counts["rollouts"]["in_dataset"], "samples": counts["samples"],
-                   "tokens": counts["tokens"], "trained_tokens": counts["trained_tokens"]}
-    else:
+                   "tokens": counts["tokens"], "trained_tokens": counts["trained_tokens"],
+                   "content_hash": result.content_hash, "cpu_s_by_stage": dict(stages)}
+    elif kind == "naive":
         figures = naive_build(lake, "bench_naive")
+    else:
+        figures = {"sum": (arrow_scan if kind == "scan-arrow" else duckdb_scan)(lake)}
     figures["seconds"] = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    figures["cpu_seconds"] = after.ru_utime - cpu.ru_utime + after.ru_stime - cpu.ru_stime
+    figures["cpu_seconds"] = process_cpu() - cpu
     figures["peak_rss_mb"] = peak_rss_mb()
     print(json.dumps(figures))
 
@@ -63,7 +76,7 @@ def measure(kind: str, lake_root: str) -> dict:
     out = subprocess.run([sys.executable, __file__, "--child", kind, "--lake", lake_root],
                          capture_output=True, text=True, check=False, cwd=ROOT)
     if out.returncode != 0:
-        raise RuntimeError(f"{kind} build failed:\n{out.stderr[-3000:]}")
+        raise RuntimeError(f"{kind} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -83,44 +96,98 @@ def prepare(lakes: Path, rollouts: int) -> tuple[str, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=400, help="rollouts of the small lake (the large has 4x)")
-    parser.add_argument("--naive-on-both", action="store_true", help="also run the naive baseline on the large lake")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every measurement (ratios are medians)")
     parser.add_argument("--lakes", type=Path, default=None, help="keep/reuse generated lakes here")
-    parser.add_argument("--child", choices=["pipeline", "naive"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
     parser.add_argument("--lake", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child, args.lake)
         return
+    recorder = Recorder("build", "`build-dataset` vs a bare scan of its token columns (the faster of Arrow and "
+                                 "DuckDB) and vs a naive per-call Python loop")
     lakes = args.lakes or Path(tempfile.mkdtemp(prefix="trajlake-bench-build-"))
-    results = {"sizes": {}}
-    for n in (args.rollouts, 4 * args.rollouts):
-        root, stats = prepare(lakes, n)
-        row = {"input": stats, "pipeline": measure("pipeline", root)}
-        if n == args.rollouts or args.naive_on_both:
-            row["naive"] = measure("naive", root)
-            same = all(row["naive"][k] == row["pipeline"][k] for k in ("samples", "tokens", "trained_tokens"))
-            row["same_output"] = same
-            row["speedup"] = round(row["naive"]["seconds"] / row["pipeline"]["seconds"], 2)
-            row["speedup_cpu"] = round(row["naive"]["cpu_seconds"] / row["pipeline"]["cpu_seconds"], 2)
-        results["sizes"][str(n)] = row
-        print_row(n, row)
-    small, large = (results["sizes"][str(n)]["pipeline"] for n in (args.rollouts, 4 * args.rollouts))
-    results["rss_growth_4x_input"] = round(large["peak_rss_mb"] / small["peak_rss_mb"], 2)
-    print(f"peak RSS growth for 4x input: {results['rss_growth_4x_input']}x")
-    (HERE / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    sizes = (args.rollouts, 4 * args.rollouts)
+    inputs = {n: prepare(lakes, n) for n in sizes}
+    rounds: list[dict[int, dict]] = []
+    for k in range(args.rounds):
+        measured = {}
+        for n in sizes:
+            kinds = KINDS if n == args.rollouts else KINDS[:-1]
+            measured[n] = {kind: measure(kind, inputs[n][0]) for kind in kinds}
+            print_rows(k, n, inputs[n][1], measured[n])
+        rounds.append(measured)
+    sys.exit(write_results(recorder, args.rollouts, inputs, rounds))
 
 
-def print_row(n: int, row: dict) -> None:
-    tokens = row["input"]["tokens"]
-    for kind in ("pipeline", "naive"):
-        if kind in row:
-            r = row[kind]
-            print(f"{n:>6} rollouts {tokens / 1e6:6.1f}M input tokens  {kind:<8} {r['seconds']:7.2f} s "
-                  f"(cpu {r['cpu_seconds']:6.2f} s)  "
-                  f"{r['rollouts'] / r['seconds']:8.1f} rollouts/s  {tokens / r['seconds'] / 1e6:6.2f}M tokens/s  "
-                  f"peak RSS {r['peak_rss_mb']:7.0f} MB  samples {r['samples']}")
-    if "speedup" in row:
-        print(f"        speedup {row['speedup']}x wall, {row['speedup_cpu']}x cpu; same output: {row['same_output']}")
+def write_results(recorder: Recorder, small: int, inputs: dict[int, tuple[str, dict]],
+                  rounds: list[dict[int, dict]]) -> int:
+    """Write results.json and print its ratios; 1 when the builds disagree with each other or the naive loop."""
+    large = 4 * small
+    hashes = {n: sorted({r[n]["pipeline"]["content_hash"] for r in rounds}) for n in (small, large)}
+    same = all(r[small]["naive"][k] == r[small]["pipeline"][k] for r in rounds
+               for k in ("samples", "tokens", "trained_tokens"))
+    ratios = [
+        *(Ratio(f"build_over_scan_{n}", f"wall time, build / bare token scan, {n} rollouts",
+                [round(r[n]["pipeline"]["seconds"] / _scan_seconds(r[n]), 2) for r in rounds],
+                goal=SCAN_GOAL, better="lower") for n in (small, large)),
+        *(Ratio(f"build_over_scan_cpu_{n}", f"CPU seconds, build / bare token scan, {n} rollouts (steadier under load)",
+                [round(r[n]["pipeline"]["cpu_seconds"] / _scan_cpu_seconds(r[n]), 2) for r in rounds],
+                better="lower") for n in (small, large)),
+        Ratio(f"naive_over_build_{small}", f"wall time, naive per-call loop / build, {small} rollouts",
+              [round(r[small]["naive"]["seconds"] / r[small]["pipeline"]["seconds"], 2) for r in rounds]),
+        Ratio("rss_growth_4x_input", f"peak RSS of the build, {large} / {small} rollouts",
+              [round(r[large]["pipeline"]["peak_rss_mb"] / r[small]["pipeline"]["peak_rss_mb"], 2) for r in rounds],
+              goal=RSS_GOAL, better="lower"),
+    ]
+
+    def median(n: int, kind: str, key: str) -> float:
+        return statistics.median(r[n][kind][key] for r in rounds)
+
+    summary = (f"{large} rollouts / {inputs[large][1]['tokens'] / 1e6:.1f}M input tokens in "
+               f"{median(large, 'pipeline', 'seconds'):.2f} s (bare scan {median(large, 'scan-arrow', 'seconds'):.2f} s"
+               f" Arrow, {median(large, 'scan-duckdb', 'seconds'):.2f} s DuckDB); same output as naive: {same}")
+    result = recorder.write(
+        ratios=ratios, summary=summary,
+        peak_rss_mb={f"build {n}": round(median(n, "pipeline", "peak_rss_mb")) for n in (small, large)},
+        cpu_s_by_stage={f"build {n}": _median_stages(r[n]["pipeline"]["cpu_s_by_stage"] for r in rounds)
+                        for n in (small, large)},
+        detail={"input": {str(n): inputs[n][1] for n in (small, large)}, "same_output_as_naive": same,
+                "content_hashes": {str(n): h for n, h in hashes.items()},
+                "rounds": [{str(n): m for n, m in r.items()} for r in rounds]},
+        path=HERE / "results.json",
+    )
+    for r in result["ratios"]:
+        print(f"{r['label']}: {r['value']}x (rounds {r['runs']}; goal {r['goal']}, meets {r['meets']})")
+    print(f"load average {result['machine']['load_average_start']} -> {result['machine']['load_average_end']}")
+    for name, stages in result["cpu_s_by_stage"].items():
+        print(f"cpu s by stage, {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()))
+    if any(len(h) != 1 for h in hashes.values()) or not same:
+        print(f"builds disagree: content hashes {hashes}, same output as naive: {same}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _scan_seconds(measured: dict) -> float:
+    return min(measured["scan-arrow"]["seconds"], measured["scan-duckdb"]["seconds"])
+
+
+def _scan_cpu_seconds(measured: dict) -> float:
+    return min(measured["scan-arrow"]["cpu_seconds"], measured["scan-duckdb"]["cpu_seconds"])
+
+
+def _median_stages(rounds: Iterable[dict[str, float]]) -> dict[str, float]:
+    rounds = list(rounds)
+    return {stage: round(statistics.median(r.get(stage, 0.0) for r in rounds), 3) for stage in rounds[0]}
+
+
+def print_rows(k: int, n: int, stats: dict, measured: dict) -> None:
+    tokens = stats["tokens"]
+    for kind, r in measured.items():
+        extra = f"  samples {r['samples']}" if "samples" in r else ""
+        print(f"round {k + 1}: {n:>5} rollouts {tokens / 1e6:5.1f}M input tokens  {kind:<11} {r['seconds']:6.2f} s "
+              f"(cpu {r['cpu_seconds']:5.2f} s)  {tokens / r['seconds'] / 1e6:6.2f}M tokens/s  "
+              f"peak RSS {r['peak_rss_mb']:5.0f} MB{extra}", flush=True)
 
 
 if __name__ == "__main__":

@@ -93,22 +93,36 @@ class Sample:
         self.call_ids.append(call.call_id)
         self.tokenizer, self.chat_template_hash = call.tokenizer, call.chat_template_hash
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """input_ids (int32), loss_mask (int8), old_logprobs (float32)."""
-        mask = np.zeros(len(self.tokens), dtype=np.int8)
-        logprobs = np.zeros(len(self.tokens), dtype=np.float32)
+    def fill(self, ids: np.ndarray, mask: np.ndarray, logprobs: np.ndarray, *, observations: bool = False) -> None:
+        """Write input_ids, loss_mask and old_logprobs into zeroed arrays as long as ``tokens``.
+
+        The arrays are slices of a whole batch's columns, so no per-sample
+        array is concatenated again. ``observations``: the mask on the
+        observations instead (rule in pipelines.datasets.observations), logprobs left 0.
+        """
+        ids[:] = self.tokens
+        if observations:
+            for start, length in self.observed:
+                mask[start : start + length] = 1
+            return
         for start, values, length in self.trained:
             mask[start : start + length] = 1
             if values is not None:
                 logprobs[start : start + length] = values
-        return self.tokens.astype(np.int32, copy=False), mask, logprobs
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """input_ids (int32), loss_mask (int8), old_logprobs (float32)."""
+        return self._filled(observations=False)
 
     def observation_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """input_ids, loss_mask on the observations instead (rule in pipelines.datasets.observations), zero logprobs."""
-        mask = np.zeros(len(self.tokens), dtype=np.int8)
-        for start, length in self.observed:
-            mask[start : start + length] = 1
-        return self.tokens.astype(np.int32, copy=False), mask, np.zeros(len(self.tokens), dtype=np.float32)
+        """input_ids, loss_mask on the observations, zero logprobs."""
+        return self._filled(observations=True)
+
+    def _filled(self, *, observations: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n = len(self.tokens)
+        ids, mask, logprobs = np.empty(n, dtype=np.int32), np.zeros(n, dtype=np.int8), np.zeros(n, dtype=np.float32)
+        self.fill(ids, mask, logprobs, observations=observations)
+        return ids, mask, logprobs
 
     @property
     def n_trained(self) -> int:

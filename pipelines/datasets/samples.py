@@ -4,7 +4,7 @@ Rollouts are processed in rollout_id order in batches bounded by
 ``batch_tokens``, so memory follows one batch, not the dataset. The rows pass
 through a running SHA-256 (the content hash: config identity + every row in
 (rollout_id, sample_index) order) and the merge statistics on their way to
-the Delta writer. With ``mask="observations"`` the loss mask sits on the
+the dataset writer. With ``mask="observations"`` the loss mask sits on the
 observation tokens instead and samples without one are not written (rules
 in ``pipelines.datasets.observations``).
 """
@@ -63,7 +63,7 @@ class RolloutPlan:
 
 
 class SampleStream:
-    """Merges the plan's rollouts batch by batch; ``reader()`` feeds the Delta writer once."""
+    """Merges the plan's rollouts batch by batch; ``batches()`` feeds the dataset writer once."""
 
     def __init__(
         self,
@@ -84,18 +84,6 @@ class SampleStream:
         self.n_samples = self.n_tokens = self.n_trained_tokens = 0
         self.n_without_observations = 0
         """Samples not written in observation mode: they never grew past their first prompt."""
-        self.error: Exception | None = None
-
-    def reader(self) -> pa.RecordBatchReader:
-        return pa.RecordBatchReader.from_batches(SAMPLES, self._recording_errors())
-
-    def _recording_errors(self) -> Iterator[pa.RecordBatch]:
-        """The Delta writer wraps errors raised in the stream in its own; keep the original to re-raise."""
-        try:
-            yield from self._batches()
-        except Exception as exc:
-            self.error = exc
-            raise
 
     def content_hash(self) -> str:
         return self._hash.hexdigest()
@@ -111,7 +99,8 @@ class SampleStream:
             "mismatches": {cls: self.start_reasons.get(cls, 0) for cls in MISMATCH_CLASSES},
         }
 
-    def _batches(self) -> Iterator[pa.RecordBatch]:
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """The samples as record batches of ``SAMPLES``, one per batch of rollouts; iterate once."""
         plan, done = self._plan, 0
         batches = iter_batches(plan.rollout_ids, plan.read_tokens.tolist(), self._config.batch_tokens)
         for batch, tokens in read_ahead(self._con, self._tables, batches):
@@ -132,18 +121,20 @@ class SampleStream:
                 self._progress(done, len(plan.rollout_ids))
 
     def _record_batch(self, rows: list[tuple[int, int, Sample]]) -> pa.RecordBatch:
+        """The rows as one record batch; token columns filled in place (one buffer per column, no copies)."""
         plan = self._plan
-        ids, masks, logprobs, trained = [], [], [], []
-        for i, k, sample in rows:
-            input_ids, mask, lps = sample.observation_arrays() if self._observations else sample.arrays()
-            ids.append(input_ids)
-            masks.append(mask)
-            logprobs.append(lps)
+        lengths = np.array([len(sample.tokens) for _, _, sample in rows], dtype=np.int64)
+        offsets = np.concatenate(([0], np.cumsum(lengths)))
+        ids = np.empty(offsets[-1], dtype=np.int32)
+        masks, logprobs = np.zeros(offsets[-1], dtype=np.int8), np.zeros(offsets[-1], dtype=np.float32)
+        trained = []
+        for j, (i, k, sample) in enumerate(rows):
+            row = slice(offsets[j], offsets[j + 1])
+            sample.fill(ids[row], masks[row], logprobs[row], observations=self._observations)
             trained.append(sample.n_observed if self._observations else sample.n_trained)
             self.start_reasons[sample.start_reason] += 1
-            self._hash_row(plan.rollout_ids[i], k, sample, input_ids, mask, lps, i)
-        lengths = np.array([len(x) for x in ids], dtype=np.int64)
-        offsets = pa.array(np.concatenate(([0], np.cumsum(lengths))).astype(np.int32))
+            self._hash_row(plan.rollout_ids[i], k, sample, ids[row], masks[row], logprobs[row], i)
+        list_offsets = pa.array(offsets.astype(np.int32))
         rollout = [i for i, _, _ in rows]
         self.n_samples += len(rows)
         self.n_tokens += int(lengths.sum())
@@ -160,9 +151,9 @@ class SampleStream:
                 pa.array([s.call_ids for _, _, s in rows], pa.list_(pa.string())),
                 pa.array([s.policy_version or plan.policy_versions[i] for i, _, s in rows], pa.string()),
                 pa.array([s.tokenizer for _, _, s in rows], pa.string()),
-                pa.ListArray.from_arrays(offsets, _concat(ids, np.int32)),
-                pa.ListArray.from_arrays(offsets, _concat(masks, np.int8)),
-                pa.ListArray.from_arrays(offsets, _concat(logprobs, np.float32)),
+                pa.ListArray.from_arrays(list_offsets, pa.array(ids)),
+                pa.ListArray.from_arrays(list_offsets, pa.array(masks)),
+                pa.ListArray.from_arrays(list_offsets, pa.array(logprobs)),
                 pa.array(plan.advantages[rollout], pa.float32()),
                 pa.array(plan.token_weights[rollout], pa.float32()),
                 pa.array(plan.rewards[rollout], pa.float64()),
@@ -193,10 +184,6 @@ class SampleStream:
             self._hash.update(np.ascontiguousarray(array).data)  # the bytes tobytes() gave, without the copy
 
 
-def _concat(arrays: list[np.ndarray], dtype: type) -> pa.Array:
-    return pa.array(np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype))
-
-
 class CorruptTable(DataError):
     """A source table's scalar summaries disagree with its token lists."""
 
@@ -206,13 +193,9 @@ def calls_by_rollout(batch: BatchTokens) -> Iterator[tuple[str, list[Call]]]:
     calls = batch.calls
     if calls.num_rows == 0:
         return
-    req_row = {e: j for j, e in enumerate(batch.requests["event_id"].to_pylist())}
-    resp_row = {e: j for j, e in enumerate(batch.responses["event_id"].to_pylist())}
-    prompts = _list_views(batch.requests["prompt_token_ids"])
-    responses = _list_views(batch.responses["response_token_ids"])
-    logprobs = _list_views(batch.responses["logprobs"])
-    req = {name: batch.requests[name].to_pylist() for name in ("span_id", "tokenizer", "chat_template_hash")}
-    policy = batch.responses["policy_version"].to_pylist()
+    requests = _RowsById(batch.requests, scalars=("span_id", "tokenizer", "chat_template_hash"),
+                         lists=("prompt_token_ids",))
+    responses = _RowsById(batch.responses, scalars=("policy_version",), lists=("response_token_ids", "logprobs"))
     rollout_ids, call_ids = calls["rollout_id"].to_pylist(), calls["call_id"].to_pylist()
     req_ids, resp_ids = calls["req_event_id"].to_pylist(), calls["resp_event_id"].to_pylist()
     start = 0
@@ -220,19 +203,38 @@ def calls_by_rollout(batch: BatchTokens) -> Iterator[tuple[str, list[Call]]]:
         if end == len(rollout_ids) or rollout_ids[end] != rollout_ids[start]:
             group = []
             for i in range(start, end):
-                q, r = req_row[req_ids[i]], resp_row[resp_ids[i]]
-                group.append(Call(call_id=call_ids[i], span_id=req["span_id"][q], tokenizer=req["tokenizer"][q],
-                                  chat_template_hash=req["chat_template_hash"][q], prompt=prompts(q),
-                                  response=responses(r), logprobs=logprobs(r), policy_version=policy[r]))
+                q, r = requests.row(req_ids[i]), responses.row(resp_ids[i])
+                group.append(Call(call_id=call_ids[i], span_id=q["span_id"], tokenizer=q["tokenizer"],
+                                  chat_template_hash=q["chat_template_hash"], prompt=q["prompt_token_ids"],
+                                  response=r["response_token_ids"], logprobs=r["logprobs"],
+                                  policy_version=r["policy_version"]))
             yield rollout_ids[start], group
             start = end
 
 
-def _list_views(column: pa.ChunkedArray) -> Callable[[int], np.ndarray | None]:
-    """Row j of a list column as a zero-copy numpy slice (None when null)."""
-    array = column.combine_chunks()
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
+class _RowsById:
+    """A table's rows by event_id; list columns as zero-copy numpy slices of their own record batch.
+
+    No chunk is combined: a batch's rows come from several decoded files, and
+    combining them copied every token list once more.
+    """
+
+    def __init__(self, table: pa.Table, *, scalars: tuple[str, ...], lists: tuple[str, ...]) -> None:
+        self._batches: list[dict[str, Callable[[int], object]]] = []
+        self._where: dict[str, tuple[int, int]] = {}
+        for b, batch in enumerate(table.to_batches()):
+            columns: dict[str, Callable[[int], object]] = {n: batch.column(n).to_pylist().__getitem__ for n in scalars}
+            columns.update({n: _list_views(batch.column(n)) for n in lists})
+            self._batches.append(columns)
+            self._where.update((event_id, (b, j)) for j, event_id in enumerate(batch.column("event_id").to_pylist()))
+
+    def row(self, event_id: str) -> dict[str, object]:
+        b, j = self._where[event_id]
+        return {name: value(j) for name, value in self._batches[b].items()}
+
+
+def _list_views(array: pa.ListArray) -> Callable[[int], np.ndarray | None]:
+    """Row j of a list array as a zero-copy numpy slice (None when null)."""
     offsets = array.offsets.to_numpy()
     values = array.values.to_numpy(zero_copy_only=False)
     valid = array.is_valid().to_numpy(zero_copy_only=False)

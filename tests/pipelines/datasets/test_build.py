@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
@@ -274,6 +275,21 @@ def test_token_counts_that_disagree_with_the_token_lists_are_reported(lake, rows
     with pytest.raises(CorruptTable, match="trajlake rebuild"):
         build_dataset(lake, "ds")
     assert not lake.exists("datasets/ds")
+
+
+def test_a_build_that_fails_midway_leaves_the_last_version_and_no_file_behind(lake, rows):
+    agent(rows, "r1", "t", 1.0)
+    rows.flush()
+    build_dataset(lake, "ds")
+    folder = Path(lake.root) / "datasets" / "ds"
+    files = sorted(folder.glob("*.parquet"))
+    agent(rows, "r2", "t", 0.0)
+    rows.rows["llm_responses"][-1].update(n_response_tokens=7, logprobs=[-0.1] * 7)  # the token list holds 3
+    rows.flush()
+    with pytest.raises(CorruptTable):
+        build_dataset(lake, "ds", BuildConfig(batch_tokens=1))  # r1's batch is written before r2's fails
+    assert lake.version("datasets/ds") == 0
+    assert sorted(folder.glob("*.parquet")) == files
 
 
 def test_a_rollout_id_reused_by_another_tenant_never_mixes_their_rows(lake, rows):
