@@ -33,3 +33,9 @@ class GatewayConfig(Protocol):
     broker_timeout_s: float
     redaction_rules: Path | None
     """JSON/TOML rules file of ``ingest.redaction``; None = no redaction."""
+    token_sessions: bool
+    """Chat calls that extend the rollout's last call go to the engine as token ids (needs ``tokenizer``)."""
+    session_max_bytes: int
+    session_ttl_s: float
+    session_parser: str
+    """Tool-call parser of the model family (``hermes``/``qwen``), or ``auto`` (from the chat template)."""
