@@ -174,11 +174,12 @@ def test_every_fallback_reason_goes_the_plain_route_and_is_counted(session_setti
         ask(llm, [*first, edited, tool], stream=False, tools=TOOLS)                       # history_changed
         answer = ask(llm, first, stream=False, tools=TOOLS)                               # history_changed (a retry)
         tool = {"role": "tool", "tool_call_id": answer["tool_calls"][0]["id"], "content": "4"}
-        ask(llm, [*first, answer, tool], stream=False, tools=TOOLS[:0] or None)           # context_changed
+        other_tools = [{"type": "function", "function": {**TOOLS[0]["function"], "description": "Compute"}}]
+        ask(llm, [*first, answer, tool], stream=False, tools=other_tools)                 # context_changed
         picture = {"role": "user", "content": [{"type": "text", "text": "and this?"},
                                                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]}
         llm.chat.completions.create(model="split", messages=[*first, picture])           # multimodal
-        answer = ask(llm, first, stream=False, tools=TOOLS)                               # history_changed
+        answer = ask(llm, first, stream=False, tools=TOOLS)                               # context_changed
         tool = {"role": "tool", "tool_call_id": answer["tool_calls"][0]["id"], "content": "4"}
         ask(llm, [*first, answer, tool], stream=False, tools=TOOLS, n=1,
             extra_body={"guided_json": {"type": "object"}})                              # unsupported_params
@@ -188,19 +189,17 @@ def test_every_fallback_reason_goes_the_plain_route_and_is_counted(session_setti
         metrics = httpx.get(f"{url}/metrics").text
     wait_for(lambda: len(sink.records) == 18, what="18 events", detail=lambda: len(sink.records))
     assert made(recorded(sink)) == ["first_call", "history_changed", "history_changed", "context_changed",
-                                    "multimodal", "history_changed", "unsupported_params", "unattached", "no_session"]
+                                    "multimodal", "context_changed", "unsupported_params", "unattached", "no_session"]
     for reason in ("first_call", "history_changed", "context_changed", "multimodal", "unsupported_params",
                    "unattached", "no_session"):
         assert f'trajlake_gateway_prompts_total{{made="engine_rendered",reason="{reason}"}}' in metrics
 
 
-def _tokenizer_copy(tiny_model_dir, tmp_path, template: str | None = None):
+def _tokenizer_copy(tiny_model_dir, tmp_path, template: str):
     folder = tmp_path / "tok"
     shutil.copytree(tiny_model_dir, folder)
     if template is not None:
-        config = json.loads((folder / "tokenizer_config.json").read_text())
-        config["chat_template"] = template
-        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+        (folder / "chat_template.jinja").write_text(template)
     return folder
 
 
