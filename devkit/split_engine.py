@@ -62,7 +62,7 @@ def create_split_engine(model_dir: Path, *, served_name: str = "split") -> FastA
     """The engine app serving the tokenizer (and chat template) in ``model_dir``."""
     from transformers import AutoTokenizer
 
-    from ingest.gateway.sessions.parsers import PARSERS
+    from schemas.tool_parsers import PARSERS
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     sampler = SplitSampler(tokenizer)

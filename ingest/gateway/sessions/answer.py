@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ingest.gateway.sessions.parsers import ParserStream, ToolParser
+from schemas.tool_parsers import ParserStream, ToolParser
 from ingest.gateway.tokens import Asked, Completion
 
 

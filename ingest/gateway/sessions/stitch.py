@@ -22,7 +22,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from ingest.gateway.sessions.parsers import ToolParser, resolve_parser
+from schemas.tool_parsers import ToolParser, resolve_parser
 from ingest.gateway.sessions.state import Session, SessionKey, SessionStore
 
 log = logging.getLogger(__name__)

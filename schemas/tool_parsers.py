@@ -1,5 +1,8 @@
 """Tool-call parsers per model family: raw completion text -> (content, OpenAI ``tool_calls``).
 
+Shared by the reference engine (``serve``, its chat route) and the gateway's
+token sessions (a stitched call's raw completion), so both answer alike.
+
 A registry by name; ``hermes`` (Qwen 2.5/3, Hermes, the tiny model) is the
 one built in: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (a
 last unclosed block counts too). If any block is not a JSON object with a
