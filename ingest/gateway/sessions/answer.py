@@ -86,6 +86,8 @@ class ChatAnswer:
 
     def chunks(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         """The chat chunks of one streamed ``text_completion`` chunk; fills ``record`` as they pass."""
+        if "error" in chunk:
+            return [chunk]  # an in-band engine error reaches the client as sent (OpenAI clients raise it)
         head = {"id": _chat_id(chunk.get("id")), "object": "chat.completion.chunk", "created": chunk.get("created"),
                 "model": chunk.get("model")}
         record = self.record

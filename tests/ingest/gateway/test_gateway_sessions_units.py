@@ -88,3 +88,41 @@ def test_an_answer_cut_at_max_tokens_gets_the_end_of_turn_in_the_bridge(tiny_mod
         assert plan.prompt_ids[: len(prompt) + len(sampled)] == [*prompt, *sampled]
         suffix = tok.decode(plan.prompt_ids[len(prompt) + len(sampled):], skip_special_tokens=False)
         assert suffix == bridge + "<|im_start|>user\ngo on<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_raw_completion_becomes_the_chat_answer_the_client_asked_for():
+    from ingest.gateway.sessions.answer import ChatAnswer
+    from ingest.gateway.tokens import Asked
+    from schemas.tool_parsers import PARSERS
+
+    text = 'Sure.<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
+    logprobs = {"tokens": ["Sure", "."], "token_logprobs": [-0.1, -0.2], "top_logprobs": [{"Sure": -0.1}, {".": -0.2}]}
+    engine = {"id": "cmpl-9", "created": 1, "model": "m", "usage": {"prompt_tokens": 3},
+              "choices": [{"index": 0, "text": text, "finish_reason": "stop", "prompt_token_ids": [1, 2, 3],
+                           "token_ids": [7, 8], "logprobs": logprobs}]}
+    asked = Asked(token_ids=False, logprobs=True)
+    answer = ChatAnswer({"top_logprobs": 1}, asked, PARSERS["hermes"], [1, 2, 3])
+    chat = answer.whole(engine)
+    choice = chat["choices"][0]
+    assert chat["id"] == "chatcmpl-9" and chat["object"] == "chat.completion" and "prompt_token_ids" not in chat
+    assert choice["message"]["content"] == "Sure." and choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"a": 1}'}
+    assert [e["logprob"] for e in choice["logprobs"]["content"]] == [-0.1, -0.2] and "token_ids" not in choice
+    assert answer.record.response_token_ids == [7, 8] and answer.record.logprobs == [-0.1, -0.2]
+
+    stream = ChatAnswer({}, Asked(token_ids=True, logprobs=False), PARSERS["hermes"], [1, 2, 3])
+    pieces = ["Sure.", '<tool_call>{"name": "f", ', '"arguments": {"a": 1}}</tool_call>']
+    chunks = []
+    for n, piece in enumerate(pieces):
+        chunks += stream.chunks({"id": "cmpl-9", "model": "m", "choices": [
+            {"index": 0, "text": piece, "token_ids": [n], "finish_reason": "stop" if n == 2 else None}]})
+    chunks += stream.chunks({"id": "cmpl-9", "model": "m", "choices": [], "usage": {"completion_tokens": 3}})
+    assert stream.chunks({"error": {"message": "boom"}}) == [{"error": {"message": "boom"}}]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[0]["prompt_token_ids"] == [1, 2, 3]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == "Sure."
+    last = chunks[-2]["choices"][0]
+    assert last["finish_reason"] == "tool_calls" and last["delta"]["tool_calls"][0]["function"]["name"] == "f"
+    assert chunks[-1] == {"id": "chatcmpl-9", "object": "chat.completion.chunk", "created": None, "model": "m",
+                          "choices": [], "usage": {"completion_tokens": 3}}
+    assert stream.record.response_token_ids == [0, 1, 2] and stream.record.text == "Sure."
