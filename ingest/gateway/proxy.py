@@ -22,7 +22,7 @@ from ingest.gateway.sessions.answer import ChatAnswer
 from ingest.gateway.sessions.stitch import Plan, Stitcher
 from ingest.gateway.tokens import Asked, Completion, Kind, StreamAccumulator, asked_by, read_completion, strip, \
     upstream_body
-from ingest.gateway.upstream import Upstream
+from ingest.gateway.upstream import Upstream, UpstreamReply
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class ProxyService:
         self._remember(current, StoredReply(200, body, _JSON))
         return Answer(200, body)
 
-    async def _whole_session(self, current: _Call, reply: Any) -> Answer:
+    async def _whole_session(self, current: _Call, reply: UpstreamReply) -> Answer:
         """A chat answer under token sessions: parsed on the hot path, so the next call can extend it."""
         try:
             answer = json.loads(reply.body)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 SessionKey = tuple[str, str, int, str | None]
 """(tenant, rollout_id, attempt, span_id): a sub-agent with its own span keeps its own session."""
 
-_OVERHEAD_BYTES = 400
+_OVERHEAD_BYTES = 700
 """Fixed cost of one session (objects, dict slot), measured with tracemalloc (bench/sessions)."""
 
 

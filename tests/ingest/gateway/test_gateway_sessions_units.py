@@ -126,3 +126,17 @@ def test_a_raw_completion_becomes_the_chat_answer_the_client_asked_for():
     assert chunks[-1] == {"id": "chatcmpl-9", "object": "chat.completion.chunk", "created": None, "model": "m",
                           "choices": [], "usage": {"completion_tokens": 3}}
     assert stream.record.response_token_ids == [0, 1, 2] and stream.record.text == "Sure."
+
+
+def test_a_template_that_fails_on_the_new_turns_falls_back(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = "{% if messages | length > 2 %}{{ raise_exception('too long') }}{% endif %}" + tok.chat_template
+    stitcher = Stitcher(tok, SessionStore(max_bytes=1 << 20, ttl_s=60))
+    messages = [{"role": "user", "content": "count"}]
+    key = ("t", "r", 0, None)
+    plan = stitcher.plan({"model": "m", "messages": messages}, key)
+    stitcher.remember(plan, prompt_ids=[1, 2], sampled_ids=[3], content="one", tool_calls=None)
+    follow = [*messages, {"role": "assistant", "content": "one"}, {"role": "user", "content": "go on"}]
+    assert stitcher.plan({"model": "m", "messages": follow}, key).reason == "template_error"
