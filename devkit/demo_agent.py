@@ -94,3 +94,42 @@ def _observation_ids(tokenizer: Any, result: str, sampled: list[int]) -> list[in
     closing = "" if sampled and sampled[-1] == end else "<|im_end|>"
     text = f"{closing}\n<|im_start|>tool\n{result}<|im_end|>\n<|im_start|>assistant\n"
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+SESSION_CALLS_SQL = """
+    SELECT rollout_id, call_id, messages, params, prompt_token_ids, response_token_ids
+    FROM llm_calls WHERE harness_name = 'demo-agent' AND harness_version = '1.0' AND error IS NULL
+    ORDER BY rollout_id, seq"""
+
+
+def token_sessions_before_after(lake: Any, tokenizer: Any) -> dict[str, Any]:
+    """Samples per ``demo-agent@1.0`` rollout as recorded through token sessions ("after") and with the same
+    calls' prompts as the engine renders them from the messages without sessions ("before"); prompts by how made."""
+    import json
+    from collections import Counter
+
+    import numpy as np
+
+    from pipelines.datasets.merging import Call, merge_calls
+    from store.sql import run_query
+
+    rows = run_query(lake, SESSION_CALLS_SQL).to_pylist()
+    made: Counter[str] = Counter()
+    after: dict[str, list[Call]] = {}
+    before: dict[str, list[Call]] = {}
+    for row in rows:
+        prompt = (json.loads(row["params"] or "{}").get("trajlake_prompt") or {})
+        made[prompt.get("made", "engine_rendered") + (f" ({prompt['fallback']})" if prompt.get("fallback") else "")] += 1
+        rendered = tokenizer.apply_chat_template(json.loads(row["messages"]), add_generation_prompt=True,
+                                                 tokenize=True, return_dict=False)
+        response = np.array(row["response_token_ids"], dtype=np.int64)
+        for calls, prompt_ids in ((after, row["prompt_token_ids"]), (before, rendered)):
+            calls.setdefault(row["rollout_id"], []).append(Call(
+                call_id=row["call_id"], span_id=None, tokenizer=None, chat_template_hash=None,
+                prompt=np.array(prompt_ids, dtype=np.int64), response=response, logprobs=None))
+
+    def per_rollout(calls: dict[str, list[Call]]) -> float:
+        return round(sum(len(merge_calls(c)) for c in calls.values()) / max(1, len(calls)), 2)
+
+    return {"rollouts": len(after), "prompts": dict(sorted(made.items())),
+            "samples_per_rollout_before": per_rollout(before), "samples_per_rollout_after": per_rollout(after)}

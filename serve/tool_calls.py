@@ -1,98 +1,11 @@
-"""Hermes-style tool calls in generated text -> OpenAI ``tool_calls``.
+"""Hermes-style tool calls in generated text -> OpenAI ``tool_calls``: the parser the gateway's token sessions use.
 
-The model writes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
-(a last unclosed block counts too). Text outside the tags stays content
-(callers strip its surrounding whitespace, see :class:`ToolCallStream`). If
-any block is not a JSON object with a string ``name``, nothing is parsed and
-the whole text is content (as vLLM's Hermes parser does).
+One implementation for both (``schemas.tool_parsers``): what serve-model
+answers on its chat route and what the gateway parses from a stitched call's
+raw completion cannot drift apart.
 """
 
-from __future__ import annotations
+from schemas.tool_parsers import HermesStream as ToolCallStream
+from schemas.tool_parsers import parse_tool_calls
 
-import json
-import re
-import uuid
-
-OPEN_TAG = "<tool_call>"
-CLOSE_TAG = "</tool_call>"
-_BLOCK = re.compile(re.escape(OPEN_TAG) + r"(.*?)" + re.escape(CLOSE_TAG) + "|" + re.escape(OPEN_TAG) + r"(.*)\Z", re.S)
-
-
-def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
-    """Split generated text into (content outside the tags, OpenAI tool calls).
-
-    >>> parse_tool_calls('Let me look.<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>')[1][0]["function"]
-    {'name': 'f', 'arguments': '{"x": 1}'}
-    """
-    calls: list[dict] = []
-    outside: list[str] = []
-    position = 0
-    for match in _BLOCK.finditer(text):
-        body = match.group(1) if match.group(1) is not None else match.group(2)
-        call = _parse_block(body)
-        if call is None:
-            return text, []
-        calls.append(call)
-        outside.append(text[position : match.start()])
-        position = match.end()
-    outside.append(text[position:])
-    return "".join(outside), calls
-
-
-def _parse_block(body: str) -> dict | None:
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str) or not parsed["name"]:
-        return None
-    arguments = parsed.get("arguments", parsed.get("parameters", {}))
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments, ensure_ascii=False)
-    return {
-        "id": f"call_{uuid.uuid4().hex[:24]}",
-        "type": "function",
-        "function": {"name": parsed["name"], "arguments": arguments},
-    }
-
-
-class ToolCallStream:
-    """Streams content up to the first ``<tool_call>``, then buffers; parses at the end.
-
-    With tools, content is the text outside the tags with surrounding
-    whitespace stripped: that makes the chat template (content, then each call
-    on its own line) re-render a well-formed answer token for token. So the
-    stream holds back trailing whitespace and a possible partial tag; what it
-    releases, plus the ``content`` of :meth:`finish`, equals that content.
-    """
-
-    def __init__(self) -> None:
-        self._text = ""
-        self._released = ""
-        self._in_call = False
-
-    def push(self, delta: str) -> str:
-        """Add generated text; return the content that is safe to stream now."""
-        self._text += delta
-        if self._in_call:
-            return ""
-        tag = self._text.find(OPEN_TAG)
-        self._in_call = tag >= 0
-        end = tag if self._in_call else len(self._text) - _partial_tag_suffix(self._text)
-        candidate = self._text[:end].strip()
-        out = candidate[len(self._released) :]
-        self._released = candidate if out else self._released
-        return out
-
-    def finish(self) -> tuple[str, list[dict]]:
-        """(content not yet streamed, parsed tool calls) once the generation has ended."""
-        content, calls = parse_tool_calls(self._text)
-        return content.strip()[len(self._released) :], calls
-
-
-def _partial_tag_suffix(text: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``<tool_call>``."""
-    for size in range(min(len(OPEN_TAG) - 1, len(text)), 0, -1):
-        if OPEN_TAG.startswith(text[-size:]):
-            return size
-    return 0
+__all__ = ["ToolCallStream", "parse_tool_calls"]

@@ -28,7 +28,7 @@ from schemas.tables import EVENTS_TABLE, LLM_CALLS_VIEW, QUARANTINE_TABLE, ROLLO
 from store.lake import Lake
 from store.sql import run_query
 from trajlake.background import serve_in_thread
-from devkit.demo_agent import AgentSpec, run_rollout
+from devkit.demo_agent import AgentSpec, run_rollout, token_sessions_before_after
 
 DEMO_KEY = "demo-key"
 DEMO_TENANT = "demo-team"
@@ -82,6 +82,7 @@ def run_demo(config: DemoConfig) -> Iterator[tuple[str, Any]]:
                                        "quarantined": stats.quarantined, "duplicates_dropped": stats.duplicates,
                                        "rows": stats.rows, "lake": lake.root}
         yield "SQL answers", {title: run_query(lake, sql) for title, sql in SQL_ANSWERS.items()}
+        yield "token sessions: demo-agent@1.0 before/after", _token_sessions(lake, model_dir)
 
         built = _build(lake, broker.bootstrap_servers)
         yield "dataset version", built
@@ -122,7 +123,8 @@ def _run_agents(bootstrap: str, model_dir: Path, config: DemoConfig) -> dict[str
     serve_app = create_serve_app(model_dir, served_name="tiny", policy_version="tiny-v0", seed=config.seed)
     with serve_in_thread(serve_app, name="serve-model") as engine_url:
         settings = GatewaySettings(upstream_url=f"{engine_url}/v1", bootstrap_servers=bootstrap,
-                                   gateway_keys=f"{DEMO_KEY}={DEMO_TENANT}", spool_dir=spool)
+                                   gateway_keys=f"{DEMO_KEY}={DEMO_TENANT}", spool_dir=spool,
+                                   tokenizer=str(model_dir), token_sessions=True)
         with serve_in_thread(create_gateway_app(settings), name="gateway") as gateway_url:
             llm = OpenAI(base_url=f"{gateway_url}/v1", api_key=DEMO_KEY, max_retries=0)
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -142,6 +144,12 @@ def _run_agents(bootstrap: str, model_dir: Path, config: DemoConfig) -> dict[str
                     client.close()
     return {"rollouts": sum(len(r) for r in rewards.values()), "gateway": gateway_url, "engine": engine_url,
             "mean_reward": {v: round(sum(r) / len(r), 3) for v, r in rewards.items() if r}}
+
+
+def _token_sessions(lake: Lake, model_dir: Path) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    return token_sessions_before_after(lake, AutoTokenizer.from_pretrained(model_dir))
 
 
 def _build(lake: Lake, bootstrap: str):

@@ -20,6 +20,8 @@ from ingest.gateway.proxy import ProxyService
 from ingest.gateway.retokenize import Retokenizer
 from ingest.gateway.routes import completions, events, health, models, otlp
 from ingest.gateway.services import Services
+from ingest.gateway.sessions.state import SessionStore
+from ingest.gateway.sessions.stitch import Stitcher
 from ingest.gateway.upstream import Upstream, make_pool
 from ingest.redaction import Redactor, load_redactor
 from ingest.spool import Spool
@@ -31,6 +33,24 @@ def build_emitter(settings: GatewayConfig, *, redactor: Redactor | None = None) 
     """Kafka sink + on-disk spool, as configured."""
     sink = KafkaSink(settings.bootstrap_servers, settings.topic, timeout_s=settings.broker_timeout_s)
     return Emitter(sink, Spool(settings.spool_dir, max_bytes=settings.spool_max_bytes), redactor=redactor)
+
+
+def _token_sessions(settings: GatewayConfig, retokenizer: Retokenizer | None) -> Stitcher | None:
+    """The token session planner when ``token_sessions`` is on (loads the tokenizer now, not on a call)."""
+    if not settings.token_sessions:
+        return None
+    if retokenizer is None:
+        raise ValueError("token sessions need the served model's tokenizer: pass --tokenizer PATH "
+                         "(or TRAJLAKE_TOKENIZER), or turn token sessions off")
+    if not settings.request_token_ids:
+        raise ValueError("token sessions need the engine's token ids: set request_token_ids (the default) "
+                         "or turn token sessions off")
+    tokenizer = retokenizer.tokenizer
+    if not isinstance(getattr(tokenizer, "chat_template", None), str) or not tokenizer.eos_token:
+        raise ValueError(f"the tokenizer at {settings.tokenizer} has no chat template or no end-of-turn token; "
+                         "token sessions need both: point --tokenizer at the served model's folder")
+    store = SessionStore(max_bytes=settings.session_max_bytes, ttl_s=settings.session_ttl_s)
+    return Stitcher(tokenizer, store, parser=settings.session_parser)
 
 
 def create_gateway_app(settings: GatewayConfig, *, emitter: Emitter | None = None) -> FastAPI:
@@ -49,16 +69,17 @@ def create_gateway_app(settings: GatewayConfig, *, emitter: Emitter | None = Non
         settings.upstream_url, api_key=settings.upstream_api_key,
         timeout_s=settings.upstream_timeout_s, connect_timeout_s=settings.upstream_connect_timeout_s,
     )
-    recorder = Recorder(
-        policy_version=settings.policy_version,
-        retokenizer=Retokenizer(settings.tokenizer) if settings.tokenizer else None,
-    )
+    retokenizer = Retokenizer(settings.tokenizer) if settings.tokenizer else None
+    recorder = Recorder(policy_version=settings.policy_version, retokenizer=retokenizer)
+    sessions = _token_sessions(settings, retokenizer)
     redactor = load_redactor(settings.redaction_rules)
     if emitter is None:
         emitter = build_emitter(settings, redactor=redactor)  # last: it opens (and locks) the spool
     else:
         emitter.redactor = redactor
     metrics = GatewayMetrics(emitter)
+    if sessions is not None:
+        metrics.watch_sessions(sessions.store)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -66,7 +87,7 @@ def create_gateway_app(settings: GatewayConfig, *, emitter: Emitter | None = Non
             upstream=Upstream(pool, retries=settings.upstream_retries), emitter=emitter, recorder=recorder,
             metrics=metrics,
             idempotency=IdempotencyCache(max_entries=settings.idempotency_entries, ttl_s=settings.idempotency_ttl_s),
-            request_token_ids=settings.request_token_ids,
+            request_token_ids=settings.request_token_ids, sessions=sessions,
         )
         app.state.services = Services(
             proxy=proxy, emitter=emitter, metrics=metrics, keys=keys, max_body_bytes=settings.max_body_bytes

@@ -31,6 +31,9 @@ from schemas.versions import SCHEMA_VERSION
 log = logging.getLogger(__name__)
 
 _NOT_PARAMS = frozenset({"model", "messages", "prompt", "tools", "return_token_ids"})
+PROMPT_MADE_PARAM = "trajlake_prompt"
+"""Key in ``llm.request`` params, under token sessions: ``{"made": "stitched"}`` or
+``{"made": "engine_rendered", "fallback": <reason>}``."""
 
 
 @dataclass
@@ -51,6 +54,8 @@ class CapturedCall:
     error: str | None = None
     engine_headers: dict[str, str] = field(default_factory=dict)
     """Response headers of the engine; ``x-policy-version``, ``x-tokenizer``, ``x-chat-template-hash`` are recorded."""
+    prompt_made: dict[str, str] | None = None
+    """Under token sessions: how the prompt was made (``PROMPT_MADE_PARAM`` in the request's params)."""
 
 
 def _parse_answer(captured: CapturedCall) -> Completion | None:
@@ -110,6 +115,13 @@ class Recorder:
             harness=rollout.harness,
         )
 
+    @staticmethod
+    def _params(captured: CapturedCall) -> dict[str, Any]:
+        params = {k: v for k, v in captured.request.items() if k not in _NOT_PARAMS}
+        if captured.prompt_made is not None:
+            params[PROMPT_MADE_PARAM] = captured.prompt_made
+        return params
+
     def _request(self, captured: CapturedCall, prompt_ids: list | None) -> LlmRequestEvent:
         body = captured.request
         retok = self.retokenizer
@@ -119,7 +131,7 @@ class Recorder:
             messages=body.get("messages"),
             prompt=body.get("prompt") if isinstance(body.get("prompt"), str) else None,
             tools=body.get("tools"),
-            params={k: v for k, v in body.items() if k not in _NOT_PARAMS},
+            params=self._params(captured),
             prompt_token_ids=prompt_ids,
             tokenizer=retok.identity if retok else captured.engine_headers.get("x-tokenizer"),
             chat_template_hash=retok.template_hash if retok else captured.engine_headers.get("x-chat-template-hash"),

@@ -49,3 +49,11 @@ class GatewayConfig(CommonOptions):
     """Longest wait for a Kafka acknowledgement before events go to the spool."""
     redaction_rules: Optional[Path] = None
     """JSON/TOML file of redaction rules applied before events are sent or spooled (TRAJLAKE_REDACTION_RULES)."""
+    token_sessions: bool = False
+    """Send chat calls that extend the rollout's last call to the engine as token ids (needs ``tokenizer``)."""
+    session_max_bytes: int = 256 << 20
+    """Memory for token sessions (256 MiB); least recently used rollouts are dropped beyond it."""
+    session_ttl_s: float = 1800.0
+    """A rollout idle this long loses its token session."""
+    session_parser: str = "auto"
+    """Tool-call format of the served model family: hermes (= qwen), or auto from the chat template."""

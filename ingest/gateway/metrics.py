@@ -9,6 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ingest.gateway.emitter import Emitter
+from ingest.gateway.sessions.state import SessionStore
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -49,6 +50,21 @@ def route_label(path: str) -> str:
     return next((label for suffix, label in _ROUTES if path.endswith(suffix)), "other")
 
 
+class _SessionCollector(Collector):
+    """Token session state at scrape time."""
+
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.store
+        yield GaugeMetricFamily("trajlake_gateway_sessions", "live token sessions", len(s))
+        yield GaugeMetricFamily("trajlake_gateway_session_bytes", "bytes held by token sessions", s.bytes)
+        yield GaugeMetricFamily("trajlake_gateway_session_max_bytes", "token session capacity", s.max_bytes)
+        yield CounterMetricFamily("trajlake_gateway_sessions_evicted", "sessions dropped for room or idleness",
+                                  value=s.evicted)
+
+
 class GatewayMetrics:
     def __init__(self, emitter: Emitter) -> None:
         self.registry = CollectorRegistry()
@@ -70,7 +86,14 @@ class GatewayMetrics:
             "trajlake_gateway_batch_events", "events posted to /v1/events by result", ["result"],
             registry=self.registry,
         )
+        self.prompts = Counter(
+            "trajlake_gateway_prompts", "chat prompts by how they were made (token sessions on): made=stitched, "
+            "or made=engine_rendered with the fallback reason", ["made", "reason"], registry=self.registry,
+        )
         self.registry.register(_EmitterCollector(emitter))
+
+    def watch_sessions(self, store: SessionStore) -> None:
+        self.registry.register(_SessionCollector(store))
 
     def observe(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route, str(status)).inc()

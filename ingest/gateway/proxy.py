@@ -18,8 +18,11 @@ from ingest.gateway.http1 import Reply
 from ingest.gateway.idempotency import IdempotencyCache, StoredReply
 from ingest.gateway.identity import CallIdentity, RolloutIdentity
 from ingest.gateway.metrics import GatewayMetrics
-from ingest.gateway.tokens import Asked, Kind, StreamAccumulator, asked_by, strip, upstream_body
-from ingest.gateway.upstream import Upstream
+from ingest.gateway.sessions.answer import ChatAnswer
+from ingest.gateway.sessions.stitch import Plan, Stitcher
+from ingest.gateway.tokens import Asked, Completion, Kind, StreamAccumulator, asked_by, read_completion, strip, \
+    upstream_body
+from ingest.gateway.upstream import Upstream, UpstreamReply
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +60,21 @@ class _Call:
     asked: Asked
     received_ns: int = field(default_factory=time.time_ns)
     retries: int = 0
+    plan: Plan | None = None
+    """How the prompt of a chat call is made, when token sessions are on."""
+    answer: ChatAnswer | None = None
+    """Builds the chat answer of a stitched call from the engine's completion."""
 
     def captured(self, **outcome: Any) -> CapturedCall:
         return CapturedCall(
             kind=self.kind, tenant=self.tenant, rollout=self.rollout, call=self.call, request=self.body,
-            received_ns=self.received_ns, finished_ns=time.time_ns(), upstream_retries=self.retries, **outcome,
+            received_ns=self.received_ns, finished_ns=time.time_ns(), upstream_retries=self.retries,
+            prompt_made=self.plan.record() if self.plan else None, **outcome,
         )
+
+    @property
+    def upstream_kind(self) -> Kind:
+        return "completions" if self.answer is not None else self.kind
 
 
 class ProxyService:
@@ -77,6 +89,7 @@ class ProxyService:
         metrics: GatewayMetrics,
         idempotency: IdempotencyCache,
         request_token_ids: bool = True,
+        sessions: Stitcher | None = None,
     ) -> None:
         self.request_token_ids = request_token_ids
         """False: forward bodies unchanged (engines that refuse ``return_token_ids``); ids then come from
@@ -86,6 +99,8 @@ class ProxyService:
         self.recorder = recorder
         self.metrics = metrics
         self.idempotency = idempotency
+        self.sessions = sessions
+        """Token sessions (None: off): chat calls that extend the rollout's last call go out as token ids."""
 
     async def complete(
         self, kind: Kind, body: dict[str, Any], *, tenant: str, rollout: RolloutIdentity, call: CallIdentity
@@ -99,6 +114,8 @@ class ProxyService:
                 return Answer(stored.status, stored.body, stored.content_type, {"idempotent-replayed": "true"})
         current = _Call(kind, body, tenant, rollout, call, asked_by(kind, body))
         forwarded = upstream_body(kind, body, current.asked) if self.request_token_ids else body
+        if kind == "chat" and self.sessions is not None:
+            forwarded = self._plan(current) or forwarded
         payload = json.dumps(forwarded, separators=(",", ":")).encode()
         try:
             if body.get("stream") is True:
@@ -115,16 +132,34 @@ class ProxyService:
             self._forget(current)  # never leave a key "in flight" (every retry would get 409)
             raise
 
+    def _plan(self, current: _Call) -> dict[str, Any] | None:
+        """Plan a chat call's prompt; the completions request of a stitched call, None for the plain route."""
+        rollout = current.rollout
+        key = (current.tenant, rollout.rollout_id, rollout.attempt, rollout.span_id) if rollout.attached else None
+        plan = current.plan = self.sessions.plan(current.body, key)
+        self.metrics.prompts.labels(plan.made, plan.reason or "").inc()
+        if plan.upstream_body is None:
+            return None
+        current.answer = ChatAnswer(current.body, current.asked, plan.parser, plan.prompt_ids)
+        return plan.upstream_body
+
+    def _remember_session(self, current: _Call, done: Completion) -> None:
+        if current.plan is not None and self.sessions is not None:
+            self.sessions.remember(current.plan, prompt_ids=done.prompt_token_ids, sampled_ids=done.response_token_ids,
+                                   content=done.text, tool_calls=done.tool_calls)
+
     async def models(self) -> Answer:
         """``GET /v1/models`` of the engine, passed through."""
         reply = await self.upstream.request("GET", "/models")
         return Answer(reply.status, reply.body, reply.content_type)
 
     async def _whole(self, current: _Call, payload: bytes) -> Answer:
-        reply = await self.upstream.request("POST", UPSTREAM_PATHS[current.kind], body=payload)
+        reply = await self.upstream.request("POST", UPSTREAM_PATHS[current.upstream_kind], body=payload)
         current.retries = reply.retries
         if reply.status != 200:
             return self._upstream_failed(current, reply.status, reply.body, reply.content_type)
+        if current.plan is not None:
+            return await self._whole_session(current, reply)
         body = reply.body
         if not current.asked.everything:
             try:
@@ -137,8 +172,33 @@ class ProxyService:
         self._remember(current, StoredReply(200, body, _JSON))
         return Answer(200, body)
 
+    async def _whole_session(self, current: _Call, reply: UpstreamReply) -> Answer:
+        """A chat answer under token sessions: parsed on the hot path, so the next call can extend it."""
+        try:
+            answer = json.loads(reply.body)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            await self._record_durably(current.captured(raw_response=reply.body, engine_headers=reply.headers))
+            self._remember(current, StoredReply(200, reply.body, _JSON))
+            return Answer(200, reply.body)
+        body = reply.body
+        if current.answer is not None:
+            answer = current.answer.whole(answer)
+            done = current.answer.record
+            body = json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode()
+        else:
+            done = read_completion("chat", answer)
+            if not current.asked.everything and strip("chat", answer, current.asked):
+                body = json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode()
+        self._remember_session(current, done)
+        await self._record_durably(current.captured(completion=done, engine_headers=reply.headers))
+        self._remember(current, StoredReply(200, body, _JSON))
+        return Answer(200, body)
+
     async def _stream(self, current: _Call, payload: bytes) -> Answer | StreamAnswer:
-        response, current.retries = await self.upstream.open_stream(UPSTREAM_PATHS[current.kind], body=payload)
+        response, current.retries = await self.upstream.open_stream(UPSTREAM_PATHS[current.upstream_kind],
+                                                                    body=payload)
         if response.status != 200:
             try:
                 body = await response.read()
@@ -153,7 +213,7 @@ class ProxyService:
         """Relay the engine's SSE events. The call is complete once the engine sent ``[DONE]`` (or ended its
         stream): a client that closes the connection after reading ``[DONE]`` (the openai client does, before
         the engine's end of stream arrives) does not make it an error."""
-        acc = StreamAccumulator(current.kind)
+        acc = StreamAccumulator(current.upstream_kind)
         sent: list[bytes] = []
         keep = current.call.idempotency_key is not None  # the stream is stored for replays of keyed calls
         error: str | None = "client disconnected before the stream ended"
@@ -163,7 +223,9 @@ class ProxyService:
                 buffer += data
                 while (end := buffer.find(b"\n\n")) >= 0:
                     event, buffer = buffer[: end + 2], buffer[end + 2:]
-                    out, done = self._relay_event(event, acc, current.asked)
+                    out, done = self._relay_event(event, acc, current)
+                    if done and error is not None:
+                        self._remember_session(current, self._streamed(current, acc))
                     if keep:
                         sent.append(out)
                     if done:
@@ -180,12 +242,19 @@ class ProxyService:
                 yield _sse_error(error)
         finally:
             # Record before awaiting anything: a cancelled task (client gone) may be cancelled again at any await.
-            self._record(current.captured(completion=acc.result(), error=error, engine_headers=response.headers))
+            self._record(current.captured(completion=self._streamed(current, acc), error=error,
+                                          engine_headers=response.headers))
             self._remember(current, StoredReply(200, b"".join(sent), _SSE) if error is None else None)
             await response.aclose()
 
-    def _relay_event(self, event: bytes, acc: StreamAccumulator, asked: Asked) -> tuple[bytes, bool]:
+    @staticmethod
+    def _streamed(current: _Call, acc: StreamAccumulator) -> Completion:
+        """What a streamed call answered (a stitched call: as the client got it, in chat terms)."""
+        return current.answer.record if current.answer is not None else acc.result()
+
+    def _relay_event(self, event: bytes, acc: StreamAccumulator, current: _Call) -> tuple[bytes, bool]:
         """The event as the client gets it, and whether it was the engine's ``[DONE]``."""
+        asked = current.asked
         lines = event.split(b"\n")
         changed = done = False
         for i, line in enumerate(lines):
@@ -202,7 +271,11 @@ class ProxyService:
             if not isinstance(chunk, dict):
                 continue
             acc.feed(chunk)
-            if not asked.everything and strip(acc.kind, chunk, asked):
+            if current.answer is not None:
+                lines[i] = b"\n\n".join(b"data: " + json.dumps(c, separators=(",", ":"), ensure_ascii=False).encode()
+                                         for c in current.answer.chunks(chunk))
+                changed = True
+            elif not asked.everything and strip(acc.kind, chunk, asked):
                 lines[i] = b"data: " + json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode()
                 changed = True
         return (b"\n".join(lines) if changed else event), done

@@ -21,7 +21,8 @@ def test_demo_runs_end_to_end_and_leaves_a_traceable_checkpoint(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for stage in ("embedded broker", "ingested into Delta", "SQL answers", "dataset version",
-                  "trained checkpoint", "checkpoint lineage", "harness A/B", "scheduled run", "demo finished"):
+                  "trained checkpoint", "checkpoint lineage", "harness A/B", "scheduled run", "demo finished",
+                  "token sessions: demo-agent@1.0 before/after"):
         assert stage in proc.stdout, stage
 
     lake = Lake(str(workdir / "lake"))
@@ -31,6 +32,8 @@ def test_demo_runs_end_to_end_and_leaves_a_traceable_checkpoint(tmp_path):
     samples = read_dataset(lake, "demo", columns=["rollout_id", "start_reason"]).to_pylist()
     tokens_in = [s for s in samples if s["rollout_id"].endswith("-1")]  # rollout k=1: harness 1.1, tokens in/out
     assert sorted(s["rollout_id"] for s in tokens_in) == ["demo-0-1", "demo-1-1"]  # one merged sample each
+    chat = [s for s in samples if s["rollout_id"].endswith("-0")]  # harness 1.0, chat messages: token sessions
+    assert sorted(s["rollout_id"] for s in chat) == ["demo-0-0", "demo-1-0"]  # one merged sample each too
     checkpoints = lake.read("checkpoints", columns=["checkpoint_id", "dataset"]).to_pylist()
     assert {c["dataset"] for c in checkpoints} == {"demo", "nightly"}
     assert (workdir / "checkpoints").is_dir()

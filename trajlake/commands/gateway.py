@@ -23,7 +23,11 @@ def gateway(
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
     port: int = typer.Option(8080, min=1, max=65535, help="Port to listen on."),
     upstream: Optional[str] = typer.Option(None, help="Engine base URL, e.g. http://127.0.0.1:8000/v1."),
-    tokenizer: Optional[str] = typer.Option(None, help="Local HF tokenizer folder (fallback retokenization)."),
+    tokenizer: Optional[str] = typer.Option(
+        None, help="Local HF tokenizer folder of the served model (retokenization fallback, token sessions)."),
+    token_sessions: Optional[bool] = typer.Option(
+        None, "--token-sessions/--no-token-sessions",
+        help="Send chat calls that extend the rollout's last call to the engine as token ids (needs --tokenizer)."),
     spool_dir: Optional[Path] = typer.Option(None, help="Spool folder for events while Kafka is down."),
     policy_version: Optional[str] = typer.Option(None, help="Policy version recorded on every response."),
     keys_file: Optional[Path] = typer.Option(None, help="File of key=tenant lines."),
@@ -44,7 +48,7 @@ def gateway(
     overrides = {
         "upstream_url": upstream, "tokenizer": tokenizer, "spool_dir": spool_dir,
         "policy_version": policy_version, "gateway_keys_file": keys_file, "redaction_rules": redaction_rules,
-        "bootstrap_servers": bootstrap_servers, "topic": topic,
+        "bootstrap_servers": bootstrap_servers, "topic": topic, "token_sessions": token_sessions,
     }
     console = Console(stderr=True)
     try:
