@@ -17,7 +17,7 @@ demo: $(STAMP)
 	$(VENV)/bin/trajlake demo
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m bench

@@ -1,6 +1,7 @@
 """Readers exit 0: no SIGABRT ("terminate called without an active exception") at interpreter shutdown.
 
-deltalake's PyArrow route aborted 3 plain reads in 60 here; ``Lake.read``
+deltalake's PyArrow route aborted 3 plain reads in 60 here (12 runs miss it with p ~0.54, so
+the test catches a regression of that size about half the time, at a third of the cost); ``Lake.read``
 (``file_uris()`` + ``pyarrow.dataset``) 0 in 60, and must never. Runs are parallel so
 the test stays short; each is a fresh interpreter.
 """
@@ -38,7 +39,7 @@ def test_read_only_commands_exit_zero_every_time(where: str, request: pytest.Fix
     lake = built(request.getfixturevalue("lake" if where == "local" else "s3_lake"))
     env = {**os.environ, "TRAJLAKE_LAKE": lake.root}
     python = [sys.executable]
-    commands = 20 * [[*python, "-c", READ_AND_EXIT, lake.root]] + 2 * [
+    commands = 12 * [[*python, "-c", READ_AND_EXIT, lake.root]] + [
         [*python, "-m", "trajlake.cli", *args] for args in (["runs", "--json"], ["tables", "--json"], ["datasets", "list", "--json"])
     ]
     codes = exit_codes(commands, env)
