@@ -37,10 +37,15 @@ from dataclasses import dataclass
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError, OffsetOutOfRangeError
 
+from ingest.consumer import FETCH_MAX_WAIT_MS
+
 log = logging.getLogger(__name__)
 
-PROBE_TIMEOUT_S = 5.0
-"""How long to wait for a record before concluding the log does not hold it (tansu answers in ~0.1 s)."""
+PROBE_TIMEOUT_S = 30.0
+"""How long to wait for a record before concluding the broker did not serve it. tansu on ``s3://`` storage
+costs more per request the more batches a partition holds (measured on a loaded 2-core machine with a local
+moto server: ListOffsets 0.4 s at 100 batches, 4.5 s at 1,000; one record 2.4-5.6 s at 300 batches), so 5 s
+turned a slow broker into an ingester that never passed its log check."""
 
 Held = Callable[[int, int, bytes | None], bool]
 """(partition, offset, message value) -> whether the lake holds that very message at that offset."""
@@ -83,7 +88,7 @@ class LogProbe:
         self.topic, self.timeout_s = topic, timeout_s
         self._consumer = KafkaConsumer(
             bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False, auto_offset_reset="none",
-            fetch_max_wait_ms=100, max_partition_fetch_bytes=1024 * 1024,
+            fetch_max_wait_ms=FETCH_MAX_WAIT_MS, max_partition_fetch_bytes=1024 * 1024,
         )
 
     def read(self, offsets: Mapping[int, int | None]) -> dict[int, tuple[int, bytes | None] | None]:
