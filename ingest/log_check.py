@@ -41,11 +41,13 @@ from ingest.consumer import FETCH_MAX_WAIT_MS
 
 log = logging.getLogger(__name__)
 
-PROBE_TIMEOUT_S = 30.0
-"""How long to wait for a record before concluding the broker did not serve it. tansu on ``s3://`` storage
-costs more per request the more batches a partition holds (measured on a loaded 2-core machine with a local
-moto server: ListOffsets 0.4 s at 100 batches, 4.5 s at 1,000; one record 2.4-5.6 s at 300 batches), so 5 s
-turned a slow broker into an ingester that never passed its log check."""
+PROBE_TIMEOUT_S = 10.0
+"""How long to wait for a record before the broker counts as not serving it. tansu on ``s3://`` storage costs
+more per request the more batches a partition holds: on a loaded 2-core machine with a local moto server, one
+record of a 300-batch partition came back after 2.4-5.6 s (fetch wait 2 s). Each wait for a record that is
+not there (a log that went backwards to before it) costs this long."""
+OFFSETS_TIMEOUT_S = 30.0
+"""How long a ListOffsets may take: on that tansu, 0.4 s at 100 batches per partition, 4.5 s at 1,000."""
 
 Held = Callable[[int, int, bytes | None], bool]
 """(partition, offset, message value) -> whether the lake holds that very message at that offset."""
@@ -132,7 +134,7 @@ class LogProbe:
 
     def _broker_answers(self, tps: list[TopicPartition]) -> dict[int, int]:
         try:
-            ends = self._consumer.end_offsets(tps, timeout_ms=int(self.timeout_s * 1000))
+            ends = self._consumer.end_offsets(tps, timeout_ms=int(OFFSETS_TIMEOUT_S * 1000))
         except KafkaError as exc:
             raise LogUnverifiable(f"the broker did not answer for {self.topic} partitions "
                                   f"{sorted(tp.partition for tp in tps)}: {exc}") from exc
