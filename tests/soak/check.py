@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from ingest.consumer import FETCH_MAX_WAIT_MS
 from store.commit import marker_app_id
 from store.lake import Lake
 
@@ -81,7 +82,7 @@ class LogRead:
             self.responded.add(payload.get("call_id"))
 
 
-def read_log(bootstrap_servers: str, topic: str, *, expect: set[str], quiet_s: float = 10.0,
+def read_log(bootstrap_servers: str, topic: str, *, expect: set[str], quiet_s: float = 4.0,
              give_up_s: float = 300.0) -> LogRead:
     """Every message of ``topic``, read from the beginning.
 
@@ -92,7 +93,8 @@ def read_log(bootstrap_servers: str, topic: str, *, expect: set[str], quiet_s: f
     """
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
+                             fetch_max_wait_ms=FETCH_MAX_WAIT_MS)  # what the ingesters use (see there)
     try:
         parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
         consumer.assign(parts)
