@@ -369,7 +369,7 @@ class Report:
     """The ingesters stored the whole log before the drain's bounds; False: calls not in the lake are "not
     drained yet" (the lake was still behind the log), not proven lost."""
     drain_progress: list[tuple[float, int]] = field(default_factory=list)
-    """(seconds into the drain, messages the ``events`` markers cover): how fast the lake caught up."""
+    """(seconds into the drain, offsets the ``events`` markers cover): how fast the lake caught up."""
     phases: dict[str, float] = field(default_factory=dict)
     """Wall seconds per phase (start, load, spool, log read back, ingest drain, check, stop)."""
     notes: list[str] = field(default_factory=list)
@@ -407,7 +407,8 @@ class Report:
         if len(self.drain_progress) < 2:
             return "-"
         (t0, n0), (t1, n1) = self.drain_progress[0], self.drain_progress[-1]
-        return f"the lake went from {n0} to {n1} log messages in {t1 - t0:.0f} s ({(n1 - n0) / max(t1 - t0, 1):.1f}/s)"
+        return (f"the events markers went from {n0} to {n1} offsets in {t1 - t0:.0f} s "
+                f"({(n1 - n0) / max(t1 - t0, 1):.1f}/s)")
 
 
 def run_soak(plan: SoakPlan, *, workdir: Path, s3: S3Server | None = None,
