@@ -376,7 +376,7 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        bad = self.log_accounting["unaccounted"] + self.log_accounting["moved"]
+        bad = self.log_accounting["unaccounted"] + self.log_accounting["moved"] + self.log_accounting["behind"]
         refused = self.ingester_exits[3]  # the ingester found the log behind its markers (went backwards)
         return not self.lost and not any(self.duplicated.values()) and bad == 0 and not refused and not self.notes
 
@@ -447,7 +447,9 @@ def run_soak(plan: SoakPlan, *, workdir: Path, s3: S3Server | None = None,
         phase = time.monotonic()
         for ingester in cluster.ingesters:
             ingester.kill(signal.SIGTERM)
-        verify(cluster.lake, log_read, load.answered, report)
+        partitions = range(plan.partitions)
+        verify(cluster.lake, log_read, load.answered, report,
+               markers=events_markers(cluster.lake, cluster.group, cluster.topic, partitions))
         phase = _phase(report, "check", phase)
     finally:
         cluster.stop()
@@ -607,8 +609,12 @@ class _GroupPosition:
         self.consumer.close(autocommit=False)
 
 
-def verify(lake: Lake, log: LogRead, answered: set[str], report: Report) -> None:
+def verify(lake: Lake, log: LogRead, answered: set[str], report: Report,
+           markers: dict[int, int | None] | None = None) -> None:
     """Fill ``report`` with what the lake holds for the answered calls and for each message of the log.
+
+    ``markers`` (the ``events`` table's, per partition) tell messages the ingesters have not reached yet
+    (the run is then not drained) from messages they passed without storing (lost).
 
     Calls are found by their ``Idempotency-Key`` (the request's payload), their responses by the request's
     call id; the check does not depend on how the gateway derives ids.
@@ -642,5 +648,7 @@ def verify(lake: Lake, log: LogRead, answered: set[str], report: Report) -> None
     stored = {(p, o): e for e, p, o in zip(events["event_id"], events["kafka_partition"], events["kafka_offset"])}
     quarantined = {(p, o) for p, o in zip(*query(lake, "quarantine", "SELECT kafka_partition, kafka_offset "
                                                   "FROM quarantine").values())}
-    report.log_accounting = account_for_log(log.messages, stored, quarantined)
+    report.log_accounting = account_for_log(log.messages, stored, quarantined, markers)
+    if report.log_accounting["behind"]:
+        report.drained = False
     report.not_in_log = len(answered - log.complete)

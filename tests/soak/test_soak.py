@@ -44,3 +44,7 @@ def test_every_message_of_the_log_is_accounted_for():
     assert account_for_log(log, stored, quarantined={(1, 4)}) == Counter(
         stored=3, duplicate=1, quarantined=1, unaccounted=2, moved=0)
     assert account_for_log([(0, 0, "b")], {(0, 0): "a", (0, 9): "c"}, set())["moved"] == 2
+    # with the events markers: past a marker is not ingested yet ("behind"), at or below it is dropped
+    assert account_for_log(log, stored, quarantined={(1, 4)}, markers={0: 3, 1: 5}) == Counter(
+        stored=3, duplicate=1, quarantined=1, unaccounted=1, behind=1, moved=0)
+    assert account_for_log([(2, 0, "x")], {}, set(), markers={})["behind"] == 1
