@@ -37,12 +37,18 @@ from dataclasses import dataclass
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError, OffsetOutOfRangeError
 
-from schemas.errors import DataError, EXIT_LOG_WENT_BACKWARDS, Unreachable
+from ingest.consumer import FETCH_MAX_WAIT_MS
+from schemas.errors import EXIT_LOG_WENT_BACKWARDS, DataError, Unreachable
 
 log = logging.getLogger(__name__)
 
-PROBE_TIMEOUT_S = 5.0
-"""How long to wait for a record before concluding the log does not hold it (tansu answers in ~0.1 s)."""
+PROBE_TIMEOUT_S = 10.0
+"""How long to wait for a record before the broker counts as not serving it. tansu on ``s3://`` storage costs
+more per request the more batches a partition holds: on a loaded 2-core machine with a local moto server, one
+record of a 300-batch partition came back after 2.4-5.6 s (fetch wait 2 s). Each wait for a record that is
+not there (a log that went backwards to before it) costs this long."""
+OFFSETS_TIMEOUT_S = 30.0
+"""How long a ListOffsets may take: on that tansu, 0.4 s at 100 batches per partition, 4.5 s at 1,000."""
 
 Held = Callable[[int, int, bytes | None], bool]
 """(partition, offset, message value) -> whether the lake holds that very message at that offset."""
@@ -87,7 +93,7 @@ class LogProbe:
         self.topic, self.timeout_s = topic, timeout_s
         self._consumer = KafkaConsumer(
             bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False, auto_offset_reset="none",
-            fetch_max_wait_ms=100, max_partition_fetch_bytes=1024 * 1024,
+            fetch_max_wait_ms=FETCH_MAX_WAIT_MS, max_partition_fetch_bytes=1024 * 1024,
         )
 
     def read(self, offsets: Mapping[int, int | None]) -> dict[int, tuple[int, bytes | None] | None]:
@@ -131,7 +137,7 @@ class LogProbe:
 
     def _broker_answers(self, tps: list[TopicPartition]) -> dict[int, int]:
         try:
-            ends = self._consumer.end_offsets(tps, timeout_ms=int(self.timeout_s * 1000))
+            ends = self._consumer.end_offsets(tps, timeout_ms=int(OFFSETS_TIMEOUT_S * 1000))
         except KafkaError as exc:
             raise LogUnverifiable(f"the broker did not answer for {self.topic} partitions "
                                   f"{sorted(tp.partition for tp in tps)}: {exc}") from exc

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="trajlake-soak-"))
     plan = SoakPlan(seed=args.seed, load_s=args.minutes * 60, calls_per_s=args.rate, ingesters=args.ingesters,
                     lake_on_object_store=not args.local_lake, fault_gap_s=(10.0, 40.0), freeze_s=(5.0, 20.0),
-                    broker_down_s=(60.0, 60.0))
+                    broker_down_s=(60.0, 60.0), warmup_s=12.0, drain_max_s=max(900.0, args.minutes * 60))
     report = run_soak(plan, workdir=workdir)
     print(report.render())
     return 0 if report.ok else 1

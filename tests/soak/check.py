@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from ingest.consumer import FETCH_MAX_WAIT_MS
 from store.commit import marker_app_id
 from store.lake import Lake
 
@@ -81,7 +82,7 @@ class LogRead:
             self.responded.add(payload.get("call_id"))
 
 
-def read_log(bootstrap_servers: str, topic: str, *, expect: set[str], quiet_s: float = 10.0,
+def read_log(bootstrap_servers: str, topic: str, *, expect: set[str], quiet_s: float = 4.0,
              give_up_s: float = 300.0) -> LogRead:
     """Every message of ``topic``, read from the beginning.
 
@@ -92,7 +93,8 @@ def read_log(bootstrap_servers: str, topic: str, *, expect: set[str], quiet_s: f
     """
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
+                             fetch_max_wait_ms=FETCH_MAX_WAIT_MS)  # what the ingesters use (see there)
     try:
         parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
         consumer.assign(parts)
@@ -112,10 +114,12 @@ def read_log(bootstrap_servers: str, topic: str, *, expect: set[str], quiet_s: f
 
 
 def account_for_log(messages: list[Message], stored: dict[tuple[int, int], str],
-                    quarantined: set[tuple[int, int]]) -> Counter[str]:
+                    quarantined: set[tuple[int, int]], markers: dict[int, int | None] | None = None) -> Counter[str]:
     """What became of each message: ``stored`` at its offset, ``duplicate`` of an event stored at an
-    earlier offset (``stored_later``: at a later one), ``quarantined``, or ``unaccounted``; ``moved``: a row
-    whose offset holds another event in the log, or no message at all."""
+    earlier offset (``stored_later``: at a later one), ``quarantined``, ``behind`` (past its partition's
+    ``events`` marker: not ingested yet, the ingesters are behind the log), or ``unaccounted`` (at or below
+    the marker and nowhere in the lake: dropped); ``moved``: a row whose offset holds another event in the
+    log, or no message at all. Without ``markers`` every message nowhere in the lake is ``unaccounted``."""
     first_at = {}
     for (p, o), e in stored.items():
         first_at[e] = min(first_at.get(e, (p, o)), (p, o))
@@ -130,6 +134,8 @@ def account_for_log(messages: list[Message], stored: dict[tuple[int, int], str],
         elif event_id in first_at:
             # a copy of a stored event; "stored_later": the first copy was passed over, a later one stored
             out["duplicate" if first_at[event_id] < (p, o) else "stored_later"] += 1
+        elif markers is not None and o > (-1 if markers.get(p) is None else markers[p]):
+            out["behind"] += 1
         else:
             out["unaccounted"] += 1
     out["moved"] += sum(1 for pos in stored if pos not in seen)  # a row at an offset the log does not have

@@ -69,23 +69,25 @@ ENGINE_APP_DIR = Path(__file__).resolve().parents[1] / "ingest" / "gateway"
 
 @dataclass(frozen=True)
 class SoakPlan:
-    """What one soak run does. Times in seconds."""
+    """What one soak run does. Times in seconds; the defaults are the CI run's (``python -m tests.soak`` sets
+    the long run's)."""
 
     seed: int
-    load_s: float = 80.0
-    """How long calls are made (faults happen inside this window)."""
+    load_s: float = 40.0
+    """How long calls are made at least (they go on until the last scheduled fault has ended)."""
     calls_per_s: float = 4.0
     ingesters: int = 2
     """Ingester processes in one consumer group (1 or 2)."""
     partitions: int = 4
     lake_on_object_store: bool = True
     """The lake on the same S3 server as the broker's log; False: a local folder."""
-    warmup_s: float = 12.0
+    warmup_s: float = 8.0
     """No faults before this (processes start, the group forms)."""
-    fault_gap_s: tuple[float, float] = (3.0, 8.0)
+    fault_gap_s: tuple[float, float] = (2.0, 4.0)
     """Quiet time between the end of one fault and the next."""
-    freeze_s: tuple[float, float] = (4.0, 10.0)
-    broker_down_s: tuple[float, float] = (10.0, 20.0)
+    freeze_s: tuple[float, float] = (3.0, 6.0)
+    broker_down_s: tuple[float, float] = (6.0, 10.0)
+    """Longer than the gateway's broker timeout here (2 s), so answered calls go through its spool."""
     ingester_min_age_s: float = 15.0
     """Only an ingester that ran this long is killed (a member killed mid-join can wedge a tansu group)."""
     call_give_up_s: float = 120.0
@@ -95,6 +97,9 @@ class SoakPlan:
     drain_quiet_s: float = 90.0
     """Stop waiting for the lake once neither it nor the group's read position moved for this long (then the
     check says what is missing); the spool and the log read back get twice as long."""
+    drain_max_s: float = 300.0
+    """Stop waiting for the lake after this long even while it still moves: the run is then "not drained"
+    (the check reports what is not in the lake yet, and the rate at which the ingesters were storing)."""
 
 
 @dataclass(frozen=True)
@@ -107,13 +112,14 @@ class Fault:
 
 
 def fault_schedule(plan: SoakPlan) -> list[Fault]:
-    """The run's faults, one at a time: every kind at least once, then random kinds, all from ``plan.seed``."""
+    """The run's faults, one at a time: every kind once (however short ``load_s``), then random kinds while
+    the load lasts, all from ``plan.seed``."""
     rng = random.Random(plan.seed)
     kinds = list(FAULT_KINDS)
     rng.shuffle(kinds)
     faults: list[Fault] = []
     t = plan.warmup_s
-    while t < plan.load_s - 5:
+    while kinds or t < plan.load_s - 5:
         kind = kinds.pop(0) if kinds else rng.choice(FAULT_KINDS)
         hold = rng.uniform(*plan.freeze_s) if kind == "store_freeze" else \
             rng.uniform(*plan.broker_down_s) if kind == "broker_down" else 0.0
@@ -286,11 +292,12 @@ class Load:
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="soak-call")
         self._issued = 0
 
-    def run(self, duration_s: float) -> None:
-        """Issue calls for ``duration_s``, paced to ``calls_per_s``; returns when they are all settled."""
+    def run(self, duration_s: float, *, faults_done: threading.Event) -> None:
+        """Issue calls for ``duration_s`` and until ``faults_done``, paced to ``calls_per_s``; returns when they
+        are all settled (so every scheduled fault happens under load, however slow the machine)."""
         start = time.monotonic()
         futures = []
-        while (elapsed := time.monotonic() - start) < duration_s:
+        while (elapsed := time.monotonic() - start) < duration_s or not faults_done.is_set():
             due = int(elapsed * self.plan.calls_per_s) + 1
             while self._issued < due:
                 futures.append(self._pool.submit(self._call, self._issued))
@@ -358,34 +365,50 @@ class Report:
     ingester_exits: Counter[int] = field(default_factory=Counter)
     ingester_stats: Counter[str] = field(default_factory=Counter)
     """Totals of the ``ingester stopped`` lines (clean exits only: a SIGKILLed run prints none)."""
+    drained: bool = True
+    """The ingesters stored the whole log before the drain's bounds; False: calls not in the lake are "not
+    drained yet" (the lake was still behind the log), not proven lost."""
+    drain_progress: list[tuple[float, int]] = field(default_factory=list)
+    """(seconds into the drain, offsets the ``events`` markers cover): how fast the lake caught up."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Wall seconds per phase (start, load, spool, log read back, ingest drain, check, stop)."""
     notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        bad = self.log_accounting["unaccounted"] + self.log_accounting["moved"]
+        bad = self.log_accounting["unaccounted"] + self.log_accounting["moved"] + self.log_accounting["behind"]
         refused = self.ingester_exits[3]  # the ingester found the log behind its markers (went backwards)
         return not self.lost and not any(self.duplicated.values()) and bad == 0 and not refused and not self.notes
 
     def render(self) -> str:
         faults = ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items()))
         missing = Counter(what for whats in self.lost.values() for what in whats)
+        verdict = "lost" if self.drained else "NOT DRAINED, not in the lake yet"
         lines = [
             f"soak seed={self.plan.seed} ingesters={self.plan.ingesters} "
             f"lake={'s3' if self.plan.lake_on_object_store else 'local'} wall={self.wall_s:.0f}s "
             f"load={self.plan.load_s:.0f}s at {self.plan.calls_per_s:g} calls/s",
             f"faults: {sum(self.faults.values())} ({faults})",
             f"calls: {self.answered} answered, {self.unanswered} unanswered, {self.attempts} attempts (failed: {dict(self.failures)}, during: {dict(self.failed_during)})",
-            f"lost: {len(self.lost)} answered calls" + (f" (missing {dict(missing)})" if missing else ""),
+            f"{verdict}: {len(self.lost)} answered calls" + (f" (missing {dict(missing)})" if missing else ""),
             f"duplicated: {sum(self.duplicated.values())} {dict(self.duplicated)}",
             f"log: {dict(self.log_accounting)}; quarantined rows {self.quarantined}; "
             f"answered calls not in the log {self.not_in_log}",
             f"ingester exits by code: {dict(self.ingester_exits)}; clean-exit stats: {dict(self.ingester_stats)}",
+            f"phases (s): {', '.join(f'{k} {v:.0f}' for k, v in self.phases.items())}; drain: {self._drain_rate()}",
             *[f"NOTE: {n}" for n in self.notes],
             f"logs: {self.workdir}",
         ]
         if self.lost:
             lines.insert(4, f"  first lost: {sorted(self.lost.items())[:5]}")
         return "\n".join(lines)
+
+    def _drain_rate(self) -> str:
+        if len(self.drain_progress) < 2:
+            return "-"
+        (t0, n0), (t1, n1) = self.drain_progress[0], self.drain_progress[-1]
+        return (f"the events markers went from {n0} to {n1} offsets in {t1 - t0:.0f} s "
+                f"({(n1 - n0) / max(t1 - t0, 1):.1f}/s)")
 
 
 def run_soak(plan: SoakPlan, *, workdir: Path, s3: S3Server | None = None,
@@ -400,32 +423,39 @@ def run_soak(plan: SoakPlan, *, workdir: Path, s3: S3Server | None = None,
     s3 = s3 or S3Server().start()
     cluster = Cluster(plan, workdir, s3)
     report = Report(plan, workdir)
-    started = time.monotonic()
+    started = phase = time.monotonic()
     try:
         cluster.start()
+        phase = _phase(report, "start", phase)
         load = Load(plan, cluster.gateway_url)
-        stop = threading.Event()
-        faults = threading.Thread(target=_run_faults, args=(cluster, schedule if schedule is not None else fault_schedule(plan), report, stop),
-                                  name="soak-faults", daemon=True)
+        stop, faults_done = threading.Event(), threading.Event()
+        faults = threading.Thread(target=_run_faults, name="soak-faults", daemon=True, args=(
+            cluster, schedule if schedule is not None else fault_schedule(plan), report, stop, faults_done))
         faults.start()
         try:
-            load.run(plan.load_s)
+            load.run(plan.load_s, faults_done=faults_done)
         finally:
             stop.set()
             faults.join()
+        phase = _phase(report, "load", phase)
         report.answered, report.unanswered, report.attempts = len(load.answered), len(load.unanswered), load.attempts
         report.failures = load.failures
         for t in load.failed_at:
             kinds = [k for k, began, ended in report.fault_windows if began <= t <= ended + 5]
             report.failed_during[kinds[0] if kinds else "none"] += 1
         log_read = _drain(cluster, load.answered, plan, report)
+        phase = time.monotonic()
         for ingester in cluster.ingesters:
             ingester.kill(signal.SIGTERM)
-        verify(cluster.lake, log_read, load.answered, report)
+        partitions = range(plan.partitions)
+        verify(cluster.lake, log_read, load.answered, report,
+               markers=events_markers(cluster.lake, cluster.group, cluster.topic, partitions))
+        phase = _phase(report, "check", phase)
     finally:
         cluster.stop()
         if own:
             s3.stop()
+        _phase(report, "stop", phase)
         report.wall_s = time.monotonic() - started
     for ingester in cluster.ingesters:
         report.ingester_exits.update(ingester.exits)
@@ -433,22 +463,33 @@ def run_soak(plan: SoakPlan, *, workdir: Path, s3: S3Server | None = None,
     return report
 
 
-def _run_faults(cluster: Cluster, schedule: list[Fault], report: Report, stop: threading.Event) -> None:
-    rng = random.Random(cluster.plan.seed + 1)
-    t0 = time.monotonic()
-    pending = list(schedule)
-    while not stop.is_set():
-        cluster.supervise()
-        if pending and time.monotonic() - t0 >= pending[0].at_s:
-            fault = pending.pop(0)
-            began = time.monotonic()
-            if _inject(cluster, fault, rng):
-                report.faults[fault.kind] += 1
-                report.fault_windows.append((fault.kind, began, time.monotonic()))
-            else:
-                pending.insert(0, fault)  # no ingester old enough yet: try again shortly
-        stop.wait(0.25)
-    cluster.thaw_store()
+def _run_faults(cluster: Cluster, schedule: list[Fault], report: Report, stop: threading.Event,
+                done: threading.Event) -> None:
+    """Inject ``schedule``'s faults in order (each at its time or after the previous one ended); ``done`` once
+    the last has ended. Restarts ingesters that exit on their own until ``stop``."""
+    try:
+        rng = random.Random(cluster.plan.seed + 1)
+        t0 = time.monotonic()
+        pending = list(schedule)
+        while not stop.is_set():
+            if not pending:
+                done.set()
+            cluster.supervise()
+            if pending and time.monotonic() - t0 >= pending[0].at_s:
+                fault = pending.pop(0)
+                began = time.monotonic()
+                if _inject(cluster, fault, rng):
+                    report.faults[fault.kind] += 1
+                    report.fault_windows.append((fault.kind, began, time.monotonic()))
+                else:
+                    pending.insert(0, fault)  # no ingester old enough yet: try again shortly
+            stop.wait(0.25)
+    except Exception as exc:
+        report.notes.append(f"the fault thread failed: {exc!r}")
+        raise
+    finally:
+        cluster.thaw_store()
+        done.set()  # also when a fault failed: the load must not wait for it
 
 
 def _inject(cluster: Cluster, fault: Fault, rng: random.Random) -> bool:
@@ -478,13 +519,16 @@ def _inject(cluster: Cluster, fault: Fault, rng: random.Random) -> bool:
 
 
 def _drain(cluster: Cluster, answered: set[str], plan: SoakPlan, report: Report) -> LogRead:
-    """Wait until the gateway's spool is empty, then until the ingesters have stored the whole log.
+    """Wait until the gateway's spool is empty, read the log back, then wait until the ingesters stored it all.
 
     Returns the log (every message of the topic). Done when the ``events`` markers reach the log's last
-    offsets and the typed tables hold every answered call; gives up once neither the lake nor the group's
-    read position moved for ``drain_quiet_s`` (a replay below the markers stores nothing but moves).
+    offsets and the typed tables hold every answered call. Gives up once neither the lake nor the group's
+    read position moved for ``drain_quiet_s`` (a replay below the markers stores nothing but moves), or after
+    ``drain_max_s`` while it still moves: then the run is not drained (``report.drained`` False), which says
+    the lake is behind the log, not that anything is lost.
     """
-    deadline = time.monotonic() + 2 * plan.drain_quiet_s
+    phase = time.monotonic()
+    deadline = phase + 2 * plan.drain_quiet_s
     while True:
         cluster.supervise()
         try:
@@ -496,26 +540,47 @@ def _drain(cluster: Cluster, answered: set[str], plan: SoakPlan, report: Report)
         if time.monotonic() > deadline:
             report.notes.append(f"the gateway's spool did not drain within {2 * plan.drain_quiet_s:.0f} s")
             break
-        time.sleep(1)
+        time.sleep(0.5)
+    phase = _phase(report, "spool", phase)
     log_read = read_log(cluster.broker.bootstrap_servers, cluster.topic, expect=answered,
-                        give_up_s=2 * plan.drain_quiet_s)
+                        give_up_s=plan.drain_max_s)
+    phase = _phase(report, "log read back", phase)
+    if not answered <= log_read.complete:
+        report.drained = False
+        report.notes.append(f"the log read back stopped after {plan.drain_max_s:.0f} s with "
+                            f"{len(log_read.messages)} messages, some answered calls not seen yet")
     ends: dict[int, int] = {}
     for p, o, _ in log_read.messages:
         ends[p] = max(ends.get(p, -1), o)
-    last, last_change = None, time.monotonic()
+    last, last_change, started = None, time.monotonic(), time.monotonic()
     with _GroupPosition(cluster.broker.bootstrap_servers, cluster.topic, cluster.group) as position:
-        while time.monotonic() - last_change < plan.drain_quiet_s:
+        while True:
             cluster.supervise()
             found = len(answered & stored_keys(cluster.lake))
             markers = events_markers(cluster.lake, cluster.group, cluster.topic, ends)
+            report.drain_progress.append((time.monotonic() - started, sum((m or -1) + 1 for m in markers.values())))
             if found == len(answered) and all((markers.get(p) or -1) >= o for p, o in ends.items()):
-                return log_read
+                break
             now = (found, tuple(sorted(markers.items())), position.read())
             if now != last:
                 last, last_change = now, time.monotonic()
-            time.sleep(3)
-    report.notes.append(f"the lake stopped moving for {plan.drain_quiet_s:.0f} s before holding the whole log")
+            if time.monotonic() - last_change > plan.drain_quiet_s:
+                report.notes.append(f"the lake stopped moving for {plan.drain_quiet_s:.0f} s before holding the "
+                                    "whole log")
+                break
+            if time.monotonic() - started > plan.drain_max_s:
+                report.drained = False
+                report.notes.append(f"the lake still moved after {plan.drain_max_s:.0f} s of drain: not drained")
+                break
+            time.sleep(1)
+    _phase(report, "ingest drain", phase)
     return log_read
+
+
+def _phase(report: Report, name: str, since: float) -> float:
+    now = time.monotonic()
+    report.phases[name] = now - since
+    return now
 
 
 class _GroupPosition:
@@ -544,8 +609,12 @@ class _GroupPosition:
         self.consumer.close(autocommit=False)
 
 
-def verify(lake: Lake, log: LogRead, answered: set[str], report: Report) -> None:
+def verify(lake: Lake, log: LogRead, answered: set[str], report: Report,
+           markers: dict[int, int | None] | None = None) -> None:
     """Fill ``report`` with what the lake holds for the answered calls and for each message of the log.
+
+    ``markers`` (the ``events`` table's, per partition) tell messages the ingesters have not reached yet
+    (the run is then not drained) from messages they passed without storing (lost).
 
     Calls are found by their ``Idempotency-Key`` (the request's payload), their responses by the request's
     call id; the check does not depend on how the gateway derives ids.
@@ -579,5 +648,7 @@ def verify(lake: Lake, log: LogRead, answered: set[str], report: Report) -> None
     stored = {(p, o): e for e, p, o in zip(events["event_id"], events["kafka_partition"], events["kafka_offset"])}
     quarantined = {(p, o) for p, o in zip(*query(lake, "quarantine", "SELECT kafka_partition, kafka_offset "
                                                   "FROM quarantine").values())}
-    report.log_accounting = account_for_log(log.messages, stored, quarantined)
+    report.log_accounting = account_for_log(log.messages, stored, quarantined, markers)
+    if report.log_accounting["behind"]:
+        report.drained = False
     report.not_in_log = len(answered - log.complete)
