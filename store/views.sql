@@ -6,31 +6,32 @@
 -- different times; these views join them at query time, so a late half shows
 -- up as soon as it is ingested. A key seen twice (a harness that retried with
 -- a fresh event id) keeps its first row by seq (for a response: the first without
--- an error); a rollout's end keeps its last. Calls and tool steps rank over key
--- columns only and then drop the losers with an anti-join, so the optimizer
--- prunes every column a query does not read (token lists included).
+-- an error); a rollout's end keeps its last. Calls and tool steps rank only the
+-- rows of keys seen more than once.
 -- Token ids stay list<int32> and logprobs list<float32>: token-exact. Counts
 -- come from the n_*_tokens columns, never from the arrays, so scalar queries
 -- do not read token ids at all.
 
 -- view
 CREATE VIEW llm_calls AS
-WITH request_dropped AS (
-    -- the later copies of a call id: keys seen twice are found by a hash aggregate over key columns,
-    -- and only their rows are ranked; the rows themselves are read once, minus these, so token lists never
-    -- pass through a window and a query that does not read them never scans them ((tenant, event_id) is unique)
-    SELECT t.tenant, t.event_id FROM llm_requests AS t
-    SEMI JOIN (SELECT tenant, rollout_id, call_id FROM llm_requests GROUP BY ALL HAVING count(*) > 1) USING (tenant, rollout_id, call_id)
-    QUALIFY row_number() OVER (PARTITION BY t.tenant, t.rollout_id, t.call_id ORDER BY t.seq, t.ts, t.event_id) > 1
-), response_dropped AS (
-    -- a keyed retry can answer one call twice (an error, then a success): prefer the success
-    SELECT t.tenant, t.event_id FROM llm_responses AS t
-    SEMI JOIN (SELECT tenant, rollout_id, call_id FROM llm_responses GROUP BY ALL HAVING count(*) > 1) USING (tenant, rollout_id, call_id)
-    QUALIFY row_number() OVER (PARTITION BY t.tenant, t.rollout_id, t.call_id ORDER BY (t.error IS NOT NULL), t.seq, t.ts, t.event_id) > 1
+WITH -- keys seen twice are found by a hash aggregate over key columns and only their rows are ranked, so
+-- token lists of the (many) calls seen once never pass through a window. Copies can share an event id
+-- (the ingester's dedupe window is bounded; test lakes are written raw): ranking keeps exactly one.
+request_dup AS (
+    SELECT tenant, rollout_id, call_id FROM llm_requests GROUP BY ALL HAVING count(*) > 1
 ), request AS (
-    SELECT * FROM llm_requests ANTI JOIN request_dropped USING (tenant, event_id)
+    SELECT * FROM llm_requests ANTI JOIN request_dup USING (tenant, rollout_id, call_id)
+    UNION ALL BY NAME
+    SELECT * FROM llm_requests SEMI JOIN request_dup USING (tenant, rollout_id, call_id)
+    QUALIFY row_number() OVER (PARTITION BY tenant, rollout_id, call_id ORDER BY seq, ts, event_id) = 1
+), -- a keyed retry can answer one call twice (an error, then a success): prefer the success
+response_dup AS (
+    SELECT tenant, rollout_id, call_id FROM llm_responses GROUP BY ALL HAVING count(*) > 1
 ), response AS (
-    SELECT * FROM llm_responses ANTI JOIN response_dropped USING (tenant, event_id)
+    SELECT * FROM llm_responses ANTI JOIN response_dup USING (tenant, rollout_id, call_id)
+    UNION ALL BY NAME
+    SELECT * FROM llm_responses SEMI JOIN response_dup USING (tenant, rollout_id, call_id)
+    QUALIFY row_number() OVER (PARTITION BY tenant, rollout_id, call_id ORDER BY (error IS NOT NULL), seq, ts, event_id) = 1
 )
 SELECT
     q.tenant, q.task_id, q.rollout_id, q.attempt, q.seq, q.call_id,
@@ -54,18 +55,20 @@ LEFT JOIN response AS r
 
 -- view
 CREATE VIEW tool_steps AS
-WITH call_dropped AS (
-    SELECT t.tenant, t.event_id FROM tool_calls AS t
-    SEMI JOIN (SELECT tenant, rollout_id, call_id FROM tool_calls GROUP BY ALL HAVING count(*) > 1) USING (tenant, rollout_id, call_id)
-    QUALIFY row_number() OVER (PARTITION BY t.tenant, t.rollout_id, t.call_id ORDER BY t.seq, t.ts, t.event_id) > 1
-), result_dropped AS (
-    SELECT t.tenant, t.event_id FROM tool_results AS t
-    SEMI JOIN (SELECT tenant, rollout_id, call_id FROM tool_results GROUP BY ALL HAVING count(*) > 1) USING (tenant, rollout_id, call_id)
-    QUALIFY row_number() OVER (PARTITION BY t.tenant, t.rollout_id, t.call_id ORDER BY t.seq, t.ts, t.event_id) > 1
+WITH call_dup AS (
+    SELECT tenant, rollout_id, call_id FROM tool_calls GROUP BY ALL HAVING count(*) > 1
 ), call AS (
-    SELECT * FROM tool_calls ANTI JOIN call_dropped USING (tenant, event_id)
+    SELECT * FROM tool_calls ANTI JOIN call_dup USING (tenant, rollout_id, call_id)
+    UNION ALL BY NAME
+    SELECT * FROM tool_calls SEMI JOIN call_dup USING (tenant, rollout_id, call_id)
+    QUALIFY row_number() OVER (PARTITION BY tenant, rollout_id, call_id ORDER BY seq, ts, event_id) = 1
+), result_dup AS (
+    SELECT tenant, rollout_id, call_id FROM tool_results GROUP BY ALL HAVING count(*) > 1
 ), result AS (
-    SELECT * FROM tool_results ANTI JOIN result_dropped USING (tenant, event_id)
+    SELECT * FROM tool_results ANTI JOIN result_dup USING (tenant, rollout_id, call_id)
+    UNION ALL BY NAME
+    SELECT * FROM tool_results SEMI JOIN result_dup USING (tenant, rollout_id, call_id)
+    QUALIFY row_number() OVER (PARTITION BY tenant, rollout_id, call_id ORDER BY seq, ts, event_id) = 1
 )
 SELECT
     c.tenant, c.task_id, c.rollout_id, c.attempt, c.seq, c.call_id,

@@ -10,7 +10,7 @@ import shutil
 from datetime import datetime, timezone
 
 import pytest
-from conftest import ACME, BETA, build_two_tenant_lake, make_client
+from tests.api.two_tenants import ACME, BETA, build_two_tenant_lake, make_client
 from typer.testing import CliRunner
 
 from pipelines import BuildConfig, build_dataset

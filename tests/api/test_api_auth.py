@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import ACME
+from tests.api.two_tenants import ACME
 
 ROUTES = [
     ("POST", "/v1/sql"),

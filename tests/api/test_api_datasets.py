@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import ACME, BETA, GAMMA
+from tests.api.two_tenants import ACME, BETA, GAMMA
 
 
 def test_each_tenant_sees_the_datasets_built_for_it_alone(client):

@@ -15,7 +15,7 @@ from contextlib import ExitStack
 import psutil
 import pytest
 import uvicorn
-from conftest import ACME, BETA, make_client
+from tests.api.two_tenants import ACME, BETA, make_client
 
 from devkit.ports import free_port, wait_for_port
 from api.limits import header_limited_h11
@@ -198,7 +198,7 @@ def served(api_lake):
     from api import create_query_app
     from trajlake.commands.query_api import QueryApiSettings
 
-    from conftest import KEYS
+    from tests.api.two_tenants import KEYS
 
     settings = QueryApiSettings(lake=api_lake.root, max_header_bytes=8192)
     port = free_port()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import ACME, BETA
+from tests.api.two_tenants import ACME, BETA
 
 from pipelines.lineage import trace
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import ACME, make_client
+from tests.api.two_tenants import ACME, make_client
 from prometheus_client.parser import text_string_to_metric_families
 
 

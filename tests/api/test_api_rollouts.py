@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import ACME, BETA
+from tests.api.two_tenants import ACME, BETA
 
 
 def get(client, path, headers=ACME, **params):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import ACME, BETA, GAMMA, make_client
+from tests.api.two_tenants import ACME, BETA, GAMMA, make_client
 
 
 def sql(client, query: str, headers=ACME, **extra):

@@ -6,7 +6,7 @@ import re
 
 import pytest
 from fastapi.testclient import TestClient
-from conftest import ACME, BETA, GAMMA, KEYS
+from tests.api.two_tenants import ACME, BETA, GAMMA, KEYS
 
 from ingest.gateway.auth import KeyRing
 from pipelines import read_dataset

@@ -113,6 +113,15 @@ def test_a_duplicated_call_id_keeps_the_first_request_and_response_by_seq(lake):
     assert row == {"seq": 1, "prompt_token_ids": [1, 2], "response_token_ids": [3], "response_seq": 2}
 
 
+def test_a_copy_with_the_same_event_id_is_one_call(lake):
+    """A producer retry past the ingester's bounded dedupe window lands twice with one event id: one call."""
+    copies = [request("c1", 1, [1, 2]), response("c1", 2, [3], [-0.5])]
+    write_events(lake, copies)
+    write_events(lake, copies)
+    got = rows(lake, "SELECT call_id, prompt_token_ids, response_token_ids FROM llm_calls")
+    assert got == [{"call_id": "c1", "prompt_token_ids": [1, 2], "response_token_ids": [3]}]
+
+
 def test_a_keyed_retry_answered_twice_prefers_the_successful_response(lake):
     failed = event("llm.response", {"call_id": "c1", "error": "upstream 503", "token_source": "none"}, seq=2)
     write_events(lake, [request("c1", 1, [1, 2]), failed, response("c1", 3, [7], [-0.1])])

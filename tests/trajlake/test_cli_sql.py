@@ -212,7 +212,7 @@ def test_tables_lists_views_with_rows_and_versions(run, sample_lake):
     assert lines["llm_requests"][1:4] == ["delta", "3", "0"]
     assert lines["rollouts"][1:4] == ["joined", "view", "2"]
     assert lines["quarantine"][1:] == ["not", "written", "yet", "0"]
-    assert sample_lake.root in out
+    assert sample_lake.root in "".join(out.split())  # a long temp path may wrap
 
 
 # ------------------------------------------------------------------ rollout show
