@@ -6,6 +6,7 @@ vLLM or SGLang instead.
 
 ``app`` assembles (the lifespan loads the model), ``routes/`` holds one router per route family,
 ``deps`` what routes reach (engine, body), ``respond`` the answer (JSON or SSE) chat and completions
-share; below HTTP: ``protocol`` (requests, errors), ``engine``, ``sampling``, ``text``, ``tool_calls``
-and ``responses`` (the OpenAI bodies).
+share; below HTTP: ``protocol`` (requests, errors), ``engine``, ``sampling``, ``text``
+and ``responses`` (the OpenAI bodies; tool calls parsed by ``schemas.tool_parsers``, which the
+gateway's token sessions share).
 """

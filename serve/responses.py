@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from serve.engine import Step
 from serve.protocol import ChatRequest, CompletionRequest
 from serve.text import TokenStrings
-from serve.tool_calls import ToolCallStream, parse_tool_calls
+from schemas.tool_parsers import HermesStream, parse_tool_calls
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -69,7 +69,7 @@ class ChatCompletion:
     def __init__(self, request: ChatRequest, prompt_ids: list[int], strings: TokenStrings, model: str) -> None:
         self.request, self.prompt_ids, self.strings, self.model = request, prompt_ids, strings, model
         self.id, self.created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        self._tools = ToolCallStream() if request.parses_tool_calls() else None
+        self._tools = HermesStream() if request.parses_tool_calls() else None
         self._count = 0
 
     def _head(self, kind: str) -> dict:

@@ -22,8 +22,9 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.tool_parsers import ToolParser, resolve_parser
 from ingest.gateway.sessions.state import Session, SessionKey, SessionStore
+from ingest.otlp.messages import loose_json
+from schemas.tool_parsers import ToolParser, resolve_parser
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def message_digest(message: dict[str, Any]) -> bytes:
     calls = []
     for call in message.get("tool_calls") or ():
         function = (call or {}).get("function") or {}
-        calls.append([function.get("name"), _arguments(function.get("arguments"))])
+        calls.append([function.get("name"), loose_json(function.get("arguments"))])
     core = [message.get("role"), _text(message.get("content")), calls, message.get("tool_call_id"),
             message.get("name")]
     return hashlib.sha1(json.dumps(core, sort_keys=True, ensure_ascii=False).encode()).digest()
@@ -90,15 +91,6 @@ def _text(content: Any) -> str:
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
         return "".join(str(p.get("text") or "") for p in content)
     raise _Multimodal
-
-
-def _arguments(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
 
 
 def _context(body: dict[str, Any]) -> bytes:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from serve.tool_calls import ToolCallStream, parse_tool_calls
+from schemas.tool_parsers import HermesStream, parse_tool_calls
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
@@ -81,7 +81,7 @@ def test_streamed_content_equals_the_whole_text_parse(text):
     expected_content, expected_calls = parse_tool_calls(text)
     for seed in range(5):
         rng = random.Random(seed)
-        stream, streamed, i = ToolCallStream(), "", 0
+        stream, streamed, i = HermesStream(), "", 0
         while i < len(text):
             step = rng.randint(1, 4)
             streamed += stream.push(text[i : i + step])
@@ -92,7 +92,7 @@ def test_streamed_content_equals_the_whole_text_parse(text):
 
 
 def test_stream_holds_back_whitespace_and_a_possible_tag_and_stops_at_a_real_one():
-    stream = ToolCallStream()
+    stream = HermesStream()
     assert stream.push("\n hi") == "hi"
     assert stream.push(" <tool") == ""
     assert stream.push("box") == " <toolbox"
