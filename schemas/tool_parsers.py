@@ -111,6 +111,23 @@ class HermesStream:
         return content.strip()[len(self._released) :], calls
 
 
+def finish_reason(reason: str | None, calls: list[dict]) -> str | None:
+    """OpenAI's finish reason: ``tool_calls`` when the model stopped after calling tools."""
+    return "tool_calls" if calls and reason == "stop" else reason
+
+
+def close_delta(stream: ParserStream | None, delta: dict) -> list[dict]:
+    """The last chunk of a streamed answer: what ``stream`` held back joins ``delta``'s content and its
+    parsed calls become ``delta["tool_calls"]``; returns the calls."""
+    calls: list[dict] = []
+    if stream is not None:
+        rest, calls = stream.finish()
+        delta["content"] += rest
+    if calls:
+        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+    return calls
+
+
 def _partial_tag_suffix(text: str) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of ``<tool_call>``."""
     for size in range(min(len(OPEN_TAG) - 1, len(text)), 0, -1):

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from serve.engine import Step
 from serve.protocol import ChatRequest, CompletionRequest
 from serve.text import TokenStrings
-from schemas.tool_parsers import HermesStream, parse_tool_calls
+from schemas.tool_parsers import HermesStream, close_delta, finish_reason, parse_tool_calls
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -59,10 +59,6 @@ def _finish(steps: Sequence[Step]) -> dict:
     return {"finish_reason": last.finish_reason, "stop_reason": last.stop_reason}
 
 
-def _tool_call_finish(reason: str | None, calls: list[dict]) -> str | None:
-    return "tool_calls" if calls and reason == "stop" else reason
-
-
 class ChatCompletion:
     """Builds one ``chat.completion`` (or its chunks) from generation steps."""
 
@@ -85,7 +81,7 @@ class ChatCompletion:
             "message": {"role": "assistant", "content": content or None, "tool_calls": calls},
             "logprobs": chat_logprobs(self.strings, steps) if self.request.logprobs else None,
             **finish,
-            "finish_reason": _tool_call_finish(finish["finish_reason"], calls),
+            "finish_reason": finish_reason(finish["finish_reason"], calls),
         }
         body = {**self._head("chat.completion"), "choices": [choice], "usage": usage(len(self.prompt_ids), len(steps))}
         if self.request.return_token_ids:
@@ -107,13 +103,8 @@ class ChatCompletion:
         delta: dict = {"content": content}
         choice: dict = {"index": 0, "delta": delta, "finish_reason": None}
         if step.finish_reason is not None:
-            calls: list[dict] = []
-            if self._tools:
-                rest, calls = self._tools.finish()
-                delta["content"] = content + rest
-            if calls:
-                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
-            choice["finish_reason"] = _tool_call_finish(step.finish_reason, calls)
+            calls = close_delta(self._tools, delta)
+            choice["finish_reason"] = finish_reason(step.finish_reason, calls)
             choice["stop_reason"] = step.stop_reason
         choice["logprobs"] = chat_logprobs(self.strings, [step]) if self.request.logprobs else None
         if self.request.return_token_ids:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas.tool_parsers import ParserStream, ToolParser
+from schemas.tool_parsers import ParserStream, ToolParser, close_delta, finish_reason
 from ingest.gateway.tokens import Asked, Completion
 
 
@@ -29,10 +29,6 @@ def _chat_logprobs(logprobs: Any, top: int) -> dict | None:
                         "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode("utf-8"))}
                                          for t, v in entries]})
     return {"content": content}
-
-
-def _finish(reason: str | None, calls: list[dict]) -> str | None:
-    return "tool_calls" if calls and reason == "stop" else reason
 
 
 def _chat_id(engine_id: Any) -> str:
@@ -63,7 +59,7 @@ class ChatAnswer:
         """The ``chat.completion`` of a ``text_completion`` answer; fills ``record``."""
         choice = (answer.get("choices") or [{}])[0]
         content, calls = self._split(choice.get("text") or "")
-        finish = _finish(choice.get("finish_reason"), calls)
+        finish = finish_reason(choice.get("finish_reason"), calls)
         out_choice: dict[str, Any] = {
             "index": 0,
             "message": {"role": "assistant", "content": content or None, "tool_calls": calls},
@@ -121,13 +117,8 @@ class ChatAnswer:
         delta: dict[str, Any] = {"content": content}
         out: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
         if choice.get("finish_reason") is not None:
-            calls: list[dict] = []
-            if self._stream:
-                rest, calls = self._stream.finish()
-                delta["content"] = content + rest
-            if calls:
-                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
-            out["finish_reason"] = record.finish_reason = _finish(choice["finish_reason"], calls)
+            calls = close_delta(self._stream, delta)
+            out["finish_reason"] = record.finish_reason = finish_reason(choice["finish_reason"], calls)
             out["stop_reason"] = choice.get("stop_reason")
             record.text, _ = self._split("".join(self._text))
             record.text = record.text or None
