@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import signal
+import socket
 import threading
 import time
 from contextlib import ExitStack
@@ -15,11 +15,11 @@ from contextlib import ExitStack
 import psutil
 import pytest
 import uvicorn
-from tests.api.two_tenants import ACME, BETA, make_client
 
-from devkit.ports import free_port, wait_for_port
 from api.limits import header_limited_h11
 from api.services import Busy
+from devkit.ports import free_port, wait_for_port
+from tests.api.two_tenants import ACME, BETA, make_client
 
 TIMEOUT_S = 2.0
 WORKER_MB = 768
