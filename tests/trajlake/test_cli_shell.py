@@ -77,6 +77,16 @@ def test_lake_option_has_one_wording(path: str):
         assert lake.help == "Lake root: a folder or s3://bucket/prefix (default: TRAJLAKE_LAKE, else ./lake).", path
 
 
+KAFKA_CLIENTS = {"gateway", "ingest", "health", "train", "forget", "build-dataset"}
+"""Commands that talk to Kafka (``broker`` is the broker itself)."""
+
+
+def test_every_command_that_talks_to_kafka_takes_the_same_connection_flag():
+    flags = {path: {o for p in command.params for o in getattr(p, "opts", [])} for path, command in all_commands().items()}
+    assert {path for path, opts in flags.items() if "--bootstrap-servers" in opts} == KAFKA_CLIENTS
+    assert all("--bootstrap-servers" in opts for path, opts in flags.items() if "--topic" in opts and path != "broker")
+
+
 TIME_OPTIONS = {"since", "until", "backfill"}
 
 
