@@ -10,6 +10,7 @@ old ones.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -70,7 +71,7 @@ def decode_event(data: bytes | str, *, max_bytes: int = MAX_EVENT_BYTES) -> Even
         # upgrades, accepts what lax validation accepts, and names the problem.
         event = EVENT_ADAPTER.validate_json(data, strict=True)
         if event.schema_version == SCHEMA_VERSION:
-            return event
+            return _finite(event)
     except ValidationError:
         pass
     try:
@@ -93,8 +94,79 @@ def validate_event(raw: dict[str, Any]) -> Event:
         raise InvalidEvent("type", f"unknown event type {event_type!r}; known: {', '.join(EVENT_TYPES)}")
     raw = upgrade(raw)
     try:
-        return EVENT_ADAPTER.validate_python(raw)
+        event = EVENT_ADAPTER.validate_python(raw)
     except ValidationError as exc:
         raise InvalidEvent.from_validation(exc, union_tags=EVENT_TYPES) from None
     except RecursionError:
         raise InvalidEvent("(event)", "JSON nested too deeply") from None
+    return _finite(event)
+
+
+NON_FINITE = "NaN and Infinity are not JSON: send a finite number (or null)"
+
+
+def non_finite_path(value: Any) -> str | None:
+    """Where ``value`` (decoded JSON) holds a NaN or +-Infinity float: a dotted path (``""`` for the value itself), else None.
+
+    Python's ``json`` reads ``NaN``, ``Infinity`` and numbers that overflow a
+    double (``1e400``) into such floats; JSON has no such numbers.
+    """
+    try:
+        json.dumps(value, allow_nan=False, default=str)  # C speed; the walk below only names the place
+        return None
+    except ValueError:
+        pass
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            return path
+        if isinstance(node, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in node.items())
+        elif isinstance(node, (list, tuple)):
+            stack.extend((f"{path}.{i}" if path else str(i), v) for i, v in enumerate(node))
+    return None
+
+
+class NonFiniteNumber(ValueError):
+    """JSON text holding ``NaN``, ``Infinity`` or a number that overflows a double; ``path`` says where."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(f"{path or '(body)'}: {NON_FINITE}")
+
+
+def loads_finite(data: bytes | str) -> Any:
+    """``json.loads`` that refuses the numbers JSON does not have; raises ``NonFiniteNumber`` naming the place.
+
+    The hooks cost a Python call per float only; the walk that names the place runs only when one was seen.
+    """
+    seen = False
+
+    def constant(text: str) -> float:  # NaN, Infinity, -Infinity
+        nonlocal seen
+        seen = True
+        return float(text)
+
+    def number(text: str) -> float:
+        nonlocal seen
+        value = float(text)
+        seen = seen or math.isinf(value)
+        return value
+
+    value = json.loads(data, parse_constant=constant, parse_float=number)
+    if seen:
+        raise NonFiniteNumber(non_finite_path(value) or "")
+    return value
+
+
+def _finite(event: Event) -> Event:
+    """``event`` unless a free-form JSON value of its payload (tool arguments, metadata, messages) holds NaN/Infinity.
+
+    Typed number fields refuse them already (``allow_inf_nan=False``); values
+    typed ``Any`` are taken as they come, so they are checked here.
+    """
+    path = non_finite_path(dict(event.payload))
+    if path is not None:
+        raise InvalidEvent(f"payload.{path}", NON_FINITE)
+    return event

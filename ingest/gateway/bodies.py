@@ -18,6 +18,7 @@ from typing import Any
 
 from ingest.gateway.errors import BadRequest, BodyTooLarge
 from ingest.gateway.tokens import Kind
+from schemas.versions import NonFiniteNumber, loads_finite
 
 
 async def read_limited(chunks: AsyncIterator[bytes], *, content_length: str | None, limit: int) -> bytes:
@@ -40,12 +41,15 @@ MAX_NESTING = 200
 
 
 def parse_object(raw: bytes) -> Any:
-    """The parsed JSON body; raises ``BadRequest`` for empty, invalid or too deeply nested bodies."""
+    """The parsed JSON body; raises ``BadRequest`` for empty, invalid or too deeply nested bodies, and for
+    NaN/Infinity (not JSON, naming where: ``events.0.payload.arguments.x``)."""
     if not raw:
         raise BadRequest("request body is empty: send a JSON object")
     too_deep = BadRequest(f"request body nests arrays/objects deeper than {MAX_NESTING} levels: flatten it")
     try:
-        body = json.loads(raw)
+        body = loads_finite(raw)
+    except NonFiniteNumber as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}", param=exc.path or None) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     except RecursionError:

@@ -25,6 +25,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
+from schemas.versions import loads_finite
+
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 _ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"})
@@ -88,7 +90,7 @@ def read_export_request(
         if kind == PROTOBUF:
             request.ParseFromString(body)
         else:
-            json_format.ParseDict(_hex_ids_to_base64(json.loads(body)), request, ignore_unknown_fields=True)
+            json_format.ParseDict(_hex_ids_to_base64(loads_finite(body)), request, ignore_unknown_fields=True)
     except (DecodeError, json_format.ParseError, ValueError, RecursionError) as exc:
         raise OtlpBodyError(f"body is not an OTLP ExportTraceServiceRequest ({kind}): {exc}") from None
     return [

@@ -19,7 +19,9 @@ import annotated_types
 import msgspec
 import pytest
 from pydantic import BaseModel
-from test_wire_contract import CASES, FLOAT_FIELDS, NON_FINITE, PAYLOADS, event, mutate, with_number
+from test_wire_contract import (
+    CASES, FLOAT_FIELDS, FREE_JSON_FIELDS, NON_FINITE, PAYLOADS, event, mutate, with_free_json, with_number,
+)
 
 import schemas.versions as versions
 from ingest.batch import Batch
@@ -229,6 +231,8 @@ def invalid_events() -> list[bytes]:
     out += [json.dumps(mismatched).encode(), json.dumps(engine).encode(), json.dumps(big).encode()]
     out += [with_number(event_type, text, template, literal)
             for event_type, text, template, _ in FLOAT_FIELDS for literal in NON_FINITE]
+    out += [with_free_json(event_type, name, template, literal)
+            for event_type, name, template, _ in FREE_JSON_FIELDS for literal in (b"NaN", b"-Infinity")]
     out += [b"[1, 2]", b'"reward"', b"42", b"null", b'{"type": "reward",', b"", b"\xff\xfe{}"]
     out += [json.dumps(event("reward", harness={"name": "x" * 201, "version": "1"})).encode(),
             json.dumps(event("reward", task_id="t" * 501)).encode(),
@@ -261,6 +265,16 @@ def test_every_float_field_of_the_contract_is_tested_for_non_finite_numbers():
     contract_floats = {f"payload.{name}" for t, model in contract.PAYLOAD_MODELS.items() for name in float_fields(model)}
     tested = {field.rsplit(".", 1)[0] if field[-1].isdigit() else field for *_, field in FLOAT_FIELDS}
     assert contract_floats == tested
+
+
+def test_every_free_form_field_of_the_contract_is_tested_for_non_finite_numbers():
+    """A field taking any JSON (``Any`` inside) must join FREE_JSON_FIELDS: its NaN/Infinity are refused, not stored."""
+    def free(annotation: Any) -> bool:
+        return annotation is Any or any(free(a) for a in get_args(annotation))
+
+    contract_free = {(t, name) for t, model in contract.PAYLOAD_MODELS.items()
+                     for name, info in model.model_fields.items() if free(info.annotation)}
+    assert contract_free == {(t, name) for t, name, *_ in FREE_JSON_FIELDS}
 
 
 @pytest.mark.parametrize("change", [

@@ -233,6 +233,39 @@ def test_non_finite_numbers_are_refused_naming_the_field(event_type, text, templ
     assert (error.field, error.problem) == (field, "Input should be a finite number")
 
 
+FREE_JSON_FIELDS = [  # (event type, a free-form value holding the literal as %s, the field the error names)
+    ("rollout.started", "metadata", b'{"k": [1, %s]}', "payload.metadata.k.1"),
+    ("llm.request", "messages", b'[{"role": "user", "content": "hi", "x": %s}]', "payload.messages.0.x"),
+    ("llm.request", "tools", b'[{"type": "function", "weight": %s}]', "payload.tools.0.weight"),
+    ("llm.request", "params", b'{"temperature": %s}', "payload.params.temperature"),
+    ("llm.response", "tool_calls", b'[{"id": "a", "arguments": {"x": %s}}]', "payload.tool_calls.0.arguments.x"),
+    ("llm.response", "usage", b'{"cost": %s}', "payload.usage.cost"),
+    ("tool.call", "arguments", b'{"q": {"n": %s}}', "payload.arguments.q.n"),
+    ("tool.result", "result", b'%s', "payload.result"),
+]
+NOT_JSON = "NaN and Infinity are not JSON: send a finite number (or null)"
+
+
+def with_free_json(event_type: str, name: str, template: bytes, literal: bytes) -> bytes:
+    raw = event(event_type)
+    raw["payload"][name] = "@VALUE@"
+    return json.dumps(raw).encode().replace(b'"@VALUE@"', template % literal)
+
+
+@pytest.mark.parametrize("literal", NON_FINITE)
+@pytest.mark.parametrize(("event_type", "name", "template", "field"), FREE_JSON_FIELDS,
+                         ids=[f[3] for f in FREE_JSON_FIELDS])
+def test_non_finite_numbers_inside_free_form_values_are_refused_naming_the_place(
+        event_type, name, template, field, literal):
+    data = with_free_json(event_type, name, template, literal)
+    error = refused(data)  # the pydantic fast path (validate_json) and the full path alike
+    assert (error.field, error.problem) == (field, NOT_JSON)
+    with pytest.raises(InvalidEvent) as exc:  # dicts built in Python (gateway batches, OTLP spans)
+        validate_event(json.loads(data))
+    assert (exc.value.field, exc.value.problem) == (field, NOT_JSON)
+    assert decode_batch([data]) == [None]  # msgspec refuses; the contract above decides
+
+
 @pytest.mark.parametrize(("data", "problem"), [
     (b"[1, 2]", "must be a JSON object, got list"),
     (b'"reward"', "must be a JSON object, got str"),

@@ -1,5 +1,6 @@
 import threading
 
+import pyarrow as pa
 import pytest
 
 from schemas.tables import EVENTS, TYPED_TABLES
@@ -87,3 +88,17 @@ def test_rebuild_detects_a_concurrent_writer(lake):
 
     with pytest.raises(RebuildRaced, match="stop the ingesters"):
         rebuild_typed_tables(lake, group=GROUP, progress=ingester_commits_meanwhile)
+
+
+def test_rebuild_keeps_two_tenants_events_that_share_event_ids(lake):
+    """Ids are scoped to their tenant (issue 11): another tenant's copy of an id is its own event."""
+    acme = events(8)
+    beta = events(8, partition=1)
+    beta = beta.set_column(beta.schema.get_field_index("event_id"), "event_id", acme.column("event_id"))
+    beta = beta.set_column(beta.schema.get_field_index("tenant"), "tenant", pa.array(["beta"] * 8, pa.string()))
+    ingest_events_only(lake, acme, {0: 7})
+    ingest_events_only(lake, beta, {1: 7})
+    rebuild_typed_tables(lake, group=GROUP)
+    requests = lake.read("llm_requests", columns=["tenant", "event_id"]).to_pylist()
+    assert sorted((r["tenant"], r["event_id"]) for r in requests) == [
+        ("beta", "e0-1"), ("beta", "e0-5"), ("default", "e0-1"), ("default", "e0-5")]

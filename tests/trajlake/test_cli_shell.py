@@ -11,7 +11,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from schemas.errors import InputError
 from trajlake.cli import OWN_PACKAGES, SILENT_LIBRARIES, build_app, configure_logging
+from trajlake.options import TIME_HELP, parse_time
 
 
 def all_commands() -> dict[str, typer.main.click.Command]:
@@ -73,6 +75,31 @@ def test_lake_option_has_one_wording(path: str):
     [lake] = [p for p in all_commands()[path].params if "--lake" in getattr(p, "opts", [])] or [None]
     if lake is not None:
         assert lake.help == "Lake root: a folder or s3://bucket/prefix (default: TRAJLAKE_LAKE, else ./lake).", path
+
+
+KAFKA_CLIENTS = {"gateway", "ingest", "health", "train", "forget", "build-dataset"}
+"""Commands that talk to Kafka (``broker`` is the broker itself)."""
+
+
+def test_every_command_that_talks_to_kafka_takes_the_same_connection_flag():
+    flags = {path: {o for p in command.params for o in getattr(p, "opts", [])} for path, command in all_commands().items()}
+    assert {path for path, opts in flags.items() if "--bootstrap-servers" in opts} == KAFKA_CLIENTS
+    assert all("--bootstrap-servers" in opts for path, opts in flags.items() if "--topic" in opts and path != "broker")
+
+
+TIME_OPTIONS = {"since", "until", "backfill"}
+
+
+def test_time_options_have_one_wording_and_one_parser():
+    """Every point-in-time flag says RFC 3339 the same way and reads through ``trajlake.options.parse_time``."""
+    found = {(path, p.name): p.help for path, command in all_commands().items() for p in command.params
+             if p.name in TIME_OPTIONS}
+    assert {name for _, name in found} == TIME_OPTIONS
+    for where, help_text in found.items():
+        assert help_text.endswith(f"({TIME_HELP}).") or help_text.endswith(f"({TIME_HELP})"), where
+    assert parse_time("2026-11-01T02:00:00+02:00", "--since") == parse_time("2026-11-01", "--since")
+    with pytest.raises(InputError, match="--until 'yesterday' is not an RFC 3339 time"):
+        parse_time("yesterday", "--until")
 
 
 @pytest.mark.parametrize("path", sorted(all_commands()))

@@ -123,6 +123,8 @@ def test_missing_or_unknown_key_is_401_and_nothing_is_recorded(gateway, headers)
     (json.dumps({**CHAT, "logprobs": 1}).encode(), 400, "'logprobs' must be a boolean"),
     (json.dumps({**CHAT, "tools": {"a": 1}}).encode(), 400, "'tools' must be a list"),
     (b"\xff\xfe", 400, "not valid JSON"),
+    (json.dumps(CHAT).encode()[:-1] + b', "temperature": NaN}', 400, "temperature: NaN and Infinity are not JSON"),
+    (json.dumps(CHAT).encode()[:-1] + b', "x": [1e400]}', 400, "x.0: NaN and Infinity are not JSON"),
     (json.dumps({**CHAT, "pad": "x" * 70_000}).encode(), 413, "exceeds"),
 ])
 def test_bad_bodies_get_clear_errors_and_reach_nobody(gateway, engine, body, status, problem):
@@ -305,6 +307,8 @@ def test_post_events_gives_per_event_results_and_forces_the_tenant(gateway):
 @pytest.mark.parametrize("body, problem", [
     (b"{}", "must be"), (b'{"events": 5}', "must be"), (b"nope", "not valid JSON"),
     (json.dumps([{}] * 1001).encode(), "at most 1000"),
+    (b'{"events": [{"type": "tool.call", "payload": {"arguments": {"x": -Infinity}}}]}',
+     "events.0.payload.arguments.x: NaN and Infinity are not JSON"),
 ])
 def test_post_events_bad_batches(gateway, body, problem):
     url, _, _ = gateway

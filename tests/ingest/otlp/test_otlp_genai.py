@@ -126,6 +126,16 @@ def test_a_span_whose_events_break_the_contract_is_rejected_with_the_field():
     assert any(r.startswith("attempt:") for r in rejected)
 
 
+@pytest.mark.parametrize("literal", ["NaN", "-Infinity", "1e400"])
+def test_a_span_whose_json_attribute_holds_nan_or_infinity_is_rejected_naming_the_place(literal):
+    raw = (FIXTURES / "semconv_genai.json").read_text().replace(
+        '{\\"city\\": \\"Paris\\"}', '{\\"city\\": {\\"lat\\": %s}}' % literal)
+    spans = read_export_request(raw.encode(), content_type=JSON, content_encoding=None, max_bytes=1 << 20)
+    got = {o.span.span_id: o for o in span_events(spans, tenant="acme", default_task="_unattached")}
+    assert got["a000000000000003"].rejected.startswith("payload.arguments.city.lat: NaN and Infinity are not JSON")
+    assert got["a000000000000003"].events == [] and got["a000000000000002"].events  # the others stay
+
+
 def test_openinference_attributes():
     got = outcomes("openinference.json")
     root = by_type(got["c000000000000001"])

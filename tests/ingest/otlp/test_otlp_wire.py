@@ -56,3 +56,7 @@ def test_refusals():
                             max_bytes=LIMIT)
     with pytest.raises(OtlpBodyError, match="ExportTraceServiceRequest"):
         read_export_request(b"[1, 2]", content_type=JSON, content_encoding=None, max_bytes=LIMIT)
+    for literal in (b"NaN", b"-Infinity", b"1e999"):  # not JSON: the body is refused, naming the place
+        with pytest.raises(OtlpBodyError, match=r"resourceSpans\.0\.x: NaN and Infinity are not JSON"):
+            read_export_request(b'{"resourceSpans": [{"x": %s}]}' % literal, content_type=JSON,
+                                content_encoding=None, max_bytes=LIMIT)
