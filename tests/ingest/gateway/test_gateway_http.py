@@ -147,6 +147,17 @@ def test_huge_body_without_content_length_is_cut_off(gateway):
     assert r.status_code == 413
 
 
+def test_null_optional_fields_mean_not_given(gateway, engine):
+    """``"tools": null`` (sent by some clients and frameworks) is no tools, as the engines read it; null ``model`` is missing."""
+    url, _, _ = gateway
+    body = {**CHAT, "tools": None, "stream": None, "logprobs": None, "return_token_ids": None}
+    r = httpx.post(f"{url}/v1/chat/completions", json=body, headers=AUTH)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["role"] == "assistant"
+    r = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "model": None}, headers=AUTH)
+    assert r.status_code == 400 and "'model' is required" in r.json()["error"]["message"]
+
+
 def test_completions_wrong_types(gateway):
     url, _, _ = gateway
     for body in ({"model": "m"}, {"model": "m", "prompt": 5}, {"model": "m", "prompt": "x", "logprobs": "3"}):
