@@ -133,8 +133,14 @@ LLM_REQUESTS = pa.schema(
         pa.field("chat_template_hash", pa.string()),
         pa.field("idempotency_key", pa.string()),
         *KAFKA_FIELDS,
+        pa.field("extends_call_id", pa.string()),
+        pa.field("extends_tokens", pa.int32()),
     ]
 )
+"""``prompt_token_ids`` holds the ids as sent: the whole prompt, or with a prefix reference
+(``extends_call_id``, ``extends_tokens``; NULL in files written before they existed) only the ids
+after the shared prefix. ``n_prompt_tokens`` is always the FULL prompt's length (``extends_tokens`` +
+the new ids), so token analytics stay right; the full ids come from the ``llm_call_prompts`` view."""
 
 LLM_RESPONSES = pa.schema(
     [
