@@ -44,6 +44,7 @@ from schemas.table_names import (  # the names alone, light to import; re-export
     FORGET_AUDIT_TABLE,
     LAKE_IDENTITY_TABLE,
     LLM_CALLS_VIEW,
+    LLM_CALL_PROMPTS_VIEW,
     LLM_REQUESTS_TABLE,
     LLM_RESPONSES_TABLE,
     QUARANTINE_TABLE,
@@ -241,6 +242,8 @@ VIEWS: dict[str, str] = {
     LLM_CALLS_VIEW: "one LLM call: its request joined with its response (token-exact); key tenant, rollout_id, call_id",
     TOOL_STEPS_VIEW: "one tool call joined with its result; key tenant, rollout_id, call_id",
     ROLLOUTS_VIEW: "one rollout: start, end, status, rewards and call/token/tool counts; key tenant, rollout_id",
+    LLM_CALL_PROMPTS_VIEW: "one LLM call with its full prompt ids, prefix references resolved; key tenant, "
+                           "rollout_id, call_id",
 }
 """The joined views every SQL connection has, beside one view per table: name -> what a row is."""
 
