@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from typer.testing import CliRunner
 
 from pipelines import BuildConfig, build_dataset, read_dataset
 from store.lake import Lake
 from store.prompts import StoredCall, full_prompts
 from store.sql import run_query
+from store.trajectory import load_trajectory
 from tests.store.lake_builder import event, write_events
+from trajlake.cli import build_app
 
 PROMPTS = {"c1": [1, 2, 3], "c2": [1, 2, 3, 4, 5, 6], "c3": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]}
 RESPONSES = {"c1": [4, 5], "c2": [7, 8], "c3": [11]}
@@ -102,3 +105,10 @@ def test_a_table_written_before_the_columns_existed_reads_them_as_null(tmp_path)
     assert rows.column("resolved").to_pylist() == [True] * 3
     assert rows.column("prompt_token_ids").to_pylist() == list(PROMPTS.values())
     assert pa.types.is_string(old_lake.dataset("llm_requests").schema.field("extends_call_id").type)
+
+
+def test_rollout_show_counts_full_prompts(lake):
+    steps = [s for s in load_trajectory(lake, "refs").steps if s.kind == "llm.call"]
+    assert [s.n_prompt_tokens for s in steps] == [len(p) for p in PROMPTS.values()]
+    shown = CliRunner().invoke(build_app(), ["rollout", "show", "refs", "--lake", lake.root], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0 and "10 -> 1 tokens" in shown.output, shown.output
