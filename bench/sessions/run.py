@@ -9,9 +9,9 @@ rollouts (the official ``openai`` client, a calculator agent) through each;
 every recorded call merged per rollout (``pipelines.datasets.merging``, full
 prompts resolved from references by ``store.prompts``). Bytes per rollout:
 Kafka = the events' key + value bytes as the gateway produced them; lake =
-the Parquet files of every ingested table, written from those events with
+the Parquet data (column chunks) of every ingested table, written from those events with
 the ingester's rows and Parquet settings (``store.event_rows``,
-``store.commit.WRITER_PROPERTIES``), one commit per table. Also: latency
+``store.commit.WRITER_PROPERTIES``), one commit per turn (``lake_bytes``). Also: latency
 per call (client-observed, sequential) through each gateway; the time the
 session planner takes per call (the hot-path work sessions add); session
 memory per 10k live rollouts at the measured prompt sizes (tracemalloc).
@@ -122,18 +122,35 @@ def kafka_bytes(sink: ListSink) -> dict[str, int]:
 
 
 def lake_bytes(sink: ListSink, root: Path) -> dict[str, int]:
-    """Parquet bytes of the ingested tables written from the sink's events as the ingester writes them."""
+    """Parquet data bytes (column chunks, compressed; file footers left out: they depend on how many
+    rollouts share a commit, not on prompts) of the ingested tables, written from the sink's events as the
+    ingester writes them.
+
+    One commit per turn, holding that turn's calls of every rollout: the ingester commits what arrived
+    in the last moments, and a rollout's turns arrive seconds apart, so its calls land in different
+    files. (One commit of everything would let zstd find each prompt's history in the row before it:
+    a best case no deployment sees.)
+    """
     events = [EVENT_ADAPTER.validate_json(v) for _, v in sink.records]
-    rows = events_table(events, [KafkaCoordinates("bench", 0, i) for i in range(len(events))])
-    for name, table in {"events": rows, **typed_tables(rows)}.items():
-        write_deltalake(str(root / name), table.cast(INGESTED_TABLES[name]), writer_properties=WRITER_PROPERTIES)
-    files = [f for f in root.rglob("*.parquet")]
-    prompt_ids = sum(pq.ParquetFile(f).metadata.row_group(g).column(c).total_compressed_size
-                     for f in files if f.parent.name == "llm_requests"
-                     for g in range(pq.ParquetFile(f).metadata.num_row_groups)
-                     for c in range(pq.ParquetFile(f).metadata.num_columns)
-                     if pq.ParquetFile(f).metadata.row_group(g).column(c).path_in_schema.startswith("prompt_token_ids"))
-    return {"total": sum(f.stat().st_size for f in files), "llm_requests_prompt_ids": prompt_ids}
+    turns: dict[int, list] = {}
+    seen: dict[str, set[str]] = {}
+    for event in sorted(events, key=lambda e: e.seq):
+        calls = seen.setdefault(event.rollout_id, set())
+        calls.add(event.payload.call_id)
+        turns.setdefault(len(calls), []).append(event)
+    for batch in turns.values():
+        rows = events_table(batch, [KafkaCoordinates("bench", 0, i) for i in range(len(batch))])
+        for name, table in {"events": rows, **typed_tables(rows)}.items():
+            write_deltalake(str(root / name), table.cast(INGESTED_TABLES[name]), mode="append",
+                            writer_properties=WRITER_PROPERTIES)
+    total = prompt_ids = 0
+    for f in root.rglob("*.parquet"):
+        meta = pq.ParquetFile(f).metadata
+        for chunk in (meta.row_group(g).column(c) for g in range(meta.num_row_groups) for c in range(meta.num_columns)):
+            total += chunk.total_compressed_size
+            if f.parent.name == "llm_requests" and chunk.path_in_schema.startswith("prompt_token_ids"):
+                prompt_ids += chunk.total_compressed_size
+    return {"total": total, "llm_requests_prompt_ids": prompt_ids}
 
 
 def run_arm(engine_url: str, model_dir: Path, workdir: Path, *, sessions: bool, references: bool, rollouts: int,
@@ -231,6 +248,9 @@ def write(recorder: Recorder, results: dict) -> None:
     off, on, full = results["without_sessions"], results["with_sessions"], results["with_sessions_full_prompts"]
     planner, memory = results["planner"], results["memory"]
 
+    def kb(a: dict, b: dict, key: str) -> str:
+        return f"{a[key] / 1e3:,.1f} vs {b[key] / 1e3:,.1f} KB"
+
     def fewer(key: str) -> float:
         return round(full[key] / on[key], 2)
 
@@ -248,9 +268,10 @@ def write(recorder: Recorder, results: dict) -> None:
     ]
     summary = (f"with sessions {on['samples_per_rollout']:.2f} samples per rollout "
                f"({on['single_sample_share']:.0%} single-sample; without {off['samples_per_rollout']:.2f}); "
-               f"per rollout Kafka {on['kafka_bytes_per_rollout'] / 1e3:,.0f} KB vs {full['kafka_bytes_per_rollout'] / 1e3:,.0f} KB "
-               f"full, lake {on['lake_bytes_per_rollout'] / 1e3:,.0f} KB vs {full['lake_bytes_per_rollout'] / 1e3:,.0f} KB "
-               f"(the rest is each call's messages JSON, still sent whole); planning p50 {planner['plan_p50_ms']:.1f} ms, "
+               f"per rollout with references vs full prompts: Kafka {kb(on, full, 'kafka_bytes_per_rollout')} "
+               f"(token ids {kb(on, full, 'kafka_token_id_bytes_per_rollout')}), lake {kb(on, full, 'lake_bytes_per_rollout')} "
+               f"(prompt ids {kb(on, full, 'lake_prompt_id_bytes_per_rollout')}); the rest is each call's messages JSON, "
+               f"still sent whole; planning p50 {planner['plan_p50_ms']:.1f} ms, "
                f"{planner['plan_at_last_turn_ms']:.1f} ms at turn {results['turns']} "
                f"({planner['prompt_tokens_at_last_turn']:,}-token prompt); client p50 per call {on['latency_p50_ms']:.0f} ms "
                f"with sessions vs {off['latency_p50_ms']:.0f} ms without; session memory {memory['measured_mib']:.0f} MiB "
