@@ -76,9 +76,10 @@ class ListSink:
         pass
 
 
-def rollout(llm: OpenAI, turns: int, latencies: list[float]) -> None:
+def rollout(llm: OpenAI, turns: int, latencies: list[float], *, task: int) -> None:
+    """One calculator rollout; ``task`` varies the question and the tool results, as different tasks would."""
     messages = [{"role": "system", "content": "You are a careful calculator agent."},
-                {"role": "user", "content": "Work out the running total, one tool call per step."}]
+                {"role": "user", "content": f"Work out the running total from {task * 7919}, one tool call per step."}]
     for turn in range(turns):
         started = time.perf_counter()
         message = llm.chat.completions.create(model="split", messages=messages, tools=TOOLS).choices[0].message
@@ -88,7 +89,7 @@ def rollout(llm: OpenAI, turns: int, latencies: list[float]) -> None:
             return
         messages.append(answer)
         last = " final" if turn == turns - 2 else ""
-        messages += [{"role": "tool", "tool_call_id": c["id"], "content": f"{turn * 7}{last}"}
+        messages += [{"role": "tool", "tool_call_id": c["id"], "content": f"{(task + 1) * turn * 104729 % 99991}{last}"}
                      for c in answer["tool_calls"]]
 
 
@@ -166,7 +167,7 @@ def run_arm(engine_url: str, model_dir: Path, workdir: Path, *, sessions: bool, 
         for k in range(rollouts):
             llm = OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0,
                          default_headers={"x-trajlake-task-id": "t", "x-trajlake-rollout-id": f"r-{k}"})
-            rollout(llm, turns, latencies)
+            rollout(llm, turns, latencies, task=k)
     emitter.close()
     per_rollout = samples(sink)
     counts = list(per_rollout.values())
