@@ -28,7 +28,9 @@ from collections.abc import Callable, Iterable, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import ColumnProperties, CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
+from deltalake import (
+    ColumnProperties, CommitProperties, DeltaTable, Schema, Transaction, WriterProperties, write_deltalake,
+)
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from store.event_rows import JSON_COLUMNS
@@ -101,6 +103,7 @@ class MarkedTable:
         if not lake.exists(name):
             _create(lake, name, schema)
         self._table: DeltaTable = lake.table(name)
+        _add_missing_columns(self._table, schema)
         self._markers: Markers = {}
 
     def _read_markers(self, partitions: Iterable[int]) -> Markers:
@@ -260,6 +263,22 @@ def _create(lake: Lake, name: str, schema: pa.Schema) -> None:
     except Exception:  # noqa: BLE001 - delta-rs reports a lost race with several error types
         if not lake.exists(name):
             raise
+
+
+def _add_missing_columns(table: DeltaTable, schema: pa.Schema) -> None:
+    """A table written before a nullable column joined the catalogue gets it (old rows read NULL), so
+    appends of today's rows keep their strict schema check."""
+    have = set(table.schema().to_arrow().names)
+    missing = [f for f in schema if f.name not in have]
+    if missing:
+        try:
+            table.alter.add_columns(Schema.from_arrow(pa.schema(missing)).fields)
+        except DeltaError:  # another ingester added them first
+            table.update_incremental()
+            if not {f.name for f in missing} <= set(table.schema().to_arrow().names):
+                raise
+            return
+        log.info("table.columns_added table=%s columns=%s", table.table_uri, [f.name for f in missing])
 
 
 def resume_offsets(tables: Iterable[MarkedTable], partitions: Iterable[int]) -> dict[int, int | None]:

@@ -38,7 +38,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
 from schemas.errors import NotFound
-from schemas.tables import catalogued
+from schemas.tables import CATALOGUE, catalogued
 from store.storage import StoreUnreachable, arrow_filesystem, is_local, storage_options, store_problem
 
 
@@ -103,6 +103,8 @@ class Lake:
         """
         delta = self.table(table, version=version) if isinstance(table, str) else table
         schema = table_schema(delta)
+        if isinstance(table, str) and table in CATALOGUE:  # columns added since the table was written read NULL
+            schema = pa.schema([*schema, *(f for f in CATALOGUE[table].schema if f.name not in schema.names)])
         filesystem, _ = arrow_filesystem(self.root, self.storage_options)
         parquet = ds.ParquetFileFormat()
         guarantees = _file_guarantees(delta, prune_on)
