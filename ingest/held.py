@@ -22,6 +22,10 @@ from schemas.tables import EVENTS_TABLE, FORGET_AUDIT_TABLE, QUARANTINE_TABLE
 from store.lake import Lake
 
 
+POSITION = ("kafka_topic", "kafka_partition", "kafka_offset")
+"""Columns whose Delta file statistics let a read by Kafka position skip files."""
+
+
 class LakeRecords:
     """Answers "does the lake hold this message?" for the assigned partitions of one topic."""
 
@@ -38,10 +42,9 @@ class LakeRecords:
                          if ms is not None}
         self._quarantined = set()
         if since and self.lake.exists(QUARANTINE_TABLE):
-            rows = self.lake.table(QUARANTINE_TABLE).to_pyarrow_table(
-                columns=["kafka_partition", "kafka_offset"],
-                filters=[("kafka_topic", "=", self.topic), ("kafka_partition", "in", list(since))],
-            )
+            rows = self.lake.read(QUARANTINE_TABLE, columns=["kafka_partition", "kafka_offset"], prune_on=POSITION,
+                                  filter=(pc.field("kafka_topic") == self.topic)
+                                  & pc.field("kafka_partition").isin(list(since)))
             for p, o in zip(rows.column("kafka_partition").to_pylist(), rows.column("kafka_offset").to_pylist()):
                 if o >= since[p]:
                     self._quarantined.add((p, o))
@@ -70,8 +73,9 @@ class LakeRecords:
     def _rows_at(self, table: str, partition: int, offset: int, columns: list[str]) -> pa.Table:
         if not self.lake.exists(table):
             return pa.table({c: [] for c in columns})
-        return self.lake.table(table).to_pyarrow_table(columns=columns, filters=[
-            ("kafka_topic", "=", self.topic), ("kafka_partition", "=", partition), ("kafka_offset", "=", offset)])
+        at = (pc.field("kafka_topic") == self.topic) & (pc.field("kafka_partition") == partition) \
+            & (pc.field("kafka_offset") == offset)
+        return self.lake.read(table, columns=columns, filter=at, prune_on=POSITION)
 
     def holds(self, partition: int, offset: int, value: bytes | None) -> bool:
         """Whether the lake holds (or deliberately forgot) the message read at ``partition``/``offset``."""
@@ -91,9 +95,8 @@ class LakeRecords:
         wanted = set(keys)
         if not wanted or not self.lake.exists(table):
             return set()
-        stored = self.lake.table(table).to_pyarrow_table(
-            columns=["tenant", "event_id"], filters=[("event_id", "in", sorted({e for _, e in wanted}))],
-        )
+        stored = self.lake.read(table, columns=["tenant", "event_id"], prune_on=["event_id"],
+                                filter=pc.field("event_id").isin(sorted({e for _, e in wanted})))
         found = zip(stored.column("tenant").to_pylist(), stored.column("event_id").to_pylist())
         return {k for k in found if k in wanted}
 
