@@ -9,6 +9,7 @@ tenant and rollout are in ``forget_audit``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 
@@ -82,12 +83,23 @@ class LakeRecords:
         try:
             event = decode(value, max_bytes=self.max_event_bytes)
         except InvalidEvent:
-            return self.quarantined(partition, offset)
+            return self.quarantined(partition, offset) or self._forgotten_envelope(value)
         key = (event.tenant, event.event_id)
         return self.seen.first_copy(key) is not None or self.forgotten(event.tenant, event.rollout_id) \
             or key in self.stored_keys([key])
 
-    def forgotten(self, tenant: str, rollout_id: str) -> bool:
+    def _forgotten_envelope(self, value: bytes | None) -> bool:
+        """An invalid message whose envelope names a forgotten (tenant, rollout_id): forget deleted its quarantine row."""
+        try:
+            envelope = json.loads(value or b"")
+        except (ValueError, UnicodeDecodeError):
+            return False
+        if not isinstance(envelope, dict) or not isinstance(envelope.get("rollout_id"), str):
+            return False
+        tenant = envelope.get("tenant")
+        return self.forgotten(tenant if isinstance(tenant, str) else None, envelope["rollout_id"])
+
+    def forgotten(self, tenant: str | None, rollout_id: str) -> bool:
         return (tenant, rollout_id) in self._forgotten or (None, rollout_id) in self._forgotten
 
     def stored_keys(self, keys: Iterable[EventKey], table: str = EVENTS_TABLE) -> set[EventKey]:
