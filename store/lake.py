@@ -123,12 +123,15 @@ class Lake:
         columns: list[str] | None = None,
         filter: pc.Expression | None = None,
         batch_rows: int = 65_536,
+        prune_on: Sequence[str] = (),
     ) -> pa.RecordBatchReader:
         """Stream a table's rows (``columns`` of those matching ``filter``) in the catalogue's types.
 
+        ``prune_on``: columns of ``filter`` whose Delta file statistics skip files (see ``dataset``).
+
         >>> Lake("./lake").scan("events", columns=["event_id"], filter=pc.field("tenant") == "acme")  # doctest: +SKIP
         """
-        dataset = self.dataset(table, version=version)
+        dataset = self.dataset(table, version=version, prune_on=prune_on if filter is not None else ())
         schema = dataset.schema if columns is None else pa.schema([dataset.schema.field(c) for c in columns])
         if filter is None:
             batches = dataset.to_batches(columns=columns, batch_size=batch_rows)
@@ -143,9 +146,10 @@ class Lake:
         version: int | None = None,
         columns: list[str] | None = None,
         filter: pc.Expression | None = None,
+        prune_on: Sequence[str] = (),
     ) -> pa.Table:
         """Read a whole table (or some columns, or the rows matching ``filter``) into Arrow."""
-        return self.scan(table, version=version, columns=columns, filter=filter).read_all()
+        return self.scan(table, version=version, columns=columns, filter=filter, prune_on=prune_on).read_all()
 
     def append(
         self,
@@ -261,8 +265,9 @@ def _file_guarantees(delta: DeltaTable, columns: Sequence[str]) -> dict[str, pc.
 
 def _filtered_batches(dataset: ds.Dataset, columns: list[str] | None, filter: pc.Expression,
                       batch_rows: int) -> Iterator[pa.RecordBatch]:
-    """Batches matching ``filter``, file by file, so a rewritten file can be filtered after its cast."""
-    for fragment in dataset.get_fragments():
+    """Batches matching ``filter``, file by file (skipping files whose guarantee excludes it), so a
+    rewritten file can be filtered after its cast."""
+    for fragment in dataset.get_fragments(filter=filter):
         try:
             table = fragment.to_table(schema=dataset.schema, columns=columns, filter=filter)
         except pa.ArrowNotImplementedError:  # string_view columns delta-rs wrote: no comparison kernel
