@@ -34,12 +34,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-from kafka import KafkaConsumer
 from pydantic import ConfigDict
-from kafka.errors import LogTruncationError, NoOffsetForPartitionError, OffsetOutOfRangeError
 
 from ingest.batch import Batch, DecodedBatch
-from ingest.consumer import AssignmentFlag, open_consumer, report_progress, seek
+from ingest.consumer import FETCH_MAX_WAIT_MS, AssignmentFlag, IngestConsumer, OutOfRange, open_consumer
 from ingest.dead_letters import DeadLetters
 from ingest.dedupe import DEFAULT_MAX_IDS, SeenEventIds
 from ingest.held import LakeRecords, not_held
@@ -176,7 +174,7 @@ def run_ingester(config: IngesterConfig, stop: threading.Event, *, on_progress: 
         finally:
             loop.pool.shutdown()
     finally:
-        consumer.close(autocommit=False)
+        consumer.close()
         if probe is not None:
             probe.close()
         if dead_letters is not None:
@@ -232,7 +230,7 @@ def _open_dead_letters(config: IngesterConfig) -> DeadLetters | None:
 class _Loop:
     """poll -> batch -> commit, re-seeking from the Delta log whenever the assignment changes."""
 
-    def __init__(self, config: IngesterConfig, lake: Lake, tables: _Tables, consumer: KafkaConsumer,
+    def __init__(self, config: IngesterConfig, lake: Lake, tables: _Tables, consumer: IngestConsumer,
                  dead_letters: DeadLetters | None, flag: AssignmentFlag, on_progress: OnProgress | None,
                  probe: LogProbe) -> None:
         self.config, self.lake, self.tables, self.consumer = config, lake, tables, consumer
@@ -258,17 +256,14 @@ class _Loop:
             try:
                 with _cpu(self.stats, "consume"):
                     polled = self.consumer.poll(timeout_ms=POLL_MS, max_records=self.config.batch_max_events)
-            except (OffsetOutOfRangeError, LogTruncationError) as exc:
+            except OutOfRange as exc:
                 self._out_of_range(exc)
-                continue
-            except NoOffsetForPartitionError:  # assigned in a rebalance, not positioned yet: the flag is up
-                self.flag.raise_()
                 continue
             if self.flag.take():  # records fetched across a rebalance may belong to the old assignment
                 self._resumed()
                 continue
-            for records in polled.values():
-                self.batch.add(records)
+            if polled:
+                self.batch.add(polled)
                 self.last_activity = time.monotonic()
             if polled:
                 log.debug("polled batch_in_hand=%d batch_bytes=%d", len(self.batch), self.batch.bytes)
@@ -321,7 +316,7 @@ class _Loop:
             or self.batch.age_ms() >= c.batch_max_ms
         )
 
-    def _out_of_range(self, exc: Exception) -> None:
+    def _out_of_range(self, exc: OutOfRange) -> None:
         """The broker says a position is outside its log: check the log against what was read.
 
         A log that went backwards stops the ingester (``LogWentBackwards``). One that still holds every
@@ -337,12 +332,13 @@ class _Loop:
             raise LogWentBackwards(self.config.topic, self.config.group, problems) from exc
         log.info("fetch out of range but the log holds every record read; retrying error=%s", exc)
         time.sleep(POLL_MS / 1000)
+        self.consumer.refetch(exc.partitions)
 
     def _resume(self) -> None:
         """Drop the batch in hand, re-read the markers of the assigned partitions, check the log, seek past them."""
         self.batch.clear()
         self.unverified = False
-        parts = sorted(tp.partition for tp in self.consumer.assignment() if tp.topic == self.config.topic)
+        parts = self.consumer.partitions()
         resume = resume_offsets(self.tables.all, parts)
         ids = self.seen.load(self.lake, topic=self.config.topic, partitions=parts)
         self.records.load({p: o or 0 for p, o in resume.items()},
@@ -353,10 +349,12 @@ class _Loop:
         if problems:
             self._rewind(sorted(problems), problems)
             resume.update({p: None for p in problems})
-        seek(self.consumer, self.config.topic, resume)
+        self.consumer.seek(resume)
         self.stats.assignments += 1
         self.stats.partitions = tuple(parts)
-        self.last_activity = time.monotonic()
+        # librdkafka may have a fetch in flight from before the seek, which the broker holds up to its fetch wait:
+        # silence that short after positioning says nothing about the topic being drained
+        self.last_activity = time.monotonic() + FETCH_MAX_WAIT_MS / 1000
         log.info("assigned partitions=%s resume=%s dedupe_ids=%d", parts, resume, ids)
         self._report()
 
@@ -414,7 +412,7 @@ class _Loop:
         self.stats.commit_retries = sum(t.retries for t in self.tables.all)
         self.batch.clear()
         self.last_activity = time.monotonic()  # a long commit is not idleness
-        report_progress(self.consumer, self.config.topic, decoded.last_offsets)
+        self.consumer.report_progress(decoded.last_offsets)
         self._report()
 
     def _check_replay(self, decoded: DecodedBatch) -> None:
