@@ -42,7 +42,6 @@ from ingest.dead_letters import DeadLetters
 from ingest.dedupe import DEFAULT_MAX_IDS, SeenEventIds
 from ingest.held import LakeRecords, not_held
 from ingest.log_check import LogGuard, LogProbe, LogUnverifiable, LogWentBackwards
-from ingest.memory import cap_malloc_arenas, release_freed_memory
 from ingest.redaction import Redactor
 from ingest.topics import ensure_topic
 from schemas.options import CommonOptions
@@ -156,7 +155,6 @@ class _Tables:
 
 def run_ingester(config: IngesterConfig, stop: threading.Event, *, on_progress: OnProgress | None = None) -> IngestStats:
     """Ingest until ``stop`` is set (or idle for ``stop_after_idle_s``); commits the batch in hand on stop."""
-    cap_malloc_arenas()
     flag = AssignmentFlag()
     consumer = open_consumer(
         config.bootstrap_servers, config.topic, group=config.group, partitions=config.partitions, flag=flag,
@@ -413,7 +411,6 @@ class _Loop:
         self.stats.last_commit_s = time.perf_counter() - started
         self.stats.commit_retries = sum(t.retries for t in self.tables.all)
         self.batch.clear()
-        release_freed_memory()
         self.last_activity = time.monotonic()  # a long commit is not idleness
         self.consumer.report_progress(decoded.last_offsets)
         self._report()
