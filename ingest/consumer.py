@@ -105,6 +105,12 @@ class IngestConsumer:
         """The topic's partitions this consumer owns now."""
         return list(self._partitions)
 
+    def heard_from_broker(self) -> bool:
+        """Whether a fetch answer came back for every owned partition (librdkafka's cached watermarks; no I/O).
+        librdkafka fetches in its own threads, so an empty poll before that says nothing about the topic."""
+        return all(self._client.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)[1] >= 0
+                   for p in self._partitions)
+
     def poll(self, *, timeout_ms: int, max_records: int) -> list[Record]:
         """Up to ``max_records`` records (waits up to ``timeout_ms`` for that many); raises ``OutOfRange`` for
         partitions the broker refused, after the records that came with the refusal were returned."""

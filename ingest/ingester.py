@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 
 POLL_MS = 200
 """Longest wait inside one poll: bounds how late a stop request or batch deadline is seen."""
+FIRST_FETCH_WAIT_S = 30.0
+"""How long an idle stop (``stop_after_idle_s``) waits for the broker's first fetch answer after positioning."""
 IDLE_LOG_CHECK_S = 5.0
 """While nothing arrives, re-read the last committed records this often: a log that restarted behind the
 markers is reported within seconds, not when (if ever) it grows past them."""
@@ -240,7 +242,7 @@ class _Loop:
         self.guard = LogGuard(probe, topic=config.topic, group=config.group, lake_has=self.records.has_at)
         self.batch = Batch()
         self.stats = IngestStats()
-        self.last_activity = self.last_log_check = time.monotonic()
+        self.last_activity = self.last_log_check = self.positioned = time.monotonic()
         self.unverified = False
         """The batch in hand waits for a log check the broker could not answer."""
         self.pool = ThreadPoolExecutor(max_workers=len(tables.all), thread_name_prefix="commit")
@@ -255,7 +257,8 @@ class _Loop:
                 continue
             try:
                 with _cpu(self.stats, "consume"):
-                    polled = self.consumer.poll(timeout_ms=POLL_MS, max_records=self.config.batch_max_events)
+                    polled = self.consumer.poll(timeout_ms=POLL_MS,
+                                                max_records=max(1, self.config.batch_max_events - len(self.batch)))
             except OutOfRange as exc:
                 self._out_of_range(exc)
                 continue
@@ -305,7 +308,8 @@ class _Loop:
         if idle is None or self.batch or time.monotonic() - self.last_activity < idle:
             return False
         joining = not self.stats.partitions and self.stats.elapsed_s < 2 * self.config.session_timeout_ms / 1000
-        return not joining
+        unanswered = time.monotonic() - self.positioned < FIRST_FETCH_WAIT_S and not self.consumer.heard_from_broker()
+        return not (joining or unanswered)
 
     def _batch_due(self, *, caught_up: bool) -> bool:
         """Full (events, bytes), old enough, or the partitions are drained (a poll waited ``POLL_MS`` for nothing):
@@ -354,7 +358,7 @@ class _Loop:
         self.stats.partitions = tuple(parts)
         # librdkafka may have a fetch in flight from before the seek, which the broker holds up to its fetch wait:
         # silence that short after positioning says nothing about the topic being drained
-        self.last_activity = time.monotonic() + FETCH_MAX_WAIT_MS / 1000
+        self.last_activity = self.positioned = time.monotonic() + FETCH_MAX_WAIT_MS / 1000
         log.info("assigned partitions=%s resume=%s dedupe_ids=%d", parts, resume, ids)
         self._report()
 
