@@ -82,9 +82,10 @@ def help_imports(env: dict[str, str], *, runs: int = 3, top: int = 12) -> dict[s
 
 
 def small_lake(folder: Path) -> Path:
-    from bench.build.make_lake import make_lake
-
-    make_lake(str(folder), rollouts=40, per_commit=8)
+    """A 40-rollout workload lake, written by a child process: a child's peak RSS counts its parent's at the fork
+    (Linux keeps the high-water mark across exec), so this process stays small."""
+    script = "import sys; from bench.build.make_lake import make_lake; make_lake(sys.argv[1], rollouts=40, per_commit=8)"
+    subprocess.run([sys.executable, "-c", script, str(folder)], cwd=ROOT, check=True)
     return folder
 
 
