@@ -24,7 +24,8 @@ from pydantic import (
     model_validator,
 )
 
-DEFAULT_TOPIC = "trajlake.events"
+from schemas.options import DEFAULT_TOPIC  # noqa: F401  (the wire contract's topic; defined with the options)
+
 _RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})?")
 """Date and time; the offset is checked after parsing, to name a missing one precisely."""
 INT32_MAX = 2**31 - 1

@@ -29,17 +29,19 @@ import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import TableNotFoundError
 
 from schemas.errors import NotFound
 from schemas.tables import CATALOGUE, catalogued
 from store.storage import StoreUnreachable, arrow_filesystem, is_local, storage_options, store_problem
+
+if TYPE_CHECKING:  # deltalake and Arrow's compute and dataset modules load when a table is opened or scanned:
+    import pyarrow.compute as pc  # a DuckDB query over the lake (``store.sql``) needs none of them
+    import pyarrow.dataset as ds
+    from deltalake import DeltaTable
 
 
 @dataclass(frozen=True)
@@ -76,10 +78,15 @@ class Lake:
         return self.uri(table)
 
     def exists(self, table: str) -> bool:
+        from deltalake import DeltaTable
+
         return DeltaTable.is_deltatable(self.uri(table), storage_options=dict(self.storage_options))
 
     def table(self, table: str, *, version: int | None = None) -> DeltaTable:
         """Open a table (at ``version`` for time travel); ``TableMissing`` if absent."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
         try:
             return DeltaTable(self.uri(table), version=version, storage_options=dict(self.storage_options))
         except TableNotFoundError:
@@ -101,6 +108,8 @@ class Lake:
         ``prune_on`` names columns whose per-file min/max from the Delta log
         become each file's guarantee, so ``get_fragments(filter=)`` skips files.
         """
+        import pyarrow.dataset as ds
+
         delta = self.table(table, version=version) if isinstance(table, str) else table
         schema = table_schema(delta)
         if isinstance(table, str) and table in CATALOGUE:  # columns added since the table was written read NULL
@@ -165,6 +174,8 @@ class Lake:
         empty first batch still fixes the column types). Returns the new
         table version. Only catalogued tables are written (``write_uri``).
         """
+        from deltalake import CommitProperties, Transaction, write_deltalake
+
         uri = self.write_uri(table)
         if schema is not None:
             data = data.cast(schema)
@@ -221,6 +232,8 @@ def split_rewritten(dataset: ds.FileSystemDataset) -> tuple[ds.FileSystemDataset
     batches after the cast to plain types and filters them itself). Either
     part is None when it holds no file.
     """
+    import pyarrow.dataset as ds
+
     plain, rewritten = [], []
     for fragment in dataset.get_fragments():
         (plain if _is_plain(fragment) else rewritten).append(fragment)
@@ -249,6 +262,8 @@ def _file_guarantees(delta: DeltaTable, columns: Sequence[str]) -> dict[str, pc.
     """File name -> ``min <= column <= max`` for ``columns`` without nulls in that file (Delta's add stats)."""
     if not columns:
         return {}
+    import pyarrow.compute as pc
+
     actions = pa.table(delta.get_add_actions(flatten=True))
     guarantees: dict[str, pc.Expression] = {}
     for i, path in enumerate(actions.column("path").to_pylist()):

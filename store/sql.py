@@ -36,8 +36,6 @@ from typing import Literal
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from schemas.errors import NotFound, TrajlakeError
 from schemas.tables import ADDED_COLUMNS, INGESTED_TABLES, VIEWS
@@ -365,6 +363,8 @@ def export(table: pa.Table, path: str | Path, *, format: str) -> None:
     if format not in EXPORT_FORMATS:
         raise ValueError(f"unknown format {format!r}: use one of {', '.join(EXPORT_FORMATS)}")
     if format == "parquet":
+        import pyarrow.parquet as pq
+
         pq.write_table(table, str(path))
         return
     options = "FORMAT csv, HEADER true" if format == "csv" else "FORMAT json"
@@ -379,6 +379,8 @@ def export(table: pa.Table, path: str | Path, *, format: str) -> None:
 
 
 def _timestamps_as_text(table: pa.Table) -> pa.Table:
+    import pyarrow.compute as pc  # not at import: a query's start-up does not need the compute kernels
+
     for i, field in enumerate(table.schema):
         if pa.types.is_timestamp(field.type):
             column = table.column(i)
