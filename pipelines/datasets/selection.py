@@ -119,7 +119,7 @@ def reward_sql(rule: RewardRule) -> tuple[str, list[Any]]:
         names = sorted(rule.weights)
         name_filter = f"AND name IN ({', '.join('?' * len(names))})"
         params = list(names)
-        cases = " ".join(f"WHEN name = ? THEN CAST(? AS DOUBLE)" for _ in names)
+        cases = " ".join("WHEN name = ? THEN CAST(? AS DOUBLE)" for _ in names)
         params += [x for n in names for x in (n, rule.weights[n])]
         body = f"""SELECT rollout_id, sum(value * CASE {cases} END) AS reward,
                           list(event_id ORDER BY name) AS reward_event_ids, count(*) AS n_rewards
