@@ -18,7 +18,7 @@ import typer.core
 
 import trajlake.commands
 from trajlake.options import EXIT_CODES
-from trajlake.signals import SERVICES, exit_cleanly_on_stop_signals
+from trajlake.signals import exit_cleanly_on_stop_signals, runs_until_stopped
 
 # Imported by the functions that use them: until ``main`` has installed the stop handler of a service, this
 # module's imports are all that runs (a SIGTERM in that time still kills the process with -15).
@@ -122,7 +122,7 @@ def _add_epilog(app: typer.Typer) -> None:
 
 
 def main() -> None:
-    if sys.argv[1:2] and sys.argv[1] in SERVICES:
+    if runs_until_stopped(sys.argv):
         exit_cleanly_on_stop_signals()
     from schemas.errors import SettingsInvalid
     from trajlake.settings import ShellSettings, load

@@ -11,6 +11,14 @@ exit 0: ``trajlake.cli.main`` calls ``exit_cleanly_on_stop_signals`` before it p
 then keeps that handler, or installs its own stop handler first thing once it runs."""
 
 
+def runs_until_stopped(argv: list[str]) -> bool:
+    """Whether ``trajlake ARGV...`` is a long-running process (a service, the scheduler's loop, a training
+    follower): SIGTERM during its start-up is a clean stop too."""
+    command = argv[1] if len(argv) > 1 else None
+    return (command in SERVICES or (command == "scheduler" and "--once" not in argv)
+            or (command == "train" and "--follow" in argv))
+
+
 def exit_cleanly_on_stop_signals() -> None:
     """SIGTERM and SIGINT raise ``SystemExit(0)`` in the main thread from now on.
 

@@ -5,10 +5,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
+
+from tests.processes import wait_until_it_catches_sigterm
 
 
 def start(broker_address: str, lake, topic: str, **env: str) -> subprocess.Popen:
@@ -19,23 +20,11 @@ def start(broker_address: str, lake, topic: str, **env: str) -> subprocess.Popen
     )
 
 
-def wait_until_it_catches_sigterm(pid: int, timeout_s: float = 60.0) -> None:
-    """Block until the process has a SIGTERM handler (``SigCgt`` in /proc): the CLI installs it first thing."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with open(f"/proc/{pid}/status") as status:
-            caught = next(int(line.split()[1], 16) for line in status if line.startswith("SigCgt:"))
-        if caught & (1 << (signal.SIGTERM - 1)):
-            return
-        time.sleep(0.01)
-    raise AssertionError("the ingester never installed a SIGTERM handler")
-
-
 @pytest.mark.parametrize("when", ["starting up", "joining the group"])
 def test_sigterm_during_start_up_is_a_clean_stop(broker, topic, lake, when):
     proc = start(broker.bootstrap_servers, lake, topic)
     if when == "starting up":
-        wait_until_it_catches_sigterm(proc.pid)  # before that, no program could stop cleanly (Python is starting)
+        wait_until_it_catches_sigterm(proc.pid)
     else:
         assert proc.stdout.readline().startswith(b"ingesting")  # printed just before the consumer starts
     proc.send_signal(signal.SIGTERM)

@@ -1,0 +1,19 @@
+"""Helpers for tests that signal a ``trajlake`` process."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+
+def wait_until_it_catches_sigterm(pid: int, timeout_s: float = 60.0) -> None:
+    """Block until the process has a SIGTERM handler (``SigCgt`` in /proc): the CLI installs it first thing
+    for long-running commands; before that, no program could stop cleanly (Python is starting)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/status") as status:
+            caught = next(int(line.split()[1], 16) for line in status if line.startswith("SigCgt:"))
+        if caught & (1 << (signal.SIGTERM - 1)):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} never installed a SIGTERM handler")
