@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from schemas.errors import BrokerUnreachable
+from schemas.errors import BrokerUnreachable, Unreachable
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +124,9 @@ class IngestConsumer:
                 out.append(Record(topic, m.partition(), m.offset(), m.key(), m.value()))
             elif err.code() in OUT_OF_RANGE_ERRORS:
                 refused.add(m.partition())
-            elif err.fatal():
-                raise KafkaException(err)
+            elif err.fatal():  # librdkafka gives up on this client (it retries everything else itself)
+                raise Unreachable(f"the Kafka consumer of {topic!r} failed for good: {err.str()}",
+                                  hint="restart the ingester: it resumes from the lake's markers")
             else:  # transport errors, a broker restarting: librdkafka retries on its own
                 log.debug("consumer error=%s", err)
         nexts = self._next

@@ -270,7 +270,7 @@ class _Loop:
                 self.last_activity = time.monotonic()
             if polled:
                 log.debug("polled batch_in_hand=%d batch_bytes=%d", len(self.batch), self.batch.bytes)
-            if self._batch_due(caught_up=not polled):
+            if self._batch_due(caught_up=not polled and self.consumer.heard_from_broker()):
                 self._commit_batch()
             elif not polled and not self.batch:
                 self._idle_log_check()
@@ -312,8 +312,9 @@ class _Loop:
         return not (joining or unanswered)
 
     def _batch_due(self, *, caught_up: bool) -> bool:
-        """Full (events, bytes), old enough, or the partitions are drained (a poll waited ``POLL_MS`` for nothing):
-        then waiting longer only delays the rows, so the batch in hand is committed."""
+        """Full (events, bytes), old enough, or the partitions are drained (a poll waited ``POLL_MS`` for nothing,
+        after the broker answered a fetch for each of them): then waiting longer only delays the rows, so the
+        batch in hand is committed."""
         c = self.config
         return bool(self.batch) and (
             caught_up or len(self.batch) >= c.batch_max_events or self.batch.bytes >= c.batch_max_bytes

@@ -32,8 +32,9 @@ over rounds), its peak RSS while it ran (sampled) and the process's peak.
 
 ``--soak-minutes N`` instead runs the ingester alone for N minutes against a
 producer process sending fresh workload events at ``--soak-rate`` events/s and
-reports its RSS every 10 s and the slope (MB per minute, least squares over
-the second half) in ``bench/ingest/soak.json``.
+reports its RSS every 10 s (with Arrow's pool, glibc malloc's bytes in use and
+kept free, and Python's allocated blocks) and the slope (MB per minute, least
+squares over the second half) in ``bench/ingest/soak.json``.
 
 Writes bench/ingest/results.json (format: ``bench.results``).
 """
@@ -370,6 +371,8 @@ def slope_mb_per_min(samples: list[tuple[float, float]], *, after_s: float) -> f
 
 def main_soak(args: argparse.Namespace) -> int:
     seconds = args.soak_minutes * 60
+    recorder = Recorder("ingest_soak", "the ingester alone against a producer of fresh full_prompt events, static "
+                                       "assignment; RSS, Arrow pool, glibc malloc and Python blocks every 10 s")
     topic = "bench.soak"
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="bench-ingest-soak-") as tmp:
         broker.create_topic(topic, partitions=len(PARTITIONS))
@@ -389,14 +392,20 @@ def main_soak(args: argparse.Namespace) -> int:
             timer.cancel()
             feeder.wait(60)
     slope = slope_mb_per_min(sampler.samples, after_s=seconds / 2)
+    after_1_min = next(mb for t, mb in sampler.samples if t >= 60) if seconds > 60 else sampler.samples[0][1]
+    growth = Ratio("rss_growth", f"ingester RSS at the end / after its first minute, {args.soak_minutes:g}-minute "
+                                 f"soak at {args.soak_rate:g} events/s", [sampler.samples[-1][1] / after_1_min],
+                   goal=1.10, better="lower")
     result = {"minutes": args.soak_minutes, "rate": args.soak_rate, "dedupe_max_ids": args.soak_dedupe_ids,
               "events": stats.events, "batches": stats.batches, "slope_mb_per_min_second_half": slope,
               "rss_mb_samples": [[round(t, 1), round(mb, 1)] for t, mb in sampler.samples],
               "arrow_pool_mb_samples": [round(mb, 1) for mb in sampler.arrow],
               "glibc_malloc_mb_in_use_free_samples": sampler.malloc,
               "python_allocated_blocks_samples": sampler.python_blocks}
-    Path(args.soak_out).write_text(json.dumps(result, indent=2) + "\n")
     first, last = sampler.samples[0][1], sampler.samples[-1][1]
+    recorder.write(ratios=[growth], summary=f"RSS {first:,.0f} -> {after_1_min:,.0f} MB after 1 min -> {last:,.0f} MB "
+                   f"at the end; slope over the second half {slope:+.1f} MB/min; {stats.events:,} events",
+                   peak_rss_mb={"soak": sampler.peak}, detail=result, path=Path(args.soak_out))
     print(f"soak: {args.soak_minutes} min, {stats.events:,} events in {stats.batches:,} batches; RSS {first:,.0f} -> "
           f"{last:,.0f} MB (peak {sampler.peak:,.0f}); slope over the second half {slope:+.2f} MB/min")
     return 0
