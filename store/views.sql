@@ -7,27 +7,23 @@
 -- up as soon as it is ingested. A key seen twice (a harness that retried with
 -- a fresh event id) keeps its first row by seq (for a response: the first without
 -- an error); a rollout's end keeps its last.
--- Shapes are chosen so that DuckDB reads only what a query asks for: every
--- joined-in side is a GROUP BY on the join key (arg_min_null/arg_max_null of
--- each column over a rank), which DuckDB proves unique, so it drops the LEFT
--- JOIN when a query reads none of its columns (count(*) over llm_calls reads
--- requests only; a rollouts query that reads no call counts never aggregates
--- calls), drops the aggregates nobody reads, and lets a key filter reach it.
--- Requests carry the prompt token lists, slow through an aggregate, so they
--- stream: keys seen once pass as they are and only the rows of keys seen more
--- than once are ranked; the duplicate keys are joined (not anti/semi joined)
--- so that a rollout filter reaches their GROUP BY too.
+-- Shapes (measured, DuckDB 1.5): a query reads only the columns it names, so no
+-- CTE is read twice (DuckDB materializes it with every column of the view, token
+-- lists included). DuckDB does not drop an unused LEFT JOIN inside a view, so
+-- every half is deduplicated whatever a query reads: one GROUP BY on the key
+-- (arg_min_null/arg_max_null of each column over the rank) where the rows are
+-- small; requests, whose prompt token lists are slow through an aggregate,
+-- stream instead (only the rows of keys seen more than once are ranked).
+-- Duplicate keys are joined, not anti/semi joined, so that a filter on the key
+-- (one rollout) reaches their GROUP BY too.
 -- Token ids stay list<int32> and logprobs list<float32>: token-exact. Counts
 -- come from the n_*_tokens columns, never from the arrays, so scalar queries
 -- do not read token ids at all.
 
 -- view
 CREATE VIEW llm_calls AS
-WITH -- keys seen once pass as they are; only the rows of keys seen more than once are ranked, so token lists
--- of the (many) calls seen once never pass through a window or an aggregate. The duplicate keys are joined, not
--- anti/semi joined, so that a filter on the key (one rollout) reaches their GROUP BY too; no CTE is read twice
--- (DuckDB would materialize it with every column). Copies can share an event id (the ingester's dedupe window
--- is bounded; test lakes are written raw): ranking keeps exactly one.
+WITH -- copies can share an event id (the ingester's dedupe window is bounded; test lakes are written raw):
+-- ranking keeps exactly one
 request AS (
     SELECT h.* FROM llm_requests AS h
     LEFT JOIN (SELECT tenant, rollout_id, call_id, true AS dup FROM llm_requests GROUP BY ALL HAVING count(*) > 1) AS d
@@ -38,17 +34,13 @@ request AS (
     JOIN (SELECT tenant, rollout_id, call_id FROM llm_requests GROUP BY ALL HAVING count(*) > 1) AS d
         USING (tenant, rollout_id, call_id)
     QUALIFY row_number() OVER (PARTITION BY h.tenant, h.rollout_id, h.call_id ORDER BY h.seq, h.ts, h.event_id) = 1
-), -- a keyed retry can answer one call twice (an error, then a success): prefer the success
+), -- a keyed retry can answer one call twice (an error, then a success): prefer the success. Responses carry
+-- short token lists: one GROUP BY (arg_min_null of each column over the rank) costs less than the two above
 response AS (
-    SELECT h.* FROM llm_responses AS h
-    LEFT JOIN (SELECT tenant, rollout_id, call_id, true AS dup FROM llm_responses GROUP BY ALL HAVING count(*) > 1) AS d
-        USING (tenant, rollout_id, call_id)
-    WHERE d.dup IS NULL
-    UNION ALL
-    SELECT h.* FROM llm_responses AS h
-    JOIN (SELECT tenant, rollout_id, call_id FROM llm_responses GROUP BY ALL HAVING count(*) > 1) AS d
-        USING (tenant, rollout_id, call_id)
-    QUALIFY row_number() OVER (PARTITION BY h.tenant, h.rollout_id, h.call_id ORDER BY (h.error IS NOT NULL), h.seq, h.ts, h.event_id) = 1
+    SELECT tenant, rollout_id, call_id,
+        arg_min_null(COLUMNS(* EXCLUDE (tenant, rollout_id, call_id, rank_)), rank_)
+    FROM (SELECT *, (error IS NOT NULL, seq, ts, event_id) AS rank_ FROM llm_responses)
+    GROUP BY tenant, rollout_id, call_id
 )
 SELECT
     q.tenant, q.task_id, q.rollout_id, q.attempt, q.seq, q.call_id,
