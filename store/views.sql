@@ -6,32 +6,41 @@
 -- different times; these views join them at query time, so a late half shows
 -- up as soon as it is ingested. A key seen twice (a harness that retried with
 -- a fresh event id) keeps its first row by seq (for a response: the first without
--- an error); a rollout's end keeps its last. Calls and tool steps rank only the
--- rows of keys seen more than once.
+-- an error); a rollout's end keeps its last.
+-- Shapes (measured, DuckDB 1.5): a query reads only the columns it names, so no
+-- CTE is read twice (DuckDB materializes it with every column of the view, token
+-- lists included). DuckDB does not drop an unused LEFT JOIN inside a view, so
+-- every half is deduplicated whatever a query reads: one GROUP BY on the key
+-- (arg_min_null/arg_max_null of each column over the rank) where the rows are
+-- small; requests, whose prompt token lists are slow through an aggregate,
+-- stream instead (only the rows of keys seen more than once are ranked).
+-- Duplicate keys are joined, not anti/semi joined, so that a filter on the key
+-- (one rollout) reaches their GROUP BY too.
 -- Token ids stay list<int32> and logprobs list<float32>: token-exact. Counts
 -- come from the n_*_tokens columns, never from the arrays, so scalar queries
 -- do not read token ids at all.
 
 -- view
 CREATE VIEW llm_calls AS
-WITH -- keys seen twice are found by a hash aggregate over key columns and only their rows are ranked, so
--- token lists of the (many) calls seen once never pass through a window. Copies can share an event id
--- (the ingester's dedupe window is bounded; test lakes are written raw): ranking keeps exactly one.
-request_dup AS (
-    SELECT tenant, rollout_id, call_id FROM llm_requests GROUP BY ALL HAVING count(*) > 1
-), request AS (
-    SELECT * FROM llm_requests ANTI JOIN request_dup USING (tenant, rollout_id, call_id)
-    UNION ALL BY NAME
-    SELECT * FROM llm_requests SEMI JOIN request_dup USING (tenant, rollout_id, call_id)
-    QUALIFY row_number() OVER (PARTITION BY tenant, rollout_id, call_id ORDER BY seq, ts, event_id) = 1
-), -- a keyed retry can answer one call twice (an error, then a success): prefer the success
-response_dup AS (
-    SELECT tenant, rollout_id, call_id FROM llm_responses GROUP BY ALL HAVING count(*) > 1
-), response AS (
-    SELECT * FROM llm_responses ANTI JOIN response_dup USING (tenant, rollout_id, call_id)
-    UNION ALL BY NAME
-    SELECT * FROM llm_responses SEMI JOIN response_dup USING (tenant, rollout_id, call_id)
-    QUALIFY row_number() OVER (PARTITION BY tenant, rollout_id, call_id ORDER BY (error IS NOT NULL), seq, ts, event_id) = 1
+WITH -- copies can share an event id (the ingester's dedupe window is bounded; test lakes are written raw):
+-- ranking keeps exactly one
+request AS (
+    SELECT h.* FROM llm_requests AS h
+    LEFT JOIN (SELECT tenant, rollout_id, call_id, true AS dup FROM llm_requests GROUP BY ALL HAVING count(*) > 1) AS d
+        USING (tenant, rollout_id, call_id)
+    WHERE d.dup IS NULL
+    UNION ALL
+    SELECT h.* FROM llm_requests AS h
+    JOIN (SELECT tenant, rollout_id, call_id FROM llm_requests GROUP BY ALL HAVING count(*) > 1) AS d
+        USING (tenant, rollout_id, call_id)
+    QUALIFY row_number() OVER (PARTITION BY h.tenant, h.rollout_id, h.call_id ORDER BY h.seq, h.ts, h.event_id) = 1
+), -- a keyed retry can answer one call twice (an error, then a success): prefer the success. Responses carry
+-- short token lists: one GROUP BY (arg_min_null of each column over the rank) costs less than the two above
+response AS (
+    SELECT tenant, rollout_id, call_id,
+        arg_min_null(COLUMNS(* EXCLUDE (tenant, rollout_id, call_id, rank_)), rank_)
+    FROM (SELECT *, (error IS NOT NULL, seq, ts, event_id) AS rank_ FROM llm_responses)
+    GROUP BY tenant, rollout_id, call_id
 )
 SELECT
     q.tenant, q.task_id, q.rollout_id, q.attempt, q.seq, q.call_id,
@@ -56,20 +65,16 @@ LEFT JOIN response AS r
 
 -- view
 CREATE VIEW tool_steps AS
-WITH call_dup AS (
-    SELECT tenant, rollout_id, call_id FROM tool_calls GROUP BY ALL HAVING count(*) > 1
-), call AS (
-    SELECT * FROM tool_calls ANTI JOIN call_dup USING (tenant, rollout_id, call_id)
-    UNION ALL BY NAME
-    SELECT * FROM tool_calls SEMI JOIN call_dup USING (tenant, rollout_id, call_id)
-    QUALIFY row_number() OVER (PARTITION BY tenant, rollout_id, call_id ORDER BY seq, ts, event_id) = 1
-), result_dup AS (
-    SELECT tenant, rollout_id, call_id FROM tool_results GROUP BY ALL HAVING count(*) > 1
+WITH call AS (
+    SELECT tenant, rollout_id, call_id,
+        arg_min_null(COLUMNS(* EXCLUDE (tenant, rollout_id, call_id, rank_)), rank_)
+    FROM (SELECT *, (seq, ts, event_id) AS rank_ FROM tool_calls)
+    GROUP BY tenant, rollout_id, call_id
 ), result AS (
-    SELECT * FROM tool_results ANTI JOIN result_dup USING (tenant, rollout_id, call_id)
-    UNION ALL BY NAME
-    SELECT * FROM tool_results SEMI JOIN result_dup USING (tenant, rollout_id, call_id)
-    QUALIFY row_number() OVER (PARTITION BY tenant, rollout_id, call_id ORDER BY seq, ts, event_id) = 1
+    SELECT tenant, rollout_id, call_id,
+        arg_min_null(COLUMNS(* EXCLUDE (tenant, rollout_id, call_id, rank_)), rank_)
+    FROM (SELECT *, (seq, ts, event_id) AS rank_ FROM tool_results)
+    GROUP BY tenant, rollout_id, call_id
 )
 SELECT
     c.tenant, c.task_id, c.rollout_id, c.attempt, c.seq, c.call_id,
@@ -109,11 +114,15 @@ WITH seen AS (
         max(ts) AS last_event_at
     FROM seen GROUP BY tenant, rollout_id
 ), started AS (
-    SELECT * FROM rollout_starts
-    QUALIFY row_number() OVER (PARTITION BY tenant, rollout_id ORDER BY seq, ts, event_id) = 1
+    SELECT tenant, rollout_id,
+        arg_min_null(COLUMNS(* EXCLUDE (tenant, rollout_id, rank_)), rank_)
+    FROM (SELECT *, (seq, ts, event_id) AS rank_ FROM rollout_starts)
+    GROUP BY tenant, rollout_id
 ), finished AS (
-    SELECT * FROM rollout_ends
-    QUALIFY row_number() OVER (PARTITION BY tenant, rollout_id ORDER BY seq DESC, ts DESC, event_id DESC) = 1
+    SELECT tenant, rollout_id,
+        arg_max_null(COLUMNS(* EXCLUDE (tenant, rollout_id, rank_)), rank_)
+    FROM (SELECT *, (seq, ts, event_id) AS rank_ FROM rollout_ends)
+    GROUP BY tenant, rollout_id
 ), calls AS (
     SELECT tenant, rollout_id,
         count(*) AS n_llm_calls,
@@ -128,15 +137,17 @@ WITH seen AS (
         count(*) AS n_tool_calls,
         count(*) FILTER (WHERE error IS NOT NULL) AS n_tool_errors
     FROM tool_steps GROUP BY tenant, rollout_id
-), latest_reward AS (
-    SELECT tenant, rollout_id, name, value, source, ts,
-        count(*) OVER (PARTITION BY tenant, rollout_id) AS n_events
-    FROM rewards
-    QUALIFY row_number() OVER (PARTITION BY tenant, rollout_id, name ORDER BY ts DESC, seq DESC, event_id DESC) = 1
+), latest_reward AS ( -- the latest value of each reward name; re-scores counted
+    SELECT tenant, rollout_id, name,
+        arg_max_null(value, (ts, seq, event_id)) AS value,
+        arg_max_null(source, (ts, seq, event_id)) AS source,
+        max(ts) AS ts,
+        count(*) AS n_events
+    FROM rewards GROUP BY tenant, rollout_id, name
 ), scored AS (
     SELECT tenant, rollout_id,
         sum(value) AS reward,
-        any_value(n_events) AS n_rewards,
+        sum(n_events)::BIGINT AS n_rewards,
         list({'name': name, 'value': value, 'source': source, 'ts': ts} ORDER BY name) AS rewards
     FROM latest_reward GROUP BY tenant, rollout_id
 )
