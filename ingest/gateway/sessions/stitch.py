@@ -84,13 +84,16 @@ class Plan:
 
 def message_digest(message: dict[str, Any]) -> bytes:
     """A digest of what a message means to the template: role, text, tool calls (name, parsed arguments), ids."""
-    calls = []
-    for call in message.get("tool_calls") or ():
-        function = (call or {}).get("function") or {}
-        calls.append([function.get("name"), loose_json(function.get("arguments"))])
-    core = [message.get("role"), _text(message.get("content")), calls, message.get("tool_call_id"),
-            message.get("name")]
-    return hashlib.sha1(json.dumps(core, sort_keys=True, ensure_ascii=False).encode()).digest()
+    core = (message.get("role"), _text(message.get("content")), message.get("tool_call_id"), message.get("name"))
+    digest = hashlib.sha1(repr(core).encode())  # JSON values: repr is exact and cheaper than a canonical dump
+    calls = message.get("tool_calls")
+    if calls:  # arguments by meaning: parsed, keys sorted
+        parsed = []
+        for call in calls:
+            function = (call or {}).get("function") or {}
+            parsed.append([function.get("name"), loose_json(function.get("arguments"))])
+        digest.update(json.dumps(parsed, sort_keys=True, ensure_ascii=False).encode())
+    return digest.digest()
 
 
 def _text(content: Any) -> str:
