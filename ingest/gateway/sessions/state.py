@@ -3,6 +3,8 @@
 Bounded by bytes (least recently used evicted first) and by idle time (TTL).
 Ids are kept as 4-byte ``array('i')``; messages as 20-byte digests, so a
 session costs about 4 bytes per token of the rollout's last prompt and answer.
+The chat template's rendering of the last call is kept as its length and
+digest only, so the next call's prefix check need not render it again.
 A session lives in one gateway process: a restarted gateway, or a replica that
 did not see the previous call, has none and the call takes the plain route.
 """
@@ -21,6 +23,8 @@ SessionKey = tuple[str, str, int, str | None]
 
 _OVERHEAD_BYTES = 700
 """Fixed cost of one session (objects, dict slot), measured with tracemalloc (bench/sessions)."""
+_RENDERED_BYTES = 150
+"""A kept rendering: its tuple, length and 20-byte digest objects (tracemalloc)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +39,14 @@ class Session:
     sampled_ids: array
     call_id: str = ""
     """The call these ids belong to: the next call's prefix reference names it."""
+    rendered: tuple[int, bytes] | None = None
+    """Length and digest of the template's rendering of the previous call's messages with the generation prompt;
+    None when that call was not rendered here (the next call renders it)."""
 
     @property
     def nbytes(self) -> int:
         return (_OVERHEAD_BYTES + 4 * (len(self.prompt_ids) + len(self.sampled_ids))
-                + 60 * len(self.messages) + len(self.call_id))
+                + 60 * len(self.messages) + len(self.call_id) + (_RENDERED_BYTES if self.rendered else 0))
 
 
 class SessionStore:

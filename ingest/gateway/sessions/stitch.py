@@ -11,6 +11,12 @@ the generation prompt. The template must be prefix-preserving for that step
 (checked on every call: the conversation rendered with and without the new
 messages); templates that rewrite history (e.g. strip earlier reasoning) fail
 the check and the call is **engine_rendered**, with the reason.
+
+The rendering without the new messages is the previous call's rendering with
+the generation prompt: the session keeps its length and digest, so a call
+renders twice (history with the answer, the whole conversation); it renders
+the previous messages again only when that digest does not match (no kept
+rendering, or history the digests see as equal that renders otherwise).
 """
 
 from __future__ import annotations
@@ -70,6 +76,8 @@ class Plan:
     """Parses the raw completion of a stitched call; None: the whole text is content."""
     previous: Session | None = None
     """The rollout's last call as this call found it: what its recorded prompt may reference."""
+    rendered: tuple[int, bytes] | None = None
+    """Length and digest of the template's rendering of this call's messages (generation prompt included)."""
 
     def record(self) -> dict[str, str]:
         """What the ``llm.request`` event says about how its prompt was made."""
@@ -78,13 +86,16 @@ class Plan:
 
 def message_digest(message: dict[str, Any]) -> bytes:
     """A digest of what a message means to the template: role, text, tool calls (name, parsed arguments), ids."""
-    calls = []
-    for call in message.get("tool_calls") or ():
-        function = (call or {}).get("function") or {}
-        calls.append([function.get("name"), loose_json(function.get("arguments"))])
-    core = [message.get("role"), _text(message.get("content")), calls, message.get("tool_call_id"),
-            message.get("name")]
-    return hashlib.sha1(json.dumps(core, sort_keys=True, ensure_ascii=False).encode()).digest()
+    core = (message.get("role"), _text(message.get("content")), message.get("tool_call_id"), message.get("name"))
+    digest = hashlib.sha1(repr(core).encode())  # JSON values: repr is exact and cheaper than a canonical dump
+    calls = message.get("tool_calls")
+    if calls:  # arguments by meaning: parsed, keys sorted
+        parsed = []
+        for call in calls:
+            function = (call or {}).get("function") or {}
+            parsed.append([function.get("name"), loose_json(function.get("arguments"))])
+        digest.update(json.dumps(parsed, sort_keys=True, ensure_ascii=False).encode())
+    return digest.digest()
 
 
 def _text(content: Any) -> str:
@@ -93,6 +104,11 @@ def _text(content: Any) -> str:
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
         return "".join(str(p.get("text") or "") for p in content)
     raise _Multimodal
+
+
+def _rendering(text: str) -> tuple[int, bytes]:
+    """What a session keeps of a rendering: its length and digest."""
+    return len(text), hashlib.sha1(text.encode()).digest()
 
 
 def _context(body: dict[str, Any]) -> bytes:
@@ -170,16 +186,22 @@ class Stitcher:
         """Ids of the bridge, the new messages and the generation prompt; None (reason set) when unsafe."""
         k = len(session.messages) - 1  # the assistant message the gateway returned
         try:
-            before = self._render(messages[:k], tools, generation=True)
             with_answer = self._render(messages[: k + 1], tools, generation=False)
             full = self._render(messages, tools, generation=True)
+            kept = session.rendered
+            if kept is not None and _rendering(with_answer[: kept[0]]) == kept:
+                before = kept[0]
+            else:
+                rendered = self._render(messages[:k], tools, generation=True)
+                before = len(rendered) if with_answer.startswith(rendered) else -1
         except Exception as exc:  # any template failure: the engine will say what is wrong
             log.debug("event=session_template_error error=%r", exc)
             plan.reason = "template_error"
             return None
-        answer = with_answer[len(before):]
+        plan.rendered = _rendering(full)
+        answer = with_answer[before:]
         end = answer.rfind(self.end) if self.end else -1
-        if not with_answer.startswith(before) or not full.startswith(with_answer) or end < 0:
+        if before < 0 or not full.startswith(with_answer) or end < 0:
             plan.reason = "template_not_prefix"
             return None
         sampled_end = bool(session.sampled_ids) and self._ends_turn(session.sampled_ids[-1])
@@ -204,4 +226,5 @@ class Stitcher:
         self.store.put(plan.key, Session(
             messages=(*plan.digests, answer), context=plan.context,
             prompt_ids=array("i", prompt_ids), sampled_ids=array("i", sampled_ids), call_id=call_id,
+            rendered=plan.rendered,
         ))

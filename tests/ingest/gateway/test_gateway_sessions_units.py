@@ -140,3 +140,45 @@ def test_a_template_that_fails_on_the_new_turns_falls_back(tiny_model_dir):
     stitcher.remember(plan, prompt_ids=[1, 2], sampled_ids=[3], content="one", tool_calls=None)
     follow = [*messages, {"role": "assistant", "content": "one"}, {"role": "user", "content": "go on"}]
     assert stitcher.plan({"model": "m", "messages": follow}, key).reason == "template_error"
+
+
+def test_the_kept_rendering_spares_a_render_and_one_that_no_longer_matches_is_rendered_again(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    renders: list[int] = []
+    render = tok.apply_chat_template
+    tok.apply_chat_template = lambda messages, **kw: renders.append(len(messages)) or render(messages, **kw)
+    store = SessionStore(max_bytes=1 << 20, ttl_s=60)
+    stitcher = Stitcher(tok, store)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    key = ("t", "r", 0, None)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+
+    def call(messages: list[dict], n: int) -> tuple:
+        renders.clear()
+        plan = stitcher.plan({"model": "m", "messages": messages, "tools": tools}, key)
+        text = f'<tool_call>\n{{"name": "f", "arguments": {{"a": {n}}}}}\n</tool_call>'
+        content, calls = stitcher.parser.parse(text)
+        stitcher.remember(plan, prompt_ids=plan.prompt_ids or [1, 2], sampled_ids=tok.encode(text) + [end],
+                          content=content, tool_calls=calls)
+        answer = {"role": "assistant", "content": content, "tool_calls": calls}
+        return plan, [*messages, answer, {"role": "tool", "tool_call_id": calls[0]["id"], "content": str(n)}]
+
+    plan, messages = call([{"role": "user", "content": "add"}], 1)
+    assert plan.reason == "first_call" and renders == []
+    plan, messages = call(messages, 2)
+    assert plan.made == "stitched" and len(renders) == 3  # nothing kept yet: the history is rendered too
+    kept = store.get(key)
+    plan, _ = call(messages, 3)
+    assert plan.made == "stitched" and renders == [len(messages) - 1, len(messages)]  # the kept rendering served
+    store.put(key, Session(kept.messages, kept.context, kept.prompt_ids, kept.sampled_ids))  # the same, none kept
+    uncached, messages = call(messages, 3)
+    assert uncached.prompt_ids == plan.prompt_ids and len(renders) == 3
+
+    # The same meaning, other text: the kept digest no longer matches, so the history is rendered again.
+    stale = [dict(m) for m in messages]
+    stale[1]["tool_calls"] = [{**stale[1]["tool_calls"][0], "function": {"name": "f", "arguments": '{"a":1}'}}]
+    assert message_digest(stale[1]) == message_digest(messages[1])
+    plan, _ = call(stale, 4)
+    assert plan.made == "stitched" and len(renders) == 3
