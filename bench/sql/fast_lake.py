@@ -24,10 +24,12 @@ token lists) and the ``events`` table (no view reads it).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import multiprocessing
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -452,7 +454,7 @@ def write_lake(root: str, config: FastLakeConfig, *, rollouts: int, workers: int
     jobs = [(config, i, rollouts) for i in range(-(-rollouts // per_commit))]
     late: pa.Table | None = None
     with multiprocessing.get_context("spawn").Pool(workers) if workers else contextlib.nullcontext() as pool:
-        for drawn in (pool.imap(_draw, jobs) if pool else map(_draw, jobs)):
+        for drawn in (_bounded(pool, jobs, 2 * workers) if pool else map(_draw, jobs)):
             tables = dict(drawn.tables)
             if late is not None:  # rewards that arrived after the previous commit's rollouts finished
                 tables[REWARDS_TABLE] = pa.concat_tables([late, tables[REWARDS_TABLE]])
@@ -463,6 +465,17 @@ def write_lake(root: str, config: FastLakeConfig, *, rollouts: int, workers: int
             totals["llm_calls"] += drawn.calls
             totals["commits"] += 1
     return totals
+
+
+def _bounded(pool: Any, jobs: list[tuple[FastLakeConfig, int, int]], ahead: int) -> Iterator[Drawn]:
+    """The jobs' results in order, at most ``ahead`` drawn but not yet written (a slow writer holds no backlog)."""
+    pending: collections.deque[Any] = collections.deque()
+    for job in jobs:
+        pending.append(pool.apply_async(_draw, (job,)))
+        if len(pending) > ahead:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
 
 
 def _append(lake: Lake, tables: dict[str, pa.Table], totals: dict[str, int]) -> None:
