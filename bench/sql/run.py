@@ -2,19 +2,20 @@
 
 Builds (or reuses) two lakes under ``--workdir`` (``bench/sql/lake.py``: the
 fast generator, ``fast_lake.py``), one as the ingester leaves it
-(``--per-commit`` rollouts per commit) and one after ``trajlake compact``,
-then per lake: opens one connection (``store.sql.connect``, timed), runs
+(``--per-commit`` rollouts per commit) and one after ``trajlake compact``.
+First the CLI's start-up: ``trajlake --help`` and ``trajlake sql "SELECT 1"``
+wall and CPU time, median of 5 runs (goals < 0.3 s and < 0.5 s wall). Then
+per lake (``--lakes``, in that order): opens one connection (``store.sql.connect``, timed), runs
 every question of ``questions.py`` in both forms once to warm up, then
 ``--rounds`` rounds of (view, raw) back to back, checks that both forms give
 the same rows, and records each question's view / raw ratio per round (goal
 <= 1.5x) with the median warm seconds of each form against the absolute
 goals (< 0.1 s scalar and group-by answers, < 1 s token-list aggregates).
-Then the CLI's start-up: ``trajlake --help`` and ``trajlake sql "SELECT 1"``
-wall and CPU time, median of 5 runs (goals < 0.3 s and < 0.5 s wall). The
-1-minute load average is recorded beside every figure: on a shared machine
-absolute times move with it, ratios less so. Writes
-``bench/sql/results.json`` (``bench.results`` format); exits 1 when a
-question's two forms disagree.
+The 1-minute load average is recorded beside every figure: on a shared
+machine absolute times move with it, ratios less so. Writes
+``bench/sql/results.json`` (``bench.results`` format) after every answer, so
+a run stopped early keeps what it measured; exits 1 when a question's two
+forms disagree.
 
     python bench/sql/run.py                                    # 48,000 rollouts: ~1M LLM calls
     python bench/sql/run.py --workdir /tmp/sqlbench --only queries --output /tmp/q.json   # questions only
@@ -60,19 +61,19 @@ def seconds(run: Callable[[], Any]) -> float:
     return time.perf_counter() - started
 
 
-def bench_lake(root: Path, rounds: int) -> dict[str, Any]:
+def bench_lake(root: Path, rounds: int, out: dict[str, Any], save: Callable[[], None]) -> None:
+    """Ask every question on the lake at ``root``; ``out`` gets each answer's figures as they come, then ``save``."""
     lake = Lake(str(root))
     started = time.perf_counter()
     con = connect(lake)
-    opened = time.perf_counter() - started
+    out["connect_s"] = round(time.perf_counter() - started, 3)
     (rollout_id,) = con.execute("SELECT rollout_id FROM rollout_starts ORDER BY rollout_id LIMIT 1").fetchone()
-    (calls,) = con.execute("SELECT count(*) FROM llm_calls").fetchone()
-    rows: list[dict[str, Any]] = []
+    out["questions"] = []
     for q in questions(rollout_id):
-        rows.append(_bench_question(con, q, rounds))
-        print(json.dumps(rows[-1]), flush=True)
+        out["questions"].append(_bench_question(con, q, rounds))
+        print(json.dumps(out["questions"][-1]), flush=True)
+        save()
     con.close()
-    return {"connect_s": round(opened, 3), "calls": calls, "questions": rows}
 
 
 def _bench_question(con: Any, q: Question, rounds: int) -> dict[str, Any]:
@@ -133,7 +134,7 @@ def summary(results: dict[str, Any]) -> str:
     parts = [f"{facts['llm_calls']:,} LLM calls, {facts['asked']['rollouts']:,} rollouts, "
              f"{facts['commits']} commits ingested"]
     for lake in LAKES:
-        if lake in results:
+        if results.get(lake, {}).get("questions"):
             qs = results[lake]["questions"]
             met = sum(q["meets_goal_s"] for q in qs)
             times = ", ".join(f"{q['question']} {q['view_s']:.2f}" for q in qs)
@@ -158,6 +159,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="timed (view, raw) rounds per question after a warm-up")
     parser.add_argument("--output", type=Path, default=results_path("sql"))
     parser.add_argument("--only", choices=("queries", "cli"), help="run only the queries or only the CLI start-up")
+    parser.add_argument("--lakes", nargs="+", choices=LAKES, default=list(LAKES), help="which lakes to ask")
     args = parser.parse_args()
     recorder = Recorder("sql", "canonical questions (counts, group-bys, one rollout's calls, token-list aggregates) "
                                "through the views vs written by hand on the raw Delta tables, in one connection, "
@@ -166,14 +168,18 @@ def main() -> int:
                          max_context_tokens=args.max_context)
     print(json.dumps(facts), flush=True)
     results: dict[str, Any] = {"lake": facts}
-    if args.only != "cli":
-        for name in LAKES:
-            print(f"== {name}", flush=True)
-            results[name] = bench_lake(args.workdir / name, args.rounds)
+
+    def save() -> None:  # after every answer: a run stopped early keeps what it measured
+        recorder.write(ratios=ratios(results), summary=summary(results), peak_rss_mb={"bench": peak_rss_mb()},
+                       detail=results, path=args.output)
+
     if args.only != "queries":
         results["cli"] = bench_cli(args.workdir / "compacted", 5)
-    recorder.write(ratios=ratios(results), summary=summary(results), peak_rss_mb={"bench": peak_rss_mb()},
-                   detail=results, path=args.output)
+        save()
+    if args.only != "cli":
+        for name in args.lakes:
+            print(f"== {name}", flush=True)
+            bench_lake(args.workdir / name, args.rounds, results.setdefault(name, {}), save)
     differ = [q["question"] for lake in LAKES for q in results.get(lake, {}).get("questions", [])
               if not q["same_answer"]]
     if differ:
