@@ -1,9 +1,10 @@
 """The SQL benchmark's lakes: one as the ingester leaves it (many small commits), one after ``trajlake compact``.
 
-Both come from the workload generator through ``bench.build.make_lake`` (the
-ingester's own event conversion, appended ``per_commit`` rollouts per
-commit); the compacted one is a copy of the first, compacted with
-``store.compact.compact`` (what ``trajlake compact`` runs). A lake folder
+Both come from ``bench/sql/fast_lake.py`` (the workload generator's rollouts
+drawn straight into the typed tables' columns, ``per_commit`` rollouts per
+Delta commit, token lists ``max_context_tokens`` long at most); the compacted
+one is a copy of the first, compacted with ``store.compact.compact`` (what
+``trajlake compact`` runs). A lake folder
 holds ``bench-lake.json`` with what was asked and what was written, so a
 second run with the same parameters reuses it.
 """
@@ -13,19 +14,25 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.build.make_lake import make_lake
+from bench.sql.fast_lake import FastLakeConfig, write_lake
 from store.compact import compact
 from store.lake import Lake
 
 MARKER = "bench-lake.json"
 
 
-def ensure_lakes(workdir: Path, *, rollouts: int, per_commit: int, seed: int = 0) -> dict[str, Any]:
-    """Build (or reuse) ``workdir/ingested`` and ``workdir/compacted``; returns what each holds and took."""
-    asked = {"rollouts": rollouts, "per_commit": per_commit, "seed": seed}
+def ensure_lakes(workdir: Path, *, rollouts: int, per_commit: int, seed: int = 0, max_context_tokens: int = 512,
+                 workers: int = 1) -> dict[str, Any]:
+    """Build (or reuse) ``workdir/ingested`` and ``workdir/compacted``; returns what each holds and took.
+
+    ``workers``: processes drawing commits while this one writes (0: draw in this process).
+    """
+    asked = {"rollouts": rollouts, "per_commit": per_commit, "seed": seed, "max_context_tokens": max_context_tokens,
+             "generator": "fast_lake"}
     ingested, compacted = workdir / "ingested", workdir / "compacted"
     facts = _read_marker(ingested)
     if facts is None or facts["asked"] != asked:
@@ -33,18 +40,26 @@ def ensure_lakes(workdir: Path, *, rollouts: int, per_commit: int, seed: int = 0
         shutil.rmtree(compacted, ignore_errors=True)
         ingested.mkdir(parents=True)
         started = time.perf_counter()
-        totals = make_lake(str(ingested), rollouts=rollouts, seed=seed, per_commit=per_commit)
-        facts = {"asked": asked, **totals, "generate_s": round(time.perf_counter() - started, 1)}
+        config = FastLakeConfig.for_rollouts(rollouts, seed=seed, per_commit=per_commit,
+                                             max_context_tokens=max_context_tokens)
+        totals = write_lake(str(ingested), config, rollouts=rollouts, workers=workers)
+        facts = {"asked": asked, **totals, "generate_s": round(time.perf_counter() - started, 1),
+                 "bytes": _size(ingested)}
         (ingested / MARKER).write_text(json.dumps(facts))
     compact_facts = _read_marker(compacted)
     if compact_facts is None or compact_facts["asked"] != asked:
         shutil.rmtree(compacted, ignore_errors=True)
         shutil.copytree(ingested, compacted)
         started = time.perf_counter()
-        compact(Lake(str(compacted)))
-        compact_facts = {**facts, "compact_s": round(time.perf_counter() - started, 1)}
+        compact(Lake(str(compacted)), vacuum_retention=timedelta(0))  # `trajlake compact --vacuum-hours 0`
+        compact_facts = {**facts, "compact_s": round(time.perf_counter() - started, 1), "bytes": _size(compacted)}
         (compacted / MARKER).write_text(json.dumps(compact_facts))
     return {"ingested": facts, "compacted": compact_facts}
+
+
+def _size(folder: Path) -> int:
+    """Bytes of every file under ``folder`` (data files and Delta logs)."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
 def _read_marker(folder: Path) -> dict[str, Any] | None:
