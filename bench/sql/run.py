@@ -3,9 +3,8 @@
 Builds (or reuses) two lakes under ``--workdir`` (``bench/sql/lake.py``: the
 fast generator, ``fast_lake.py``), one as the ingester leaves it
 (``--per-commit`` rollouts per commit) and one after ``trajlake compact``.
-First the CLI's start-up: ``trajlake --help`` and ``trajlake sql "SELECT 1"``
-wall and CPU time, median of 5 runs (goals < 0.3 s and < 0.5 s wall). Then
-per lake (``--lakes``, in that order): opens one connection (``store.sql.connect``, timed), runs
+The CLI's start-up is ``bench/cli`` (``python -m bench cli -- --lake DIR``
+times it on a lake built here). Per lake (``--lakes``, in that order): opens one connection (``store.sql.connect``, timed), runs
 every question of ``questions.py`` in both forms once to warm up, then
 ``--rounds`` rounds of (view, raw) back to back, checks that both forms give
 the same rows, and records each question's view / raw ratio per round (goal
@@ -18,7 +17,7 @@ a run stopped early keeps what it measured; exits 1 when a question's two
 forms disagree.
 
     python bench/sql/run.py                                    # 48,000 rollouts: ~1M LLM calls
-    python bench/sql/run.py --workdir /tmp/sqlbench --only queries --output /tmp/q.json   # questions only
+    python bench/sql/run.py --workdir /tmp/sqlbench --lakes compacted --output /tmp/q.json   # reuses built lakes
 """
 
 from __future__ import annotations
@@ -26,10 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -99,28 +95,6 @@ def _bench_question(con: Any, q: Question, rounds: int) -> dict[str, Any]:
             "load": round((load_before + load()) / 2, 1)}
 
 
-def bench_cli(lake: Path, repeat: int) -> dict[str, Any]:
-    """Wall and CPU (user + sys) seconds of ``trajlake --help`` and a one-row ``trajlake sql``: medians.
-
-    CPU time is what start-up costs when the machine is idle; wall time on a loaded machine is mostly waiting.
-    """
-    exe = shutil.which("trajlake", path=str(Path(sys.executable).parent)) or "trajlake"
-    out: dict[str, Any] = {}
-    for name, args in {"help": ["--help"], "sql_select_1": ["sql", "--lake", str(lake), "SELECT 1"]}.items():
-        load_before = load()
-        walls, cpus = [], []
-        for _ in range(repeat + 1):
-            before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-            subprocess.run([exe, *args], check=True, stdout=subprocess.DEVNULL)
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            walls.append(time.perf_counter() - started)
-            cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-        out[name] = {"wall_s": round(statistics.median(walls[1:]), 3), "cpu_s": round(statistics.median(cpus[1:]), 3),
-                     "load": round((load_before + load()) / 2, 1)}
-        print(json.dumps({name: out[name]}), flush=True)
-    return out
-
-
 def ratios(results: dict[str, Any]) -> list[Ratio]:
     """One view / raw ratio per lake and question, a value per round."""
     return [Ratio(f"{lake}_{q['question']}", f"{lake}: {q['question']} ({q['kind']}), warm s, views / raw tables",
@@ -129,7 +103,7 @@ def ratios(results: dict[str, Any]) -> list[Ratio]:
 
 
 def summary(results: dict[str, Any]) -> str:
-    """The figures beside the ratios: lake size, warm seconds through the views against the goals, CLI."""
+    """The figures beside the ratios: lake size and warm seconds through the views against the goals."""
     facts = results["lake"]["ingested"]
     parts = [f"{facts['llm_calls']:,} LLM calls, {facts['asked']['rollouts']:,} rollouts, "
              f"{facts['commits']} commits ingested"]
@@ -140,11 +114,6 @@ def summary(results: dict[str, Any]) -> str:
             times = ", ".join(f"{q['question']} {q['view_s']:.2f}" for q in qs)
             parts.append(f"{lake}: warm s through the views {times}; {met}/{len(qs)} within < 0.1 s scalar / "
                          f"< 1 s tokens (load {min(q['load'] for q in qs):.0f}-{max(q['load'] for q in qs):.0f})")
-    if "cli" in results:
-        cli = results["cli"]
-        parts.append(f"`trajlake --help` {cli['help']['wall_s']:.2f} s wall / {cli['help']['cpu_s']:.2f} s CPU "
-                     f"(goal < 0.3 s), `trajlake sql \"SELECT 1\"` {cli['sql_select_1']['wall_s']:.2f} s wall / "
-                     f"{cli['sql_select_1']['cpu_s']:.2f} s CPU (goal < 0.5 s)")
     return "; ".join(parts)
 
 
@@ -158,7 +127,6 @@ def main() -> int:
                         help="where the lakes are built and kept for the next run")
     parser.add_argument("--rounds", type=int, default=3, help="timed (view, raw) rounds per question after a warm-up")
     parser.add_argument("--output", type=Path, default=results_path("sql"))
-    parser.add_argument("--only", choices=("queries", "cli"), help="run only the queries or only the CLI start-up")
     parser.add_argument("--lakes", nargs="+", choices=LAKES, default=list(LAKES), help="which lakes to ask")
     args = parser.parse_args()
     recorder = Recorder("sql", "canonical questions (counts, group-bys, one rollout's calls, token-list aggregates) "
@@ -173,13 +141,9 @@ def main() -> int:
         recorder.write(ratios=ratios(results), summary=summary(results), peak_rss_mb={"bench": peak_rss_mb()},
                        detail=results, path=args.output)
 
-    if args.only != "queries":
-        results["cli"] = bench_cli(args.workdir / "compacted", 5)
-        save()
-    if args.only != "cli":
-        for name in args.lakes:
-            print(f"== {name}", flush=True)
-            bench_lake(args.workdir / name, args.rounds, results.setdefault(name, {}), save)
+    for name in args.lakes:
+        print(f"== {name}", flush=True)
+        bench_lake(args.workdir / name, args.rounds, results.setdefault(name, {}), save)
     differ = [q["question"] for lake in LAKES for q in results.get(lake, {}).get("questions", [])
               if not q["same_answer"]]
     if differ:
