@@ -39,7 +39,7 @@ from pydantic import ConfigDict
 from kafka.errors import LogTruncationError, NoOffsetForPartitionError, OffsetOutOfRangeError
 
 from ingest.batch import Batch, DecodedBatch
-from ingest.consumer import AssignmentFlag, open_consumer, report_progress, seek
+from ingest.consumer import FETCH_MAX_WAIT_MS, AssignmentFlag, open_consumer, report_progress, seek
 from ingest.dead_letters import DeadLetters
 from ingest.dedupe import DEFAULT_MAX_IDS, SeenEventIds
 from ingest.held import LakeRecords, not_held
@@ -394,7 +394,9 @@ class _Loop:
         seek(self.consumer, self.config.topic, resume)
         self.stats.assignments += 1
         self.stats.partitions = tuple(parts)
-        self.last_activity = time.monotonic()
+        # the consumer may have a fetch in flight from before the seek (it polled during the check), which the broker
+        # holds up to its fetch wait: silence that short after positioning says nothing about the topic being drained
+        self.last_activity = time.monotonic() + FETCH_MAX_WAIT_MS / 1000
         log.info("assigned partitions=%s resume=%s dedupe_ids=%d", parts, resume, ids)
         self._report()
 
