@@ -97,7 +97,7 @@ def _observation_ids(tokenizer: Any, result: str, sampled: list[int]) -> list[in
 
 
 SESSION_CALLS_SQL = """
-    SELECT rollout_id, call_id, messages, params, prompt_token_ids, response_token_ids
+    SELECT rollout_id, call_id, messages, params, prompt_token_ids, response_token_ids, extends_call_id, extends_tokens
     FROM llm_calls WHERE harness_name = 'demo-agent' AND harness_version = '1.0' AND error IS NULL
     ORDER BY rollout_id, seq"""
 
@@ -111,9 +111,13 @@ def token_sessions_before_after(lake: Any, tokenizer: Any) -> dict[str, Any]:
     import numpy as np
 
     from pipelines.datasets.merging import Call, merge_calls
+    from store.prompts import full_prompts, stored_calls
     from store.sql import run_query
 
     rows = run_query(lake, SESSION_CALLS_SQL).to_pylist()
+    full: dict[str, Any] = {}
+    for rollout in {row["rollout_id"] for row in rows}:  # prefix references resolved to full prompts
+        full.update(full_prompts(stored_calls(r for r in rows if r["rollout_id"] == rollout))[0])
     made: Counter[str] = Counter()
     after: dict[str, list[Call]] = {}
     before: dict[str, list[Call]] = {}
@@ -123,7 +127,7 @@ def token_sessions_before_after(lake: Any, tokenizer: Any) -> dict[str, Any]:
         rendered = tokenizer.apply_chat_template(json.loads(row["messages"]), add_generation_prompt=True,
                                                  tokenize=True, return_dict=False)
         response = np.array(row["response_token_ids"], dtype=np.int64)
-        for calls, prompt_ids in ((after, row["prompt_token_ids"]), (before, rendered)):
+        for calls, prompt_ids in ((after, full.get(row["call_id"], [])), (before, rendered)):
             calls.setdefault(row["rollout_id"], []).append(Call(
                 call_id=row["call_id"], span_id=None, tokenizer=None, chat_template_hash=None,
                 prompt=np.array(prompt_ids, dtype=np.int64), response=response, logprobs=None))

@@ -60,7 +60,7 @@ class DecodedBatch:
 
 @dataclass
 class Batch:
-    """Records polled since the last commit (kafka-python ``ConsumerRecord``s)."""
+    """Records polled since the last commit (``ingest.consumer.Record``s)."""
 
     records: list = field(default_factory=list)
     bytes: int = 0

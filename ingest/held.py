@@ -9,6 +9,7 @@ tenant and rollout are in ``forget_audit``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 
@@ -20,6 +21,10 @@ from ingest.dedupe import EventKey, SeenEventIds
 from schemas.errors import InvalidEvent
 from schemas.tables import EVENTS_TABLE, FORGET_AUDIT_TABLE, QUARANTINE_TABLE
 from store.lake import Lake
+
+
+POSITION = ("kafka_topic", "kafka_partition", "kafka_offset")
+"""Columns whose Delta file statistics let a read by Kafka position skip files."""
 
 
 class LakeRecords:
@@ -38,10 +43,9 @@ class LakeRecords:
                          if ms is not None}
         self._quarantined = set()
         if since and self.lake.exists(QUARANTINE_TABLE):
-            rows = self.lake.table(QUARANTINE_TABLE).to_pyarrow_table(
-                columns=["kafka_partition", "kafka_offset"],
-                filters=[("kafka_topic", "=", self.topic), ("kafka_partition", "in", list(since))],
-            )
+            rows = self.lake.read(QUARANTINE_TABLE, columns=["kafka_partition", "kafka_offset"], prune_on=POSITION,
+                                  filter=(pc.field("kafka_topic") == self.topic)
+                                  & pc.field("kafka_partition").isin(list(since)))
             for p, o in zip(rows.column("kafka_partition").to_pylist(), rows.column("kafka_offset").to_pylist()):
                 if o >= since[p]:
                     self._quarantined.add((p, o))
@@ -70,20 +74,32 @@ class LakeRecords:
     def _rows_at(self, table: str, partition: int, offset: int, columns: list[str]) -> pa.Table:
         if not self.lake.exists(table):
             return pa.table({c: [] for c in columns})
-        return self.lake.table(table).to_pyarrow_table(columns=columns, filters=[
-            ("kafka_topic", "=", self.topic), ("kafka_partition", "=", partition), ("kafka_offset", "=", offset)])
+        at = (pc.field("kafka_topic") == self.topic) & (pc.field("kafka_partition") == partition) \
+            & (pc.field("kafka_offset") == offset)
+        return self.lake.read(table, columns=columns, filter=at, prune_on=POSITION)
 
     def holds(self, partition: int, offset: int, value: bytes | None) -> bool:
         """Whether the lake holds (or deliberately forgot) the message read at ``partition``/``offset``."""
         try:
             event = decode(value, max_bytes=self.max_event_bytes)
         except InvalidEvent:
-            return self.quarantined(partition, offset)
+            return self.quarantined(partition, offset) or self._forgotten_envelope(value)
         key = (event.tenant, event.event_id)
         return self.seen.first_copy(key) is not None or self.forgotten(event.tenant, event.rollout_id) \
             or key in self.stored_keys([key])
 
-    def forgotten(self, tenant: str, rollout_id: str) -> bool:
+    def _forgotten_envelope(self, value: bytes | None) -> bool:
+        """An invalid message whose envelope names a forgotten (tenant, rollout_id): forget deleted its quarantine row."""
+        try:
+            envelope = json.loads(value or b"")
+        except (ValueError, UnicodeDecodeError):
+            return False
+        if not isinstance(envelope, dict) or not isinstance(envelope.get("rollout_id"), str):
+            return False
+        tenant = envelope.get("tenant")
+        return self.forgotten(tenant if isinstance(tenant, str) else None, envelope["rollout_id"])
+
+    def forgotten(self, tenant: str | None, rollout_id: str) -> bool:
         return (tenant, rollout_id) in self._forgotten or (None, rollout_id) in self._forgotten
 
     def stored_keys(self, keys: Iterable[EventKey], table: str = EVENTS_TABLE) -> set[EventKey]:
@@ -91,9 +107,8 @@ class LakeRecords:
         wanted = set(keys)
         if not wanted or not self.lake.exists(table):
             return set()
-        stored = self.lake.table(table).to_pyarrow_table(
-            columns=["tenant", "event_id"], filters=[("event_id", "in", sorted({e for _, e in wanted}))],
-        )
+        stored = self.lake.read(table, columns=["tenant", "event_id"], prune_on=["event_id"],
+                                filter=pc.field("event_id").isin(sorted({e for _, e in wanted})))
         found = zip(stored.column("tenant").to_pylist(), stored.column("event_id").to_pylist())
         return {k for k in found if k in wanted}
 

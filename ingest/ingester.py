@@ -29,17 +29,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-from kafka import KafkaConsumer
 from pydantic import ConfigDict
-from kafka.errors import LogTruncationError, NoOffsetForPartitionError, OffsetOutOfRangeError
 
 from ingest.batch import Batch, DecodedBatch
-from ingest.consumer import FETCH_MAX_WAIT_MS, AssignmentFlag, open_consumer, report_progress, seek
+from ingest.consumer import FETCH_MAX_WAIT_MS, AssignmentFlag, IngestConsumer, OutOfRange, open_consumer
 from ingest.dead_letters import DeadLetters
 from ingest.dedupe import DEFAULT_MAX_IDS, SeenEventIds
 from ingest.held import LakeRecords, not_held
@@ -57,6 +55,8 @@ log = logging.getLogger(__name__)
 
 POLL_MS = 200
 """Longest wait inside one poll: bounds how late a stop request or batch deadline is seen."""
+FIRST_FETCH_WAIT_S = 30.0
+"""How long an idle stop (``stop_after_idle_s``) waits for the broker's first fetch answer after positioning."""
 IDLE_LOG_CHECK_S = 5.0
 """While nothing arrives, re-read the last committed records this often: a log that restarted behind the
 markers is reported within seconds, not when (if ever) it grows past them."""
@@ -177,7 +177,7 @@ def run_ingester(config: IngesterConfig, stop: threading.Event, *, on_progress: 
             loop.pool.shutdown()
             loop.check.close()
     finally:
-        consumer.close(autocommit=False)
+        consumer.close()
         if probe is not None:
             probe.close()
         if dead_letters is not None:
@@ -233,7 +233,7 @@ def _open_dead_letters(config: IngesterConfig) -> DeadLetters | None:
 class _Loop:
     """poll -> batch -> commit, re-seeking from the Delta log whenever the assignment changes."""
 
-    def __init__(self, config: IngesterConfig, lake: Lake, tables: _Tables, consumer: KafkaConsumer,
+    def __init__(self, config: IngesterConfig, lake: Lake, tables: _Tables, consumer: IngestConsumer,
                  dead_letters: DeadLetters | None, flag: AssignmentFlag, on_progress: OnProgress | None,
                  probe: LogProbe) -> None:
         self.config, self.lake, self.tables, self.consumer = config, lake, tables, consumer
@@ -243,7 +243,7 @@ class _Loop:
         self.guard = LogGuard(probe, topic=config.topic, group=config.group, lake_has=self.records.has_at)
         self.batch = Batch()
         self.stats = IngestStats()
-        self.last_activity = self.last_log_check = time.monotonic()
+        self.last_activity = self.last_log_check = self.positioned = time.monotonic()
         self.check = CheckInFlight(self.guard)
         self.resuming = False
         """The assignment changed: no records are taken until its markers are checked and sought."""
@@ -262,18 +262,16 @@ class _Loop:
                 continue
             try:
                 with _cpu(self.stats, "consume"):
-                    polled = self.consumer.poll(timeout_ms=POLL_MS, max_records=self.config.batch_max_events)
-            except (OffsetOutOfRangeError, LogTruncationError) as exc:
+                    polled = self.consumer.poll(timeout_ms=POLL_MS,
+                                                max_records=max(1, self.config.batch_max_events - len(self.batch)))
+            except OutOfRange as exc:
                 self._out_of_range(exc)
-                continue
-            except NoOffsetForPartitionError:  # assigned in a rebalance, not positioned yet: the flag is up
-                self.flag.raise_()
                 continue
             if self.flag.take():  # records fetched across a rebalance may belong to the old assignment
                 self._reassigned()
                 continue
-            for records in polled.values():
-                self.batch.add(records)
+            if polled:
+                self.batch.add(polled)
                 self.last_activity = time.monotonic()
             if polled:
                 log.debug("polled batch_in_hand=%d batch_bytes=%d", len(self.batch), self.batch.bytes)
@@ -319,12 +317,10 @@ class _Loop:
         markers once the check is over."""
         try:
             polled = self.consumer.poll(timeout_ms=POLL_MS, max_records=self.config.batch_max_events)
-        except (OffsetOutOfRangeError, LogTruncationError, NoOffsetForPartitionError):
-            time.sleep(POLL_MS / 1000)  # not positioned yet (kafka-python raises at once): nothing to fetch
+        except OutOfRange:  # of a position the seek replaces
             return
         if polled:
-            log.debug("dropped %d records fetched while the markers are checked",
-                      sum(len(records) for records in polled.values()))
+            log.debug("dropped %d records fetched while the markers are checked", len(polled))
 
     def _idle_log_check(self) -> None:
         if time.monotonic() - self.last_log_check < IDLE_LOG_CHECK_S:
@@ -345,7 +341,8 @@ class _Loop:
         if idle is None or self.batch or self.checked is not None or time.monotonic() - self.last_activity < idle:
             return False
         joining = not self.stats.partitions and self.stats.elapsed_s < 2 * self.config.session_timeout_ms / 1000
-        return not joining
+        unanswered = time.monotonic() - self.positioned < FIRST_FETCH_WAIT_S and not self.consumer.heard_from_broker()
+        return not (joining or unanswered)
 
     def _batch_due(self, *, caught_up: bool) -> bool:
         """Full (events, bytes), old enough, or the partitions are drained (a poll waited ``POLL_MS`` for nothing):
@@ -356,7 +353,7 @@ class _Loop:
             or self.batch.age_ms() >= c.batch_max_ms
         )
 
-    def _out_of_range(self, exc: Exception) -> None:
+    def _out_of_range(self, exc: OutOfRange) -> None:
         """The broker says a position is outside its log: check the log against what was read.
 
         A log that went backwards stops the ingester (``LogWentBackwards``). One that still holds every
@@ -372,10 +369,11 @@ class _Loop:
             raise LogWentBackwards(self.config.topic, self.config.group, problems) from exc
         log.info("fetch out of range but the log holds every record read; retrying error=%s", exc)
         time.sleep(POLL_MS / 1000)
+        self.consumer.refetch(exc.partitions)
 
     def _check_markers(self) -> None:
         """Re-read the markers of the assigned partitions and start checking the log at them (``CheckInFlight``)."""
-        parts = sorted(tp.partition for tp in self.consumer.assignment() if tp.topic == self.config.topic)
+        parts = self.consumer.partitions()
         resume = resume_offsets(self.tables.all, parts)
         ids = self.seen.load(self.lake, topic=self.config.topic, partitions=parts)
         self.records.load({p: o or 0 for p, o in resume.items()},
@@ -391,12 +389,13 @@ class _Loop:
         if problems:
             self._rewind(sorted(problems), problems)
             resume.update({p: None for p in problems})
-        seek(self.consumer, self.config.topic, resume)
+        self.consumer.seek(resume)
         self.stats.assignments += 1
         self.stats.partitions = tuple(parts)
-        # the consumer may have a fetch in flight from before the seek (it polled during the check), which the broker
-        # holds up to its fetch wait: silence that short after positioning says nothing about the topic being drained
-        self.last_activity = time.monotonic() + FETCH_MAX_WAIT_MS / 1000
+        # the consumer may have a fetch in flight from before the seek (librdkafka's own, or a poll during the check),
+        # which the broker holds up to its fetch wait: silence that short after positioning says nothing about the
+        # topic being drained
+        self.last_activity = self.positioned = time.monotonic() + FETCH_MAX_WAIT_MS / 1000
         log.info("assigned partitions=%s resume=%s dedupe_ids=%d", parts, resume, ids)
         self._report()
 
@@ -453,7 +452,7 @@ class _Loop:
         self.stats.commit_retries = sum(t.retries for t in self.tables.all)
         self.batch.clear()
         self.last_activity = time.monotonic()  # a long commit is not idleness
-        report_progress(self.consumer, self.config.topic, decoded.last_offsets)
+        self.consumer.report_progress(decoded.last_offsets)
         self._report()
 
     def _check_replay(self, decoded: DecodedBatch) -> None:
@@ -480,7 +479,11 @@ class _Loop:
         self._check_quarantine_replay(rejected, fresh)
         events = self._fresh(decoded.events, EVENTS_TABLE)
         with _cpu(self.stats, "commit"):
-            written = self.tables.events.commit(events, last, refresh_offsets=refresh)
+            events_commit = self.pool.submit(self.tables.events.commit, events, last, refresh_offsets=refresh)
+            derived, typed_cpu = self._typed_rows_during(events_commit, decoded.events)
+            written = events_commit.result()
+        self.stats.cpu_s["commit"] -= typed_cpu
+        self.stats.cpu_s["typed_rows"] = self.stats.cpu_s.get("typed_rows", 0.0) + typed_cpu
         self.stats.duplicates += decoded.duplicates + decoded.events.num_rows - events.num_rows
         self.stats.replayed += events.num_rows - written
         self._count(EVENTS_TABLE, written)
@@ -489,8 +492,6 @@ class _Loop:
             self.dead_letters.send_all(
                 [r for r in decoded.rejected if (r.coordinates.partition, r.coordinates.offset) in positions]
             )
-        with _cpu(self.stats, "typed_rows"):
-            derived = typed_tables(decoded.events)
         work = [(t, self._fresh(derived.get(t.name, t.schema.empty_table()), t.name)) for t in self.tables.typed]
         work.append((self.tables.quarantine, rejected))
         with _cpu(self.stats, "commit"):
@@ -498,6 +499,18 @@ class _Loop:
         for (table, _), n in zip(work, written_per_table):
             self._count(table.name, n)
         self.stats.replayed += rejected.num_rows - written_per_table[-1]  # quarantine is last
+
+    def _typed_rows_during(self, events_commit: Future[int], events: pa.Table) -> tuple[dict[str, pa.Table], float]:
+        """The typed tables' rows, derived while the ``events`` commit runs (delta-rs writes without the GIL);
+        with the CPU seconds this thread spent on them. The commit is waited for, whatever happens here.
+
+        The commits keep their order (``events``, then the typed tables): only the derivation overlaps.
+        """
+        started = time.thread_time()
+        try:
+            return typed_tables(events), time.thread_time() - started
+        finally:
+            wait([events_commit])
 
     def _commit_side_by_side(self, work: list[tuple[MarkedTable, pa.Table]], last: dict[int, int]) -> list[int]:
         """Commit tables that do not depend on each other at once (delta-rs writes without the GIL).

@@ -138,7 +138,7 @@ TOKEN_TEXT: dict[str, frozenset[str]] = {
 """Fields whose text the event's token ids encode: redacting them drops the ids."""
 
 _DROPPED_IDS: dict[str, dict[str, Any]] = {
-    "llm.request": {"prompt_token_ids": None},
+    "llm.request": {"prompt_token_ids": None, "extends_call_id": None, "extends_tokens": None},  # no ids, no reference
     "llm.response": {"response_token_ids": None, "logprobs": None, "token_source": "none"},
 }
 

@@ -33,6 +33,13 @@ comes after the rollout ended, even from another process:
 
 >>> client.reward("task-42", r.rollout_id, "human", 0.5)  # doctest: +SKIP
 
+With ``TrajectoryClient(..., prefix_references=True)`` a call whose prompt
+ids start with the same span's previous call's prompt + response ids is sent
+as a reference to that call plus only the new ids (compared id by id;
+``schemas/EVENTS.md``, prefix references): each token of a rollout crosses
+Kafka about once. Off by default: readers older than prefix references would
+see partial prompts.
+
 An asyncio harness writes ``async with client.rollout(...) as r:``: the same
 events, and the rollout-end flush runs in a worker thread.
 >>> client.close()  # doctest: +SKIP
@@ -55,6 +62,7 @@ from typing import Any, Literal
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ingest.ids import rfc3339, uuid7
+from ingest.prefix_refs import PreviousCall, shared_prefix
 from ingest.producer import EventProducer, encode_event
 from schemas.events import DEFAULT_TOPIC, Harness, RolloutStatus
 from schemas.versions import SCHEMA_VERSION
@@ -136,6 +144,8 @@ class Span:
         self.llm_calls = 0
         self._children: list[Span] = []
         self._closed = False
+        self._last_call: PreviousCall | None = None
+        """This span's last call with engine ids: what the next prompt may reference (``prefix_references``)."""
 
     @property
     def task_id(self) -> str:
@@ -199,20 +209,29 @@ class Span:
         call_id = call_id or uuid7()
         now_ms = time.time_ns() // 1_000_000
         sent_ms = now_ms - int(latency_ms) if latency_ms is not None and 0 <= latency_ms < now_ms else now_ms
+        token_source = token_source or ("engine" if response_token_ids is not None else "none")
+        stored_ids, reference = prompt_token_ids, {}
+        if self._client.prefix_references and self._last_call is not None and prompt_token_ids:
+            shared = shared_prefix(prompt_token_ids, self._last_call)
+            if shared is not None:
+                stored_ids = shared.new_ids
+                reference = {"extends_call_id": shared.extends_call_id, "extends_tokens": shared.extends_tokens}
         request = self._event("llm.request", {
             "call_id": call_id, "model": model, "messages": messages, "prompt": prompt, "tools": tools,
-            "params": params or {}, "prompt_token_ids": prompt_token_ids, "tokenizer": tokenizer,
-            "chat_template_hash": chat_template_hash, "idempotency_key": idempotency_key,
+            "params": params or {}, "prompt_token_ids": stored_ids, "tokenizer": tokenizer,
+            "chat_template_hash": chat_template_hash, "idempotency_key": idempotency_key, **reference,
         }, ts_ms=sent_ms)
         response = self._event("llm.response", {
             "call_id": call_id, "text": text, "tool_calls": tool_calls, "finish_reason": finish_reason,
             "response_token_ids": response_token_ids, "logprobs": logprobs,
-            "token_source": token_source or ("engine" if response_token_ids is not None else "none"),
+            "token_source": token_source,
             "usage": usage, "latency_ms": latency_ms, "policy_version": policy_version, "error": error,
         }, ts_ms=now_ms)
         encode_event({**response, "seq": 0})  # refuse the pair as a whole (fields, size): never an orphan request
         self._sequencer.send([request, response], self._client._send)
         self.llm_calls += 1
+        if self._client.prefix_references and error is None and token_source == "engine" and prompt_token_ids:
+            self._last_call = PreviousCall(call_id, list(prompt_token_ids), list(response_token_ids or ()))
         return call_id
 
     def llm_call_from_response(
@@ -353,8 +372,11 @@ class TrajectoryClient:
         flush_each_rollout: bool = True,
         flush_timeout_s: float = 30.0,
         producer: EventProducer | None = None,
+        prefix_references: bool = False,
     ) -> None:
         self.tenant = tenant
+        self.prefix_references = prefix_references
+        """Send a prompt that extends the span's previous call as a reference + new ids (module doc)."""
         self.harness = harness
         self.flush_each_rollout = flush_each_rollout
         self.flush_timeout_s = flush_timeout_s

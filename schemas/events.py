@@ -24,7 +24,8 @@ from pydantic import (
     model_validator,
 )
 
-DEFAULT_TOPIC = "trajlake.events"
+from schemas.options import DEFAULT_TOPIC  # noqa: F401  (the wire contract's topic; defined with the options)
+
 _RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})?")
 """Date and time; the offset is checked after parsing, to name a missing one precisely."""
 INT32_MAX = 2**31 - 1
@@ -91,7 +92,15 @@ class RolloutFinished(_Model):
 
 
 class LlmRequest(_Model):
-    """What the harness asked the engine, with the prompt's exact token ids."""
+    """What the harness asked the engine, with the prompt's exact token ids.
+
+    A prefix reference stores a rollout's tokens once: with ``extends_call_id``
+    (an earlier call of the same tenant and rollout) and ``extends_tokens``
+    (how many leading ids of that call's full prompt + sampled response ids
+    this prompt shares), ``prompt_token_ids`` holds only the ids after them.
+    The full prompt is ``(full prompt of extends_call_id + its response ids)
+    [:extends_tokens] + prompt_token_ids``.
+    """
 
     call_id: str = Field(min_length=1, max_length=200)
     model: str | None = None
@@ -104,8 +113,33 @@ class LlmRequest(_Model):
     tokenizer: str | None = None
     chat_template_hash: str | None = None
     idempotency_key: str | None = None
+    extends_call_id: str | None = Field(default=None, min_length=1, max_length=200)
+    """The earlier call of this rollout whose ids this prompt starts with (a prefix reference)."""
+    extends_tokens: StrictInt | None = Field(default=None, ge=0, le=INT32_MAX)
+    """How many leading ids it shares with that call's prompt + response ids; ``prompt_token_ids`` holds the rest."""
 
     _ids = field_validator("prompt_token_ids")(_check_token_ids)
+
+    @model_validator(mode="after")
+    def _reference(self) -> LlmRequest:
+        problem = reference_problem(self.call_id, self.extends_call_id, self.extends_tokens, self.prompt_token_ids)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
+def reference_problem(call_id: str, extends_call_id: str | None, extends_tokens: int | None,
+                      prompt_token_ids: list[int] | object | None) -> str | None:
+    """Why a request's prefix reference is invalid, None when it is fine (both contract paths use this)."""
+    if (extends_call_id is None) != (extends_tokens is None):
+        return "extends_call_id and extends_tokens go together: send both (a prefix reference) or neither"
+    if extends_call_id is None:
+        return None
+    if extends_call_id == call_id:
+        return "extends_call_id names the call itself: a prefix reference must name an earlier call of the rollout"
+    if prompt_token_ids is None:
+        return "a prefix reference needs prompt_token_ids (the ids after the shared prefix; [] when there are none)"
+    return None
 
 
 TokenSource = Literal["engine", "retokenized", "none"]

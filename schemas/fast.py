@@ -32,7 +32,7 @@ import msgspec
 from msgspec import Meta
 
 from schemas import versions
-from schemas.events import _RFC3339, INT32_MAX, INT64_MAX
+from schemas.events import _RFC3339, INT32_MAX, INT64_MAX, reference_problem
 from schemas.versions import MAX_EVENT_BYTES
 
 Id = Annotated[str, Meta(min_length=1, max_length=200)]
@@ -81,6 +81,13 @@ class LlmRequest(_Struct, kw_only=True):
     tokenizer: str | None = None
     chat_template_hash: str | None = None
     idempotency_key: str | None = None
+    extends_call_id: Id | None = None
+    extends_tokens: Int32 | None = None
+
+    def __post_init__(self) -> None:
+        if (self.extends_call_id is not None or self.extends_tokens is not None) and reference_problem(
+                self.call_id, self.extends_call_id, self.extends_tokens, self.prompt_token_ids):
+            raise ValueError("invalid prefix reference")
 
 
 class LlmResponse(_Struct, kw_only=True):

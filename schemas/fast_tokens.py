@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas import fast
-from schemas.events import INT32_MAX
+from schemas.events import INT32_MAX, reference_problem
 from schemas.tables import LOGPROBS, TOKENS
 from schemas.versions import MAX_EVENT_BYTES
 
@@ -43,6 +43,13 @@ _NULL = b"null"
 
 class _RawLlmRequest(fast.LlmRequest, kw_only=True):
     prompt_token_ids: msgspec.Raw = None
+
+    def __post_init__(self) -> None:
+        """The prefix-reference rules of ``fast.LlmRequest``, with null ids read from the raw slice."""
+        if self.extends_call_id is not None or self.extends_tokens is not None:
+            ids = None if self.prompt_token_ids is None or bytes(self.prompt_token_ids) == _NULL else self.prompt_token_ids
+            if reference_problem(self.call_id, self.extends_call_id, self.extends_tokens, ids):
+                raise ValueError("invalid prefix reference")
 
 
 class _RawLlmResponse(fast.LlmResponse, kw_only=True):

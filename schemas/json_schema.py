@@ -7,7 +7,8 @@ Regenerate it with ``python -m schemas.json_schema``.
 
 The schema checks structure and types. A few rules live only in the models
 (token ids within int32, one logprob per response token, a UTC offset on
-``ts``, finite reward values); the ingester still quarantines an event that
+``ts``, finite reward values, a prefix reference's ``extends_call_id`` and
+``extends_tokens`` sent together); the ingester still quarantines an event that
 breaks them, naming the rule.
 """
 

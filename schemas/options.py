@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from schemas.events import DEFAULT_TOPIC
+DEFAULT_TOPIC = "trajlake.events"
+"""Topic of trajectory events; here rather than in ``schemas.events`` (which re-exports it) so that reading the
+options does not build the event models."""
 
 
 class CommonOptions(BaseModel):

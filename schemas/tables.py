@@ -44,6 +44,7 @@ from schemas.table_names import (  # the names alone, light to import; re-export
     FORGET_AUDIT_TABLE,
     LAKE_IDENTITY_TABLE,
     LLM_CALLS_VIEW,
+    LLM_CALL_PROMPTS_VIEW,
     LLM_REQUESTS_TABLE,
     LLM_RESPONSES_TABLE,
     QUARANTINE_TABLE,
@@ -133,8 +134,14 @@ LLM_REQUESTS = pa.schema(
         pa.field("chat_template_hash", pa.string()),
         pa.field("idempotency_key", pa.string()),
         *KAFKA_FIELDS,
+        pa.field("extends_call_id", pa.string()),
+        pa.field("extends_tokens", pa.int32()),
     ]
 )
+"""``prompt_token_ids`` holds the ids as sent: the whole prompt, or with a prefix reference
+(``extends_call_id``, ``extends_tokens``; NULL in files written before they existed) only the ids
+after the shared prefix. ``n_prompt_tokens`` is always the FULL prompt's length (``extends_tokens`` +
+the new ids), so token analytics stay right; the full ids come from the ``llm_call_prompts`` view."""
 
 LLM_RESPONSES = pa.schema(
     [
@@ -221,6 +228,13 @@ TYPED_TABLES: dict[str, tuple[str, pa.Schema]] = {
 }
 """Event type -> (table name, schema) of the typed table it lands in."""
 
+ADDED_COLUMNS: dict[str, tuple[str, ...]] = {
+    LLM_REQUESTS_TABLE: ("extends_call_id", "extends_tokens"),
+}
+"""Nullable columns added to an ingested table after lakes were written without them (tests/fixtures/lake-v1):
+the ingester adds them to such a table when it opens it, and SQL reads them as NULL until then
+(``store.sql.create_table_view``); add a column here when you add one to an ingested table."""
+
 INGESTED_TABLES: dict[str, pa.Schema] = {
     EVENTS_TABLE: EVENTS,
     QUARANTINE_TABLE: QUARANTINE,
@@ -235,6 +249,8 @@ VIEWS: dict[str, str] = {
     LLM_CALLS_VIEW: "one LLM call: its request joined with its response (token-exact); key tenant, rollout_id, call_id",
     TOOL_STEPS_VIEW: "one tool call joined with its result; key tenant, rollout_id, call_id",
     ROLLOUTS_VIEW: "one rollout: start, end, status, rewards and call/token/tool counts; key tenant, rollout_id",
+    LLM_CALL_PROMPTS_VIEW: "one LLM call with its full prompt ids, prefix references resolved; key tenant, "
+                           "rollout_id, call_id",
 }
 """The joined views every SQL connection has, beside one view per table: name -> what a row is."""
 

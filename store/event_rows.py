@@ -151,6 +151,9 @@ def _typed_rows(rows: pa.Table, schema: pa.Schema) -> pa.Table:
             if f.name == "group_id":  # the GRPO group defaults to the task
                 values = pc.coalesce(values, rows.column("task_id").combine_chunks())
             columns.append(values)
+    if "extends_tokens" in schema.names:  # n_prompt_tokens counts the FULL prompt: shared prefix + new ids
+        n, shared = schema.get_field_index("n_prompt_tokens"), columns[schema.get_field_index("extends_tokens")]
+        columns[n] = pc.add(columns[n], pc.coalesce(shared, 0)).cast(pa.int32())
     return pa.Table.from_arrays(columns, schema=schema)
 
 

@@ -152,7 +152,8 @@ def forget(
     tables = [name for name in list_tables(lake) if name != FORGET_AUDIT_TABLE]
     rollouts = _selected_rollouts(lake, request, tables)
     marked = _dataset_versions_with(lake, rollouts, tables)
-    report = ForgetReport(forget_id=uuid.uuid4().hex, request=request, rollouts=tuple(sorted(rollouts)))
+    audited = rollouts | _quarantined_rollouts(lake, request, tables)
+    report = ForgetReport(forget_id=uuid.uuid4().hex, request=request, rollouts=tuple(sorted(audited)))
     for name in tables:
         predicates = _predicates(lake, name, request, rollouts)
         if predicates is None:
@@ -196,6 +197,16 @@ def _tenant_rollouts(lake: Lake, tenant: str, tables: list[str]) -> set[str]:
             data = lake.read(name, columns=["tenant", "rollout_id"])
             found.update(data.filter(pc.equal(data["tenant"], tenant))["rollout_id"].to_pylist())
     return found
+
+
+def _quarantined_rollouts(lake: Lake, request: ForgetRequest, tables: list[str]) -> set[str]:
+    """Rollout ids in the envelopes of the tenant's quarantined messages a whole-tenant forget deletes: the audit
+    names them, so an ingester's log check knows those messages were forgotten (not lost)."""
+    if not request.whole_tenant or QUARANTINE_TABLE not in tables:
+        return set()
+    envelopes = (_json_object(raw) for raw in lake.read(QUARANTINE_TABLE, columns=["raw"]).column("raw").to_pylist())
+    return {e["rollout_id"] for e in envelopes
+            if e.get("tenant") == request.tenant and isinstance(e.get("rollout_id"), str) and e["rollout_id"]}
 
 
 def _user_rollouts(lake: Lake, tenant: str, user: str) -> set[str]:

@@ -29,17 +29,19 @@ import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import TableNotFoundError
 
 from schemas.errors import NotFound
-from schemas.tables import catalogued
+from schemas.tables import CATALOGUE, catalogued
 from store.storage import StoreUnreachable, arrow_filesystem, is_local, storage_options, store_problem
+
+if TYPE_CHECKING:  # deltalake and Arrow's compute and dataset modules load when a table is opened or scanned:
+    import pyarrow.compute as pc  # a DuckDB query over the lake (``store.sql``) needs none of them
+    import pyarrow.dataset as ds
+    from deltalake import DeltaTable
 
 
 @dataclass(frozen=True)
@@ -76,10 +78,15 @@ class Lake:
         return self.uri(table)
 
     def exists(self, table: str) -> bool:
+        from deltalake import DeltaTable
+
         return DeltaTable.is_deltatable(self.uri(table), storage_options=dict(self.storage_options))
 
     def table(self, table: str, *, version: int | None = None) -> DeltaTable:
         """Open a table (at ``version`` for time travel); ``TableMissing`` if absent."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
         try:
             return DeltaTable(self.uri(table), version=version, storage_options=dict(self.storage_options))
         except TableNotFoundError:
@@ -101,8 +108,12 @@ class Lake:
         ``prune_on`` names columns whose per-file min/max from the Delta log
         become each file's guarantee, so ``get_fragments(filter=)`` skips files.
         """
+        import pyarrow.dataset as ds
+
         delta = self.table(table, version=version) if isinstance(table, str) else table
         schema = table_schema(delta)
+        if isinstance(table, str) and table in CATALOGUE:  # columns added since the table was written read NULL
+            schema = pa.schema([*schema, *(f for f in CATALOGUE[table].schema if f.name not in schema.names)])
         filesystem, _ = arrow_filesystem(self.root, self.storage_options)
         parquet = ds.ParquetFileFormat()
         guarantees = _file_guarantees(delta, prune_on)
@@ -121,12 +132,15 @@ class Lake:
         columns: list[str] | None = None,
         filter: pc.Expression | None = None,
         batch_rows: int = 65_536,
+        prune_on: Sequence[str] = (),
     ) -> pa.RecordBatchReader:
         """Stream a table's rows (``columns`` of those matching ``filter``) in the catalogue's types.
 
+        ``prune_on``: columns of ``filter`` whose Delta file statistics skip files (see ``dataset``).
+
         >>> Lake("./lake").scan("events", columns=["event_id"], filter=pc.field("tenant") == "acme")  # doctest: +SKIP
         """
-        dataset = self.dataset(table, version=version)
+        dataset = self.dataset(table, version=version, prune_on=prune_on if filter is not None else ())
         schema = dataset.schema if columns is None else pa.schema([dataset.schema.field(c) for c in columns])
         if filter is None:
             batches = dataset.to_batches(columns=columns, batch_size=batch_rows)
@@ -141,9 +155,10 @@ class Lake:
         version: int | None = None,
         columns: list[str] | None = None,
         filter: pc.Expression | None = None,
+        prune_on: Sequence[str] = (),
     ) -> pa.Table:
         """Read a whole table (or some columns, or the rows matching ``filter``) into Arrow."""
-        return self.scan(table, version=version, columns=columns, filter=filter).read_all()
+        return self.scan(table, version=version, columns=columns, filter=filter, prune_on=prune_on).read_all()
 
     def append(
         self,
@@ -159,6 +174,8 @@ class Lake:
         empty first batch still fixes the column types). Returns the new
         table version. Only catalogued tables are written (``write_uri``).
         """
+        from deltalake import CommitProperties, Transaction, write_deltalake
+
         uri = self.write_uri(table)
         if schema is not None:
             data = data.cast(schema)
@@ -215,6 +232,8 @@ def split_rewritten(dataset: ds.FileSystemDataset) -> tuple[ds.FileSystemDataset
     batches after the cast to plain types and filters them itself). Either
     part is None when it holds no file.
     """
+    import pyarrow.dataset as ds
+
     plain, rewritten = [], []
     for fragment in dataset.get_fragments():
         (plain if _is_plain(fragment) else rewritten).append(fragment)
@@ -243,6 +262,8 @@ def _file_guarantees(delta: DeltaTable, columns: Sequence[str]) -> dict[str, pc.
     """File name -> ``min <= column <= max`` for ``columns`` without nulls in that file (Delta's add stats)."""
     if not columns:
         return {}
+    import pyarrow.compute as pc
+
     actions = pa.table(delta.get_add_actions(flatten=True))
     guarantees: dict[str, pc.Expression] = {}
     for i, path in enumerate(actions.column("path").to_pylist()):
@@ -259,8 +280,9 @@ def _file_guarantees(delta: DeltaTable, columns: Sequence[str]) -> dict[str, pc.
 
 def _filtered_batches(dataset: ds.Dataset, columns: list[str] | None, filter: pc.Expression,
                       batch_rows: int) -> Iterator[pa.RecordBatch]:
-    """Batches matching ``filter``, file by file, so a rewritten file can be filtered after its cast."""
-    for fragment in dataset.get_fragments():
+    """Batches matching ``filter``, file by file (skipping files whose guarantee excludes it), so a
+    rewritten file can be filtered after its cast."""
+    for fragment in dataset.get_fragments(filter=filter):
         try:
             table = fragment.to_table(schema=dataset.schema, columns=columns, filter=filter)
         except pa.ArrowNotImplementedError:  # string_view columns delta-rs wrote: no comparison kernel

@@ -36,11 +36,9 @@ from typing import Literal
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from schemas.errors import NotFound, TrajlakeError
-from schemas.tables import INGESTED_TABLES, VIEWS
+from schemas.tables import ADDED_COLUMNS, INGESTED_TABLES, VIEWS
 from store.lake import Lake, list_tables
 from store.storage import duckdb_secret, store_problem
 
@@ -207,7 +205,25 @@ def attach_table(con: duckdb.DuckDBPyConnection, uri: str, name: str) -> None:
     """
     catalog = f"lake:{name}"
     con.execute(f"ATTACH '{_quote(uri)}' AS \"{catalog}\" (TYPE delta, PIN_SNAPSHOT, READ_ONLY)")
-    con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM "{catalog}"')
+    create_table_view(con, name, f'"{catalog}"')
+
+
+_NULL_TYPES = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float64(): "DOUBLE",
+               pa.bool_(): "BOOLEAN"}
+
+
+def create_table_view(con: duckdb.DuckDBPyConnection, name: str, source: str) -> None:
+    """``CREATE VIEW name AS SELECT * FROM source``; an ingested table written before a nullable column
+    joined the catalogue (e.g. llm_requests.extends_call_id in tests/fixtures/lake-v1) gets it as NULL,
+    so the joined views and readers see one set of columns on old and new lakes."""
+    con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM {source}')
+    if name not in ADDED_COLUMNS:  # DESCRIBE costs ~5 ms a table: only where a column was added since
+        return
+    have = {row[0] for row in con.execute(f'DESCRIBE "{name}"').fetchall()}
+    missing = [f for f in INGESTED_TABLES[name] if f.name not in have and f.type in _NULL_TYPES]
+    if missing:
+        nulls = ", ".join(f'NULL::{_NULL_TYPES[f.type]} AS "{f.name}"' for f in missing)
+        con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT *, {nulls} FROM {source}')
 
 
 def joined_view_statements() -> list[str]:
@@ -347,6 +363,8 @@ def export(table: pa.Table, path: str | Path, *, format: str) -> None:
     if format not in EXPORT_FORMATS:
         raise ValueError(f"unknown format {format!r}: use one of {', '.join(EXPORT_FORMATS)}")
     if format == "parquet":
+        import pyarrow.parquet as pq
+
         pq.write_table(table, str(path))
         return
     options = "FORMAT csv, HEADER true" if format == "csv" else "FORMAT json"
@@ -361,6 +379,8 @@ def export(table: pa.Table, path: str | Path, *, format: str) -> None:
 
 
 def _timestamps_as_text(table: pa.Table) -> pa.Table:
+    import pyarrow.compute as pc  # not at import: a query's start-up does not need the compute kernels
+
     for i, field in enumerate(table.schema):
         if pa.types.is_timestamp(field.type):
             column = table.column(i)

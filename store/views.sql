@@ -41,6 +41,7 @@ SELECT
     q.prompt_token_ids,
     q.n_prompt_tokens,
     q.tokenizer, q.chat_template_hash, q.idempotency_key,
+    q.extends_call_id, q.extends_tokens,
     r.text, r.tool_calls, r.finish_reason,
     r.response_token_ids, r.logprobs,
     r.n_response_tokens,
@@ -171,3 +172,39 @@ LEFT JOIN finished AS f USING (tenant, rollout_id)
 LEFT JOIN calls AS c USING (tenant, rollout_id)
 LEFT JOIN tools AS t USING (tenant, rollout_id)
 LEFT JOIN scored AS r USING (tenant, rollout_id);
+
+-- view
+-- One row per LLM call (as in llm_calls) with its FULL prompt ids: a call sent
+-- with a prefix reference stores only the ids after the shared prefix, and
+-- its prompt is (full prompt of extends_call_id + that call's response ids)
+-- [:extends_tokens] + its own ids, resolved here along the chain inside
+-- (tenant, rollout_id). `resolved` is false (prompt_token_ids NULL) when the
+-- chain cannot be followed: a referenced call missing (not ingested yet, or
+-- forgotten), a reference longer than what it names, or no ids. The chain is
+-- followed over the whole lake: filter llm_calls yourself for one rollout of a
+-- big lake (store.prompts resolves in Python).
+CREATE VIEW llm_call_prompts AS
+WITH RECURSIVE linked AS (
+    SELECT tenant, rollout_id, call_id, extends_call_id, extends_tokens, prompt_token_ids, response_token_ids
+    FROM llm_calls
+), resolved(tenant, rollout_id, call_id, prompt_token_ids, response_token_ids) AS (
+    SELECT tenant, rollout_id, call_id, prompt_token_ids, response_token_ids
+    FROM linked WHERE extends_call_id IS NULL AND prompt_token_ids IS NOT NULL
+    UNION ALL
+    SELECT c.tenant, c.rollout_id, c.call_id,
+        list_concat(
+            list_concat(p.prompt_token_ids, coalesce(p.response_token_ids, []::INTEGER[]))[1:c.extends_tokens],
+            c.prompt_token_ids),
+        c.response_token_ids
+    FROM resolved AS p
+    JOIN linked AS c ON c.tenant = p.tenant AND c.rollout_id = p.rollout_id AND c.extends_call_id = p.call_id
+    WHERE c.extends_tokens <= len(p.prompt_token_ids) + coalesce(len(p.response_token_ids), 0)
+)
+SELECT
+    c.tenant, c.task_id, c.rollout_id, c.attempt, c.seq, c.call_id, c.span_id,
+    c.extends_call_id, c.extends_tokens,
+    r.prompt_token_ids,
+    c.n_prompt_tokens,
+    r.call_id IS NOT NULL AS resolved
+FROM llm_calls AS c
+LEFT JOIN resolved AS r USING (tenant, rollout_id, call_id);

@@ -25,7 +25,9 @@ from devkit.ports import free_port
 class S3Server:
     """A ``moto_server`` process on a free loopback port."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, check_keys: bool = False) -> None:
+        """``check_keys``: moto authenticates every request against its IAM users (none: every key is wrong)."""
+        self.check_keys = check_keys
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._proc: subprocess.Popen | None = None
@@ -46,7 +48,8 @@ class S3Server:
     def start(self) -> "S3Server":
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **self.env},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, **self.env, **({"INITIAL_NO_AUTH_ACTION_COUNT": "0"} if self.check_keys else {})},
         )
         deadline = time.monotonic() + 30
         while True:

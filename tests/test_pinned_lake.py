@@ -20,11 +20,11 @@ from typer.testing import CliRunner
 
 from pipelines.datasets.registry import list_versions, read_dataset
 from pipelines.lineage.trace import lineage
-from schemas.tables import CATALOGUE, INGESTED_TABLES, TYPED_TABLES, catalogued, dataset_table
+from schemas.tables import ADDED_COLUMNS, CATALOGUE, INGESTED_TABLES, TYPED_TABLES, catalogued, dataset_table
 from store.commit import MarkedTable, resume_offsets
 from store.forget import forgotten_dataset_versions
 from store.identity import lake_id
-from store.lake import Lake, list_tables
+from store.lake import Lake, list_tables, table_schema
 from store.rebuild import rebuild_typed_tables
 from store.runs import RunsTable, RunStatus
 from store.sql import run_query
@@ -155,3 +155,11 @@ def test_todays_writers_write_exactly_the_catalogue(tmp_path) -> None:
     written = list_tables(make_pinned_lake(tmp_path / "lake"))
     assert all(catalogued(t) for t in written), written
     assert {catalogue_name(t) for t in written} == set(CATALOGUE)
+
+
+def test_columns_added_since_are_declared(pinned: Lake) -> None:
+    """An ingested table's column that a pinned lake lacks must be listed in ADDED_COLUMNS (SQL reads it as NULL)."""
+    for name, schema in INGESTED_TABLES.items():
+        if pinned.exists(name):
+            old = set(table_schema(pinned.table(name)).names)
+            assert {f.name for f in schema if f.name not in old} <= set(ADDED_COLUMNS.get(name, ())), name

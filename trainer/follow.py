@@ -6,7 +6,9 @@ about this lake arrives) it reads the registry and trains, oldest first,
 every version newer than the newest trained version of its dataset that has
 no checkpoint and did not fail (``train_runs`` failed: refused at validation
 or raised; ``trajlake train --retry NAME@V`` asks for it again, whatever its
-age). Events about other lakes sharing the broker
+age). A version that failed before its run was recorded (the lake or the base
+model briefly unreachable) is no such record: it is tried again at the next
+poll, and a chain waits for it. Events about other lakes sharing the broker
 (another ``lake_id``) are ignored. Several followers share the work: a
 version is trained under a lease (``trainer.leases``), so a version another
 follower holds is skipped this poll, and one whose holder died is taken over
@@ -69,7 +71,6 @@ def follow(
     me = lake_id(lake)
     listener = _listen(bootstrap_servers, control_topic, me)
     publish = _publisher(bootstrap_servers, control_topic, me)
-    unrecorded: set[VersionKey] = set()  # failed before a run id existed: nothing in the lake says so
     warned: set[VersionKey] = set()
     trained: list[CheckpointRecord] = []
     next_poll = 0.0
@@ -79,16 +80,14 @@ def follow(
             if time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + poll_interval_s
                 try:
-                    todo = pending_versions(lake, datasets, chain=chain, max_attempts=max_attempts, warned=warned,
-                                            skip=unrecorded)  # fmt: skip
+                    todo = pending_versions(lake, datasets, chain=chain, max_attempts=max_attempts, warned=warned)
                 except Exception as exc:  # the lake is briefly unreachable: try again at the next poll
                     log.warning("event=follow_poll_failed error=%s: %s", type(exc).__name__, exc)
                     continue
                 for key in todo:
                     if stop_event.is_set():
                         break
-                    record = _train_one(lake, config, key, chain=chain, lease=lease, on_step=on_step,
-                                        unrecorded=unrecorded)  # fmt: skip
+                    record = _train_one(lake, config, key, chain=chain, lease=lease, on_step=on_step)
                     if record is not None:
                         trained.append(record)
                         publish(record)
@@ -109,14 +108,14 @@ def follow(
 
 
 def pending_versions(lake: Lake, datasets: list[str] | None, *, chain: bool = True, max_attempts: int = 5,
-                     warned: set[VersionKey] | None = None, skip: set[VersionKey] | None = None) -> list[VersionKey]:  # fmt: skip
-    """The versions a follower should train now, oldest first (see the module docstring); ``skip``: treat as failed."""
+                     warned: set[VersionKey] | None = None) -> list[VersionKey]:  # fmt: skip
+    """The versions a follower should train now, oldest first (see the module docstring)."""
     done = {(c.dataset, c.dataset_version) for c in list_checkpoints(lake)}
     newest: dict[str, int] = {}
     for name, version in done:
         newest[name] = max(version, newest.get(name, -1))
     states = version_states(lake)
-    refused = {k for k, s in states.items() if s.status == "failed"} | (skip or set())
+    refused = {k for k, s in states.items() if s.status == "failed"}
     retried = {k for k, s in states.items() if s.status == "retry"}  # asked for again: whatever its age
     worn = {(s.dataset, s.dataset_version) for s in run_states(lake).values()
             if s.status == "started" and s.attempt >= max_attempts}  # fmt: skip
@@ -136,9 +135,9 @@ def pending_versions(lake: Lake, datasets: list[str] | None, *, chain: bool = Tr
     return todo
 
 
-def _train_one(lake: Lake, config: TrainConfig, key: VersionKey, *, chain: bool, lease: timedelta, on_step,
-               unrecorded: set[VersionKey]) -> CheckpointRecord | None:  # fmt: skip
-    """Train one version; None when another process holds it or it failed (recorded and logged)."""
+def _train_one(lake: Lake, config: TrainConfig, key: VersionKey, *, chain: bool, lease: timedelta,
+               on_step) -> CheckpointRecord | None:  # fmt: skip
+    """Train one version; None when another process holds it or it failed (logged; recorded once its run began)."""
     name, version = key
     # the newest checkpoint of an older version: every follower derives the same parent, hence the same run id,
     # also when another one finished this very version a moment ago (its run is then found finished, not redone)
@@ -157,10 +156,8 @@ def _train_one(lake: Lake, config: TrainConfig, key: VersionKey, *, chain: bool,
         return record if record.created_at >= began else None  # else another follower just finished it
     except (VersionHeld, LeaseLost) as exc:
         log.info("event=follow_skip_held dataset=%s version=%d reason=%s", name, version, exc)
-    except Exception as exc:  # recorded as failed in train_runs: not retried until `train --retry`
+    except Exception as exc:  # recorded failed in train_runs: left until `train --retry`; unrecorded: the next poll
         log.error("event=follow_failed dataset=%s version=%d error=%s: %s", name, version, type(exc).__name__, exc)
-        if key not in version_states(lake):
-            unrecorded.add(key)
     return None
 
 

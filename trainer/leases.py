@@ -23,9 +23,10 @@ import uuid
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
 
 from schemas.tables import TRAIN_LEASES, TRAIN_LEASES_TABLE
 from store.claims import ClaimLost, Heartbeat, claims_table, commit_claim, commit_fenced
@@ -84,11 +85,11 @@ def history(lake: Lake, dataset: str, version: int) -> list[Lease]:
     """Every row of one version, in claim order."""
     if not lake.exists(TRAIN_LEASES_TABLE):
         return []
-    return _rows(lake.table(TRAIN_LEASES_TABLE), dataset, version)
+    return _rows(lake, lake.table(TRAIN_LEASES_TABLE), dataset, version)
 
 
-def _rows(snapshot: Any, dataset: str, version: int) -> list[Lease]:
-    table = snapshot.to_pyarrow_table(filters=[("dataset", "=", dataset), ("dataset_version", "=", version)])
+def _rows(lake: Lake, snapshot: DeltaTable, dataset: str, version: int) -> list[Lease]:
+    table = lake.read(snapshot, filter=(pc.field("dataset") == dataset) & (pc.field("dataset_version") == version))
     rows = [Lease(**r) for r in table.to_pylist()]
     return sorted(rows, key=lambda r: (r.claim, r.recorded_at, r.lease_until is None))
 
@@ -101,7 +102,7 @@ def take(lake: Lake, dataset: str, version: int, *, run_id: str, out: Path, leas
     current: Lease | None = None
     for _ in range(CLAIM_RACES):
         snapshot = claims_table(lake, TRAIN_LEASES_TABLE, TRAIN_LEASES)
-        rows = _rows(snapshot, dataset, version)
+        rows = _rows(lake, snapshot, dataset, version)
         now = datetime.now(UTC)
         current = rows[-1] if rows else None
         if current is not None and current.held(now):

@@ -24,6 +24,7 @@ from api.visibility import VisibleVersion, visible_versions
 from api.workers import RemoteSandbox
 from schemas.tables import DATASET_LINEAGE_TABLE, LLM_CALLS_VIEW, dataset_table
 from store.lake import Lake
+from store.prompts import full_prompts, stored_calls
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,8 @@ MAX_TOKENS_SHOWN = 60_000
 """Tokens one rollout page draws at most (browsers stay responsive below ~100k spans)."""
 
 _SAMPLE_COLUMNS = ["sample_index", "start_reason", "call_ids", "input_ids", "loss_mask"]
-_CALL_TOKENS = (f"SELECT call_id, prompt_token_ids, response_token_ids FROM {LLM_CALLS_VIEW} "
+_CALL_TOKENS = (f"SELECT call_id, prompt_token_ids, response_token_ids, extends_call_id, extends_tokens "
+                f"FROM {LLM_CALLS_VIEW} "
                 "WHERE rollout_id = ? ORDER BY seq, requested_at, call_id")
 
 
@@ -93,9 +95,13 @@ def token_view(lake: Lake, box: RemoteSandbox, rollout_id: str, decoder: TokenDe
                     "trained tokens (loss mask 1) and context")
             return _view("dataset", blocks, decoder, note, found)
     calls = box.execute(_CALL_TOKENS, [rollout_id]).to_pylist()
-    blocks = [("call", [c["call_id"]], [*(c["prompt_token_ids"] or []), *(c["response_token_ids"] or [])],
-               [0] * len(c["prompt_token_ids"] or []) + [1] * len(c["response_token_ids"] or []))
-              for c in calls if c["prompt_token_ids"] or c["response_token_ids"]]
+    prompts, _ = full_prompts(stored_calls(calls))  # prefix references resolved; an unresolved prompt is not shown
+    blocks = []
+    for c in calls:
+        prompt = prompts[c["call_id"]].tolist() if c["call_id"] in prompts else []
+        response = c["response_token_ids"] or []
+        if prompt or response:
+            blocks.append(("call", [c["call_id"]], [*prompt, *response], [0] * len(prompt) + [1] * len(response)))
     if not blocks:
         return _view("none", [], decoder, "no dataset contains this rollout and its calls carry no token ids", None)
     return _view("calls", blocks, decoder, "no dataset contains this rollout yet: each call's prompt (context) "

@@ -8,16 +8,20 @@ One run, one embedded broker (tansu), two workloads, each on its own
 * ``large``: the generator's ``llm.request`` events only, with a long context
   and a small vocabulary: ~3,000 token ids and ~17 KB each.
 
-Two readers take turns over the same messages of a workload:
+Three readers take turns over the same messages of a workload:
 
-* **baseline**: the same kafka-python consumer settings, no validation, no
-  dedupe; each batch of raw messages (value, key, partition, offset) is written
-  as one plain Parquet file with pyarrow.
+* **baseline**: the ingester's own consumer (confluent-kafka, same settings),
+  no validation, no dedupe; each batch of raw messages (value, key, partition,
+  offset) is written as one plain Parquet file with pyarrow. The ratio's
+  denominator: the same client on both sides.
+* **baseline_kafka_python**: the same with kafka-python's consumer (the
+  ingester's client until 2026-12-01), reported for comparison with earlier
+  figures (``vs_kafka_python``).
 * **ingester**: ``ingest.ingester.run_ingester`` into a fresh lake (validation,
   dedupe, events + typed tables + quarantine, one Delta commit per table per
   batch with transaction markers), timed until its last batch is committed.
 
-Rounds alternate (baseline, ingester, baseline, ...) so drift on a shared
+Rounds alternate (baselines, ingester, baselines, ...) so drift on a shared
 machine hits both; each round gives a ratio (ingester events/s / baseline
 events/s) and the median ratio is the result. Goal (issue): >= 0.70. Also
 printed: the ingester's CPU seconds by stage (``IngestStats.cpu_s``, median
@@ -37,6 +41,7 @@ Writes bench/ingest/results.json (format: ``bench.results``).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import statistics
 import subprocess
@@ -57,7 +62,7 @@ sys.path.insert(0, str(REPO))
 from bench.results import Ratio, Recorder, peak_rss_mb  # noqa: E402
 from devkit.broker import EmbeddedBroker  # noqa: E402
 from devkit.workload import WorkloadConfig, generate_events  # noqa: E402
-from ingest.consumer import AssignmentFlag, open_consumer, seek  # noqa: E402
+from ingest.consumer import FETCH_MAX_WAIT_MS, AssignmentFlag, Record, open_consumer  # noqa: E402
 from ingest.ingester import IngesterConfig, IngestStats, run_ingester  # noqa: E402
 
 PARTITIONS = (0, 1, 2, 3)
@@ -104,10 +109,11 @@ class Run:
 
 class RssSampler:
     """Samples this process's resident set (VmRSS, MB) every ``every_s`` seconds in a thread; also what
-    Arrow's memory pool holds (``arrow``), to tell Arrow buffers from the rest."""
+    Arrow's memory pool holds (``arrow``) and glibc malloc's bytes in use and free in its arenas (``malloc``),
+    to tell Arrow buffers, live objects and memory an allocator keeps from each other."""
 
     def __init__(self, every_s: float) -> None:
-        self.every_s, self.samples, self.arrow = every_s, [], []
+        self.every_s, self.samples, self.arrow, self.malloc, self.python_blocks = every_s, [], [], [], []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._started = time.monotonic()
@@ -116,6 +122,8 @@ class RssSampler:
         while True:
             self.samples.append((time.monotonic() - self._started, rss_mb()))
             self.arrow.append(pa.total_allocated_bytes() / 2**20)
+            self.malloc.append(glibc_malloc_mb())
+            self.python_blocks.append(sys.getallocatedblocks())
             if self._stop.wait(self.every_s):
                 return
 
@@ -137,6 +145,20 @@ def rss_mb() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError("no VmRSS in /proc/self/status (Linux only)")
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def glibc_malloc_mb() -> tuple[float, float]:
+    """(in use, free but kept) in glibc malloc's arenas and mmaps, MB (``mallinfo2``; Linux glibc only)."""
+    info = ctypes.CDLL(None).mallinfo2
+    info.restype = _Mallinfo2
+    m = info()
+    return round((m.uordblks + m.hblkhd) / 2**20, 1), round(m.fordblks / 2**20, 1)
 
 
 def workload_values(workload: Workload, *, tasks: int, seed: int) -> Iterator[tuple[bytes, bytes]]:
@@ -166,15 +188,41 @@ def produce_workload(bootstrap_servers: str, topic: str, workload: Workload, *, 
     return n, size, ids
 
 
-def baseline(bootstrap_servers: str, topic: str, out: Path, *, expected: int, batch_max_events: int) -> Run:
-    """Consume everything and write raw Parquet files, one per batch."""
+class KafkaPythonReader:
+    """kafka-python's consumer with the settings the ingester used before confluent-kafka, from the beginning."""
+
+    def __init__(self, bootstrap_servers: str, topic: str) -> None:
+        from kafka import KafkaConsumer, TopicPartition
+
+        self._consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False, auto_offset_reset="none",
+            max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
+            fetch_max_wait_ms=FETCH_MAX_WAIT_MS)
+        tps = [TopicPartition(topic, p) for p in PARTITIONS]
+        self._consumer.assign(tps)
+        self._consumer.seek_to_beginning(*tps)
+
+    def poll(self, *, timeout_ms: int, max_records: int) -> list[Record]:
+        return [r for rs in self._consumer.poll(timeout_ms=timeout_ms, max_records=max_records).values() for r in rs]
+
+    def close(self) -> None:
+        self._consumer.close(autocommit=False)
+
+
+def baseline(bootstrap_servers: str, topic: str, out: Path, *, expected: int, batch_max_events: int,
+             client: str = "confluent") -> Run:
+    """Consume everything with ``client`` (confluent or kafka-python) and write raw Parquet files, one per batch."""
     start, cpu = time.perf_counter(), time.process_time()
     with RssSampler(0.1) as rss:
-        consumer = open_consumer(bootstrap_servers, topic, group=None, partitions=PARTITIONS, flag=AssignmentFlag())
-        seek(consumer, topic, {p: None for p in PARTITIONS})
+        if client == "kafka-python":
+            consumer = KafkaPythonReader(bootstrap_servers, topic)
+        else:
+            consumer = open_consumer(bootstrap_servers, topic, group=None, partitions=PARTITIONS,
+                                     flag=AssignmentFlag())
+            consumer.seek({p: None for p in PARTITIONS})
         got = size = files = 0
         while got < expected:
-            records = [r for rs in consumer.poll(timeout_ms=200, max_records=batch_max_events).values() for r in rs]
+            records = consumer.poll(timeout_ms=200, max_records=batch_max_events)
             if not records:
                 continue
             table = pa.table({
@@ -186,7 +234,14 @@ def baseline(bootstrap_servers: str, topic: str, out: Path, *, expected: int, ba
             pq.write_table(table, out / f"part-{files:05d}.parquet")
             got, size, files = got + len(records), size + sum(len(r.value) for r in records), files + 1
         consumer.close()
-    return Run("baseline", time.perf_counter() - start, time.process_time() - cpu, got, size, rss.peak)
+    side = "baseline" if client == "confluent" else "baseline_kafka_python"
+    return Run(side, time.perf_counter() - start, time.process_time() - cpu, got, size, rss.peak)
+
+
+def baseline_kafka_python(bootstrap_servers: str, topic: str, out: Path, *, expected: int,
+                          batch_max_events: int) -> Run:
+    return baseline(bootstrap_servers, topic, out, expected=expected, batch_max_events=batch_max_events,
+                    client="kafka-python")
 
 
 def ingester(bootstrap_servers: str, topic: str, lake: Path, *, expected: int, batch_max_events: int) -> Run:
@@ -215,17 +270,20 @@ def bench_workload(broker: EmbeddedBroker, tmp: Path, workload: Workload, args: 
     messages, size, ids = produce_workload(broker.bootstrap_servers, topic, workload, tasks=args.tasks, seed=args.seed)
     print(f"{workload.name}: produced {messages:,} events ({size / 1e6:,.1f} MB, {size / messages / 1e3:.1f} KB "
           f"and <= {ids / messages:,.0f} token ids each) on {len(PARTITIONS)} partitions", flush=True)
-    runs: dict[str, list[Run]] = {"baseline": [], "ingester": []}
+    runs: dict[str, list[Run]] = {"baseline": [], "baseline_kafka_python": [], "ingester": []}
     for i in range(args.rounds):
-        for side, fn in (("baseline", baseline), ("ingester", ingester)):
+        for side, fn in (("baseline", baseline), ("baseline_kafka_python", baseline_kafka_python),
+                         ("ingester", ingester)):
             out = tmp / f"{workload.name}-{side}-{i}"
             out.mkdir()
             run = fn(broker.bootstrap_servers, topic, out, expected=messages, batch_max_events=args.batch_max_events)
             runs[side].append(run)
-            print(f"  round {i + 1} {side:9s} {run.seconds:6.2f} s {run.events_per_s:9,.0f} events/s "
+            print(f"  round {i + 1} {side:21s} {run.seconds:6.2f} s {run.events_per_s:9,.0f} events/s "
                   f"{run.bytes / run.seconds / 1e6:6.1f} MB/s ({run.cpu_seconds:5.2f} CPU s, "
                   f"peak RSS {run.peak_rss_mb:,.0f} MB)", flush=True)
     ratios = [o.events_per_s / b.events_per_s for b, o in zip(runs["baseline"], runs["ingester"])]
+    vs_kafka_python = [o.events_per_s / b.events_per_s
+                       for b, o in zip(runs["baseline_kafka_python"], runs["ingester"])]
     cpu_ratios = [(b.cpu_seconds / b.messages) / (o.cpu_seconds / o.messages)
                   for b, o in zip(runs["baseline"], runs["ingester"])]
     ours = runs["ingester"]
@@ -237,7 +295,7 @@ def bench_workload(broker: EmbeddedBroker, tmp: Path, workload: Workload, args: 
         **{f"{side}_cpu_us_per_event": statistics.median(r.cpu_seconds for r in rs) / messages * 1e6
            for side, rs in runs.items()},
         "ingester_peak_rss_mb": max(r.peak_rss_mb for r in ours),
-        "ratios": ratios, "cpu_ratios": cpu_ratios,
+        "ratios": ratios, "cpu_ratios": cpu_ratios, "ratios_vs_kafka_python_baseline": vs_kafka_python,
         "seconds": {side: [r.seconds for r in rs] for side, rs in runs.items()},
         "cpu_seconds": {side: [r.cpu_seconds for r in rs] for side, rs in runs.items()},
     }
@@ -245,6 +303,8 @@ def bench_workload(broker: EmbeddedBroker, tmp: Path, workload: Workload, args: 
     print(f"  {workload.name}: ratio {statistics.median(ratios):.2f} (rounds: "
           f"{', '.join(f'{r:.2f}' for r in ratios)}; per CPU second {statistics.median(cpu_ratios):.2f}) | ingester "
           f"{figures['ingester_events_per_s']:,.0f} vs baseline {figures['baseline_events_per_s']:,.0f} events/s\n"
+          f"  vs the kafka-python baseline ({figures['baseline_kafka_python_events_per_s']:,.0f} events/s): "
+          f"{statistics.median(vs_kafka_python):.2f}\n"
           f"  ingester CPU us/event by stage: {split}", flush=True)
     return {"workload": workload, "ratios": ratios, "cpu_ratios": cpu_ratios, "stages": stages, "figures": figures}
 
@@ -257,8 +317,11 @@ def main_bench(args: argparse.Namespace) -> int:
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
         for name in args.workloads.split(","):
             done.append(bench_workload(broker, Path(tmp), WORKLOADS[name], args))
-    ratios = [Ratio(d["workload"].name, f"{d['workload'].name}: events/s, ingester / raw-Parquet consumer",
-                    d["ratios"], goal=GOAL) for d in done]
+    ratios = [Ratio(d["workload"].name, f"{d['workload'].name}: events/s, ingester / raw-Parquet consumer "
+                    "(both confluent-kafka)", d["ratios"], goal=GOAL) for d in done]
+    ratios += [Ratio(f"{d['workload'].name}_vs_kafka_python", f"{d['workload'].name}: events/s, ingester / "
+                     "raw-Parquet consumer on kafka-python (the earlier baseline)",
+                     d["figures"]["ratios_vs_kafka_python_baseline"]) for d in done]
     summary = "; ".join(
         f"{d['workload'].name}: {d['figures']['ingester_events_per_s']:,.0f} vs "
         f"{d['figures']['baseline_events_per_s']:,.0f} events/s ({d['figures']['events']:,} events of "
@@ -329,8 +392,10 @@ def main_soak(args: argparse.Namespace) -> int:
     result = {"minutes": args.soak_minutes, "rate": args.soak_rate, "dedupe_max_ids": args.soak_dedupe_ids,
               "events": stats.events, "batches": stats.batches, "slope_mb_per_min_second_half": slope,
               "rss_mb_samples": [[round(t, 1), round(mb, 1)] for t, mb in sampler.samples],
-              "arrow_pool_mb_samples": [round(mb, 1) for mb in sampler.arrow]}
-    (Path(__file__).parent / "soak.json").write_text(json.dumps(result, indent=2) + "\n")
+              "arrow_pool_mb_samples": [round(mb, 1) for mb in sampler.arrow],
+              "glibc_malloc_mb_in_use_free_samples": sampler.malloc,
+              "python_allocated_blocks_samples": sampler.python_blocks}
+    Path(args.soak_out).write_text(json.dumps(result, indent=2) + "\n")
     first, last = sampler.samples[0][1], sampler.samples[-1][1]
     print(f"soak: {args.soak_minutes} min, {stats.events:,} events in {stats.batches:,} batches; RSS {first:,.0f} -> "
           f"{last:,.0f} MB (peak {sampler.peak:,.0f}); slope over the second half {slope:+.2f} MB/min")
@@ -347,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--soak-minutes", type=float, default=0, help="run the RSS soak instead of the ratio bench")
     parser.add_argument("--soak-rate", type=float, default=300, help="events/s sent during the soak")
     parser.add_argument("--soak-dedupe-ids", type=int, default=1_000_000, help="the ingester's dedupe_max_ids")
+    parser.add_argument("--soak-out", default=str(Path(__file__).parent / "soak.json"), help="where the soak's samples go")
     parser.add_argument("--soak-producer", metavar="BOOTSTRAP", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     unknown = set(args.workloads.split(",")) - WORKLOADS.keys()

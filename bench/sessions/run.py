@@ -1,14 +1,21 @@
-"""Token sessions benchmark: samples per rollout with and without sessions, the gateway's added cost, memory.
+"""Token sessions benchmark: samples per rollout with and without sessions, bytes per rollout with prefix
+references vs full prompts, the gateway's added cost, memory.
 
 In one run: the split engine (``devkit.split_engine``: non-canonical token
-splits, Hermes tool calls) behind two in-process gateways, one with token
-sessions and one without; the same 30-turn tool-using rollouts (the official
-``openai`` client, a calculator agent) through each; every recorded call
-merged per rollout (``pipelines.datasets.merging``). Also: latency per call
-(client-observed, sequential) through each gateway; the time the session
-planner takes per call (the hot-path work sessions add); session memory per
-10k live rollouts at the measured prompt sizes (tracemalloc). Prints the
-results and writes ``bench/sessions/results.json``.
+splits, Hermes tool calls) behind three in-process gateways: without token
+sessions, with sessions and prefix references (the default), with sessions
+and full prompts (``prefix_references`` off); the same 30-turn tool-using
+rollouts (the official ``openai`` client, a calculator agent) through each;
+every recorded call merged per rollout (``pipelines.datasets.merging``, full
+prompts resolved from references by ``store.prompts``). Bytes per rollout:
+Kafka = the events' key + value bytes as the gateway produced them; lake =
+the Parquet data (column chunks) of every ingested table, written from those events with
+the ingester's rows and Parquet settings (``store.event_rows``,
+``store.commit.WRITER_PROPERTIES``), one commit per turn (``lake_bytes``). Also: latency
+per call (client-observed, sequential) through each gateway; the time the
+session planner takes per call (the hot-path work sessions add); session
+memory per 10k live rollouts at the measured prompt sizes (tracemalloc).
+Writes ``bench/sessions/results.json`` (``bench.results`` format).
 
     .venv/bin/python bench/sessions/run.py [--rollouts 8] [--turns 30]
 """
@@ -26,11 +33,15 @@ from array import array
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT)]
 
+from deltalake import write_deltalake  # noqa: E402
 from openai import OpenAI  # noqa: E402
+
+from bench.results import Ratio, Recorder  # noqa: E402
 
 from devkit.split_engine import create_split_engine  # noqa: E402
 from devkit.tiny_model import build_tiny_model, default_model_dir  # noqa: E402
@@ -40,6 +51,11 @@ from ingest.gateway.sessions.state import Session, SessionStore  # noqa: E402
 from ingest.gateway.sessions.stitch import Stitcher  # noqa: E402
 from ingest.spool import Spool  # noqa: E402
 from pipelines.datasets.merging import Call, merge_calls  # noqa: E402
+from schemas.events import EVENT_ADAPTER  # noqa: E402
+from schemas.tables import INGESTED_TABLES  # noqa: E402
+from store.commit import WRITER_PROPERTIES  # noqa: E402
+from store.event_rows import KafkaCoordinates, events_table, typed_tables  # noqa: E402
+from store.prompts import StoredCall, full_prompts  # noqa: E402
 from trajlake.background import serve_in_thread  # noqa: E402
 from trajlake.commands.gateway import GatewaySettings  # noqa: E402
 
@@ -60,9 +76,10 @@ class ListSink:
         pass
 
 
-def rollout(llm: OpenAI, turns: int, latencies: list[float]) -> None:
+def rollout(llm: OpenAI, turns: int, latencies: list[float], *, task: int) -> None:
+    """One calculator rollout; ``task`` varies the question and the tool results, as different tasks would."""
     messages = [{"role": "system", "content": "You are a careful calculator agent."},
-                {"role": "user", "content": "Work out the running total, one tool call per step."}]
+                {"role": "user", "content": f"Work out the running total from {task * 7919}, one tool call per step."}]
     for turn in range(turns):
         started = time.perf_counter()
         message = llm.chat.completions.create(model="split", messages=messages, tools=TOOLS).choices[0].message
@@ -72,25 +89,76 @@ def rollout(llm: OpenAI, turns: int, latencies: list[float]) -> None:
             return
         messages.append(answer)
         last = " final" if turn == turns - 2 else ""
-        messages += [{"role": "tool", "tool_call_id": c["id"], "content": f"{turn * 7}{last}"}
+        messages += [{"role": "tool", "tool_call_id": c["id"], "content": f"{(task + 1) * turn * 104729 % 99991}{last}"}
                      for c in answer["tool_calls"]]
 
 
 def samples(sink: ListSink) -> dict[str, int]:
     events = [json.loads(v) for _, v in sink.records]
     responses = {e["payload"]["call_id"]: e["payload"] for e in events if e["type"] == "llm.response"}
-    calls: dict[str, list[Call]] = {}
+    requests: dict[str, list[dict]] = {}
     for e in sorted((e for e in events if e["type"] == "llm.request"), key=lambda e: e["seq"]):
-        p, r = e["payload"], responses[e["payload"]["call_id"]]
-        calls.setdefault(e["rollout_id"], []).append(Call(
-            call_id=p["call_id"], span_id=None, tokenizer=None, chat_template_hash=None,
-            prompt=np.array(p["prompt_token_ids"]), response=np.array(r["response_token_ids"]), logprobs=None))
-    return {rollout_id: len(merge_calls(c)) for rollout_id, c in calls.items()}
+        requests.setdefault(e["rollout_id"], []).append(e["payload"])
+    out = {}
+    for rollout_id, payloads in requests.items():
+        prompts, problems = full_prompts(StoredCall(
+            p["call_id"], p["prompt_token_ids"], responses[p["call_id"]]["response_token_ids"],
+            p.get("extends_call_id"), p.get("extends_tokens")) for p in payloads)
+        assert not problems, problems
+        out[rollout_id] = len(merge_calls([Call(
+            call_id=p["call_id"], span_id=None, tokenizer=None, chat_template_hash=None, prompt=prompts[p["call_id"]],
+            response=np.array(responses[p["call_id"]]["response_token_ids"]), logprobs=None) for p in payloads]))
+    return out
 
 
-def run_arm(engine_url: str, model_dir: Path, workdir: Path, *, sessions: bool, rollouts: int, turns: int) -> dict:
+def kafka_bytes(sink: ListSink) -> dict[str, int]:
+    """Bytes the gateway produced (keys + values), and the JSON bytes of their token id arrays."""
+    ids = 0
+    for _, value in sink.records:
+        payload = json.loads(value)["payload"]
+        for name in ("prompt_token_ids", "response_token_ids"):
+            if payload.get(name) is not None:
+                ids += len(json.dumps(payload[name], separators=(",", ":")))
+    return {"total": sum(len(k) + len(v) for k, v in sink.records), "token_ids": ids}
+
+
+def lake_bytes(sink: ListSink, root: Path) -> dict[str, int]:
+    """Parquet data bytes (column chunks, compressed; file footers left out: they depend on how many
+    rollouts share a commit, not on prompts) of the ingested tables, written from the sink's events as the
+    ingester writes them.
+
+    One commit per turn, holding that turn's calls of every rollout: the ingester commits what arrived
+    in the last moments, and a rollout's turns arrive seconds apart, so its calls land in different
+    files. (One commit of everything would let zstd find each prompt's history in the row before it:
+    a best case no deployment sees.)
+    """
+    events = [EVENT_ADAPTER.validate_json(v) for _, v in sink.records]
+    turns: dict[int, list] = {}
+    seen: dict[str, set[str]] = {}
+    for event in sorted(events, key=lambda e: e.seq):
+        calls = seen.setdefault(event.rollout_id, set())
+        calls.add(event.payload.call_id)
+        turns.setdefault(len(calls), []).append(event)
+    for batch in turns.values():
+        rows = events_table(batch, [KafkaCoordinates("bench", 0, i) for i in range(len(batch))])
+        for name, table in {"events": rows, **typed_tables(rows)}.items():
+            write_deltalake(str(root / name), table.cast(INGESTED_TABLES[name]), mode="append",
+                            writer_properties=WRITER_PROPERTIES)
+    total = prompt_ids = 0
+    for f in root.rglob("*.parquet"):
+        meta = pq.ParquetFile(f).metadata
+        for chunk in (meta.row_group(g).column(c) for g in range(meta.num_row_groups) for c in range(meta.num_columns)):
+            total += chunk.total_compressed_size
+            if f.parent.name == "llm_requests" and chunk.path_in_schema.startswith("prompt_token_ids"):
+                prompt_ids += chunk.total_compressed_size
+    return {"total": total, "llm_requests_prompt_ids": prompt_ids}
+
+
+def run_arm(engine_url: str, model_dir: Path, workdir: Path, *, sessions: bool, references: bool, rollouts: int,
+            turns: int) -> dict:
     settings = GatewaySettings(upstream_url=engine_url, gateway_keys=f"{KEY}=bench", spool_dir=workdir / "spool",
-                               bootstrap_servers="127.0.0.1:1", tokenizer=str(model_dir), token_sessions=sessions)
+                               bootstrap_servers="127.0.0.1:1", tokenizer=str(model_dir), token_sessions=sessions,
+                               prefix_references=references)
     sink = ListSink()
     emitter = Emitter(sink, Spool(workdir / "spool", max_bytes=1 << 30))
     app = create_gateway_app(settings, emitter=emitter)
@@ -99,7 +167,7 @@ def run_arm(engine_url: str, model_dir: Path, workdir: Path, *, sessions: bool, 
         for k in range(rollouts):
             llm = OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0,
                          default_headers={"x-trajlake-task-id": "t", "x-trajlake-rollout-id": f"r-{k}"})
-            rollout(llm, turns, latencies)
+            rollout(llm, turns, latencies, task=k)
     emitter.close()
     per_rollout = samples(sink)
     counts = list(per_rollout.values())
@@ -107,6 +175,11 @@ def run_arm(engine_url: str, model_dir: Path, workdir: Path, *, sessions: bool, 
            "samples_per_rollout": round(sum(counts) / len(counts), 3),
            "single_sample_share": round(sum(c == 1 for c in counts) / len(counts), 3),
            "latency_p50_ms": round(statistics.median(latencies) * 1e3, 2)}
+    kafka, lake = kafka_bytes(sink), lake_bytes(sink, workdir / "lake")
+    out["kafka_bytes_per_rollout"] = round(kafka["total"] / len(counts))
+    out["kafka_token_id_bytes_per_rollout"] = round(kafka["token_ids"] / len(counts))
+    out["lake_bytes_per_rollout"] = round(lake["total"] / len(counts))
+    out["lake_prompt_id_bytes_per_rollout"] = round(lake["llm_requests_prompt_ids"] / len(counts))
     return out
 
 
@@ -157,16 +230,54 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=8)
     parser.add_argument("--turns", type=int, default=30)
     args = parser.parse_args()
+    recorder = Recorder("sessions", f"{args.rollouts} rollouts of {args.turns} tool-using turns through the gateway "
+                                    "to an engine that samples non-canonical splits")
     model_dir = build_tiny_model(default_model_dir())
     results: dict = {"turns": args.turns}
+    arms = (("without_sessions", False, False), ("with_sessions", True, True), ("with_sessions_full_prompts", True, False))
     with tempfile.TemporaryDirectory() as tmp, serve_in_thread(create_split_engine(model_dir), name="engine") as engine:
-        for name, on in (("without_sessions", False), ("with_sessions", True)):
-            results[name] = run_arm(f"{engine}/v1", model_dir, Path(tmp) / name, sessions=on,
-                                             rollouts=args.rollouts, turns=args.turns)
+        for name, sessions, references in arms:
+            results[name] = run_arm(f"{engine}/v1", model_dir, Path(tmp) / name, sessions=sessions,
+                                    references=references, rollouts=args.rollouts, turns=args.turns)
     results["planner"] = plan_cost(model_dir, args.turns)
     results["memory"] = session_memory(results["planner"]["prompt_tokens_at_last_turn"], 2 * args.turns + 3)
     print(json.dumps(results, indent=2))
-    (Path(__file__).parent / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    write(recorder, results)
+
+
+def write(recorder: Recorder, results: dict) -> None:
+    off, on, full = results["without_sessions"], results["with_sessions"], results["with_sessions_full_prompts"]
+    planner, memory = results["planner"], results["memory"]
+
+    def kb(a: dict, b: dict, key: str) -> str:
+        return f"{a[key] / 1e3:,.1f} vs {b[key] / 1e3:,.1f} KB"
+
+    def fewer(key: str) -> float:
+        return round(full[key] / on[key], 2)
+
+    ratios = [
+        Ratio("samples_per_rollout", "samples per rollout, without token sessions / with",
+              [round(off["samples_per_rollout"] / on["samples_per_rollout"], 2)]),
+        Ratio("kafka_bytes", "Kafka bytes per rollout, full prompts / prefix references", [fewer("kafka_bytes_per_rollout")],
+              goal=10.0),
+        Ratio("lake_bytes", "lake bytes per rollout, full prompts / prefix references", [fewer("lake_bytes_per_rollout")],
+              goal=10.0),
+        Ratio("kafka_token_id_bytes", "Kafka token-id bytes per rollout, full prompts / prefix references",
+              [fewer("kafka_token_id_bytes_per_rollout")], goal=10.0),
+        Ratio("lake_prompt_id_bytes", "lake prompt-id bytes (llm_requests) per rollout, full prompts / references",
+              [fewer("lake_prompt_id_bytes_per_rollout")], goal=10.0),
+    ]
+    summary = (f"with sessions {on['samples_per_rollout']:.2f} samples per rollout "
+               f"({on['single_sample_share']:.0%} single-sample; without {off['samples_per_rollout']:.2f}); "
+               f"per rollout with references vs full prompts: Kafka {kb(on, full, 'kafka_bytes_per_rollout')} "
+               f"(token ids {kb(on, full, 'kafka_token_id_bytes_per_rollout')}), lake {kb(on, full, 'lake_bytes_per_rollout')} "
+               f"(prompt ids {kb(on, full, 'lake_prompt_id_bytes_per_rollout')}); the rest is each call's messages JSON, "
+               f"still sent whole; planning p50 {planner['plan_p50_ms']:.1f} ms, "
+               f"{planner['plan_at_last_turn_ms']:.1f} ms at turn {results['turns']} "
+               f"({planner['prompt_tokens_at_last_turn']:,}-token prompt); client p50 per call {on['latency_p50_ms']:.0f} ms "
+               f"with sessions vs {off['latency_p50_ms']:.0f} ms without; session memory {memory['measured_mib']:.0f} MiB "
+               f"per {memory['live_rollouts']:,} live rollouts")
+    recorder.write(ratios=ratios, summary=summary, detail=results)
 
 
 if __name__ == "__main__":

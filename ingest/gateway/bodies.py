@@ -72,11 +72,12 @@ def _deeper_than(value: Any, limit: int) -> bool:
 
 
 def _expect(body: dict[str, Any], name: str, types: tuple[type, ...], what: str, *, required: bool = False) -> None:
-    if name not in body:
+    """``null`` is "not given", as vLLM and SGLang read it (clients and frameworks send ``"tools": null``)."""
+    value = body.get(name)
+    if value is None:
         if required:
             raise BadRequest(f"'{name}' is required", param=name)
         return
-    value = body[name]
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
         raise BadRequest(f"'{name}' must be {what}, got {type(value).__name__}", param=name)
 
@@ -101,5 +102,5 @@ def completion_request(raw: bytes, kind: Kind) -> dict[str, Any]:
                 raise BadRequest(f"messages[{i}] must be an object with a string 'role'", param="messages")
     else:
         _expect(body, "prompt", (str, list), "a string or a list", required=True)
-        _expect(body, "logprobs", (int, type(None)), "an integer")
+        _expect(body, "logprobs", (int,), "an integer")
     return body

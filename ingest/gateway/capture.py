@@ -25,6 +25,7 @@ from ingest.gateway.identity import CallIdentity, RolloutIdentity, stable_id
 from ingest.gateway.retokenize import Retokenizer
 from ingest.gateway.tokens import Completion, Kind, read_completion
 from ingest.ids import uuid7
+from ingest.prefix_refs import PreviousCall, Reference, shared_prefix
 from schemas.events import Event, LlmRequest, LlmRequestEvent, LlmResponse, LlmResponseEvent
 from schemas.versions import SCHEMA_VERSION
 
@@ -56,6 +57,8 @@ class CapturedCall:
     """Response headers of the engine; ``x-policy-version``, ``x-tokenizer``, ``x-chat-template-hash`` are recorded."""
     prompt_made: dict[str, str] | None = None
     """Under token sessions: how the prompt was made (``PROMPT_MADE_PARAM`` in the request's params)."""
+    previous: PreviousCall | None = None
+    """Under token sessions: the rollout's last call, which this call's prompt may extend (a prefix reference)."""
 
 
 def _parse_answer(captured: CapturedCall) -> Completion | None:
@@ -72,16 +75,22 @@ def _parse_answer(captured: CapturedCall) -> Completion | None:
 class Recorder:
     """Builds the two events of a call; retokenizes when the engine sent no ids."""
 
-    def __init__(self, *, policy_version: str | None, retokenizer: Retokenizer | None) -> None:
+    def __init__(self, *, policy_version: str | None, retokenizer: Retokenizer | None,
+                 prefix_references: bool = True) -> None:
         self.policy_version = policy_version
         self.retokenizer = retokenizer
+        self.prefix_references = prefix_references
+        """Record a prompt that extends the rollout's last call as a reference to it plus the new ids."""
 
     def events(self, captured: CapturedCall) -> list[Event]:
         done = captured.completion
         if done is None and captured.raw_response is not None:
             done = _parse_answer(captured)
         prompt_ids, response_ids, source = self._tokens(captured, done)
-        return [self._request(captured, prompt_ids), self._response(captured, done, response_ids, source)]
+        reference = None
+        if self.prefix_references and captured.previous is not None and source == "engine" and prompt_ids:
+            reference = shared_prefix(prompt_ids, captured.previous)  # measured id by id, never assumed
+        return [self._request(captured, prompt_ids, reference), self._response(captured, done, response_ids, source)]
 
     def _tokens(self, captured: CapturedCall, done: Completion | None) -> tuple[list | None, list | None, str]:
         if done is None:
@@ -122,9 +131,13 @@ class Recorder:
             params[PROMPT_MADE_PARAM] = captured.prompt_made
         return params
 
-    def _request(self, captured: CapturedCall, prompt_ids: list | None) -> LlmRequestEvent:
+    def _request(self, captured: CapturedCall, prompt_ids: list | None, reference: Reference | None) -> LlmRequestEvent:
         body = captured.request
         retok = self.retokenizer
+        extends = {}
+        if reference is not None:
+            prompt_ids = reference.new_ids
+            extends = dict(extends_call_id=reference.extends_call_id, extends_tokens=reference.extends_tokens)
         payload = LlmRequest(
             call_id=captured.call.call_id,
             model=body.get("model") if isinstance(body.get("model"), str) else None,
@@ -136,6 +149,7 @@ class Recorder:
             tokenizer=retok.identity if retok else captured.engine_headers.get("x-tokenizer"),
             chat_template_hash=retok.template_hash if retok else captured.engine_headers.get("x-chat-template-hash"),
             idempotency_key=captured.call.idempotency_key,
+            **extends,
         )
         seq = captured.received_ns // 1000
         envelope = self._envelope(captured, kind="llm.request", seq=seq, ts_ns=captured.received_ns, stable=True)

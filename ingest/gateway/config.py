@@ -55,5 +55,9 @@ class GatewayConfig(CommonOptions):
     """Memory for token sessions (256 MiB); least recently used rollouts are dropped beyond it."""
     session_ttl_s: float = 1800.0
     """A rollout idle this long loses its token session."""
+    prefix_references: bool = True
+    """With token sessions: a call whose prompt ids start with the rollout's last call's prompt + sampled ids
+    (compared id by id) is recorded as a reference to that call plus only the new ids (schemas/EVENTS.md);
+    off: every llm.request carries its full prompt (for readers older than prefix references)."""
     session_parser: str = "auto"
     """Tool-call format of the served model family: hermes (= qwen), or auto from the chat template."""

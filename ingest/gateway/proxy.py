@@ -23,6 +23,7 @@ from ingest.gateway.sessions.stitch import Plan, Stitcher
 from ingest.gateway.tokens import Asked, Completion, Kind, StreamAccumulator, asked_by, read_completion, strip, \
     upstream_body
 from ingest.gateway.upstream import Upstream, UpstreamReply
+from ingest.prefix_refs import PreviousCall
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +70,20 @@ class _Call:
         return CapturedCall(
             kind=self.kind, tenant=self.tenant, rollout=self.rollout, call=self.call, request=self.body,
             received_ns=self.received_ns, finished_ns=time.time_ns(), upstream_retries=self.retries,
-            prompt_made=self.plan.record() if self.plan else None, **outcome,
+            prompt_made=self.plan.record() if self.plan else None, previous=_previous_call(self.plan), **outcome,
         )
 
     @property
     def upstream_kind(self) -> Kind:
         return "completions" if self.answer is not None else self.kind
+
+
+def _previous_call(plan: Plan | None) -> PreviousCall | None:
+    """The rollout's last call as this call found it (token sessions): what its prompt may reference."""
+    session = plan.previous if plan is not None else None
+    if session is None or not session.call_id:
+        return None
+    return PreviousCall(session.call_id, session.prompt_ids, session.sampled_ids)
 
 
 class ProxyService:
@@ -146,7 +155,7 @@ class ProxyService:
     def _remember_session(self, current: _Call, done: Completion) -> None:
         if current.plan is not None and self.sessions is not None:
             self.sessions.remember(current.plan, prompt_ids=done.prompt_token_ids, sampled_ids=done.response_token_ids,
-                                   content=done.text, tool_calls=done.tool_calls)
+                                   content=done.text, tool_calls=done.tool_calls, call_id=current.call.call_id)
 
     async def models(self) -> Answer:
         """``GET /v1/models`` of the engine, passed through."""

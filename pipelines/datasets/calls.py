@@ -14,6 +14,11 @@ call_id). Each call gets one status, decided here and nowhere else:
   are then 0).
 - ``malformed``: engine tokens whose logprobs are missing or not one per
   response token (old logprobs would be wrong): never trained.
+- ``unresolved_prefix``: the request carries a prefix reference
+  (``extends_call_id``) whose chain cannot be followed in the pinned tables:
+  a referenced call is missing (not ingested yet, or forgotten), has no
+  prompt ids, or is shorter than ``extends_tokens``. Skipped and counted, never
+  guessed; a later build that sees the missing call trains it.
 - ``ok``: trained.
 """
 
@@ -33,13 +38,17 @@ from schemas.tables import LLM_REQUESTS_TABLE, LLM_RESPONSES_TABLE
 from store.lake import Lake
 
 # Token counts come from the scalar columns the ingester fills beside the
-# token lists (n_prompt_tokens = len(prompt_token_ids), NULL when there are
-# none), so this pass never decodes a prompt; the merger checks them.
+# token lists (n_prompt_tokens = the full prompt's length, prefix references
+# included; NULL when there are no ids), so this pass never decodes a prompt;
+# the merger checks them. A prefix reference resolves when its chain reaches a
+# call without one, each link naming a call of the rollout (its call_id row)
+# long enough for extends_tokens: decided here on counts alone.
 CALL_INDEX = f"""
 CREATE OR REPLACE TEMP TABLE call_index AS
-WITH req AS (
+WITH RECURSIVE req AS (
     SELECT rollout_id, call_id, seq, event_id AS req_event_id, idempotency_key,
-           n_prompt_tokens IS NOT NULL AS has_prompt, coalesce(n_prompt_tokens, 0) AS n_prompt
+           n_prompt_tokens IS NOT NULL AS has_prompt, coalesce(n_prompt_tokens, 0) AS n_prompt,
+           extends_call_id, extends_tokens
     FROM {LLM_REQUESTS_TABLE} SEMI JOIN usable USING (tenant, rollout_id)),
 resp AS (
     SELECT * FROM (
@@ -65,13 +74,24 @@ ranked AS (
                               ORDER BY base_status = 'ok' DESC, seq, req_event_id) AS key_rank,
            row_number() OVER (PARTITION BY rollout_id, call_id
                               ORDER BY base_status = 'ok' DESC, seq, req_event_id) AS id_rank
-    FROM calls)
-SELECT rollout_id, call_id, seq, req_event_id, resp_event_id, n_prompt, n_response,
-       CASE WHEN key_rank > 1 OR id_rank > 1 THEN 'duplicate' ELSE base_status END AS status
-FROM ranked
+    FROM calls),
+resolved(rollout_id, call_id) AS (
+    SELECT rollout_id, call_id FROM ranked WHERE id_rank = 1 AND extends_call_id IS NULL AND has_prompt
+    UNION
+    SELECT c.rollout_id, c.call_id
+    FROM resolved AS r
+    JOIN ranked AS p ON p.rollout_id = r.rollout_id AND p.call_id = r.call_id AND p.id_rank = 1
+    JOIN ranked AS c ON c.rollout_id = r.rollout_id AND c.extends_call_id = r.call_id AND c.id_rank = 1
+    WHERE c.has_prompt AND c.extends_tokens <= p.n_prompt + coalesce(p.n_response, 0))
+SELECT rollout_id, call_id, seq, req_event_id, resp_event_id, n_prompt, n_response, extends_call_id, extends_tokens,
+       id_rank = 1 AS call_row,
+       CASE WHEN key_rank > 1 OR id_rank > 1 THEN 'duplicate'
+            WHEN base_status = 'ok' AND extends_call_id IS NOT NULL AND chain.call_id IS NULL THEN 'unresolved_prefix'
+            ELSE base_status END AS status
+FROM ranked LEFT JOIN resolved AS chain USING (rollout_id, call_id)
 """
 
-CALL_STATUSES = ("ok", "duplicate", "no_response", "error", "non_engine", "malformed")
+CALL_STATUSES = ("ok", "duplicate", "no_response", "error", "non_engine", "malformed", "unresolved_prefix")
 
 
 def index_calls(con: duckdb.DuckDBPyConnection, *, allow_non_engine: bool) -> dict[str, int]:
@@ -100,6 +120,9 @@ class BatchTokens:
     """event_id, span_id, tokenizer, chat_template_hash, prompt_token_ids (files that hold the id range)."""
     responses: pa.Table
     """event_id, response_token_ids, logprobs, policy_version (files that hold the id range)."""
+    links: pa.Table
+    """rollout_id, call_id, req_event_id, resp_event_id, extends_call_id, extends_tokens: every call of the
+    batch's rollouts whose ok calls carry prefix references (what resolving their full prompts reads)."""
 
 
 class TokenTables:
@@ -171,10 +194,16 @@ def read_batch(con: duckdb.DuckDBPyConnection, tables: TokenTables, rollout_ids:
                WHERE status = 'ok' AND rollout_id IN (SELECT rollout_id FROM batch_ids)
                ORDER BY rollout_id, seq, req_event_id"""
         ).to_arrow_table()
+        links = con.execute(
+            """SELECT rollout_id, call_id, req_event_id, resp_event_id, extends_call_id, extends_tokens
+               FROM call_index WHERE call_row AND rollout_id IN (
+                   SELECT rollout_id FROM call_index WHERE status = 'ok' AND extends_call_id IS NOT NULL
+                   AND rollout_id IN (SELECT rollout_id FROM batch_ids))"""
+        ).to_arrow_table()
     finally:
         con.unregister("batch_ids")
     first, last = rollout_ids[0], rollout_ids[-1]
-    return BatchTokens(calls, tables.requests.read(first, last), tables.responses.read(first, last))
+    return BatchTokens(calls, tables.requests.read(first, last), tables.responses.read(first, last), links)
 
 
 def read_ahead(

@@ -16,6 +16,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -26,6 +27,7 @@ from pipelines.datasets.config import BuildConfig
 from pipelines.datasets.merging import MISMATCH_CLASSES, Call, Sample, merge_calls, tokenizer_decoders
 from schemas.tables import SAMPLES
 from schemas.errors import DataError
+from store.prompts import StoredCall, full_prompts
 
 
 @dataclass(frozen=True)
@@ -198,18 +200,43 @@ def calls_by_rollout(batch: BatchTokens) -> Iterator[tuple[str, list[Call]]]:
     responses = _RowsById(batch.responses, scalars=("policy_version",), lists=("response_token_ids", "logprobs"))
     rollout_ids, call_ids = calls["rollout_id"].to_pylist(), calls["call_id"].to_pylist()
     req_ids, resp_ids = calls["req_event_id"].to_pylist(), calls["resp_event_id"].to_pylist()
+    linked = _links_by_rollout(batch.links)
     start = 0
     for end in range(1, len(rollout_ids) + 1):
         if end == len(rollout_ids) or rollout_ids[end] != rollout_ids[start]:
+            links = linked.get(rollout_ids[start])
+            prompts = _full_prompts(links, requests, responses) if links else {}
             group = []
             for i in range(start, end):
                 q, r = requests.row(req_ids[i]), responses.row(resp_ids[i])
                 group.append(Call(call_id=call_ids[i], span_id=q["span_id"], tokenizer=q["tokenizer"],
-                                  chat_template_hash=q["chat_template_hash"], prompt=q["prompt_token_ids"],
+                                  chat_template_hash=q["chat_template_hash"],
+                                  prompt=prompts.get(call_ids[i], q["prompt_token_ids"]),
                                   response=r["response_token_ids"], logprobs=r["logprobs"],
                                   policy_version=r["policy_version"]))
             yield rollout_ids[start], group
             start = end
+
+
+def _links_by_rollout(links: pa.Table) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for row in links.to_pylist():
+        out.setdefault(row["rollout_id"], []).append(row)
+    return out
+
+
+def _full_prompts(links: list[dict[str, Any]], requests: _RowsById, responses: _RowsById) -> dict[str, np.ndarray]:
+    """Full prompt ids of a rollout's calls, prefix references resolved (``call_index`` checked that the ok
+    calls' chains resolve, on the token counts; a list that disagrees is a corrupt table)."""
+    stored = [StoredCall(link["call_id"], requests.row(link["req_event_id"])["prompt_token_ids"],
+                         responses.row(link["resp_event_id"])["response_token_ids"] if link["resp_event_id"] else None,
+                         link["extends_call_id"], link["extends_tokens"]) for link in links]
+    prompts, problems = full_prompts(stored)
+    if problems:
+        raise CorruptTable(
+            f"prefix references of calls {sorted(problems)} do not resolve on their token lists although the "
+            "token counts say they do: rebuild the typed tables from events (trajlake rebuild)")
+    return prompts
 
 
 class _RowsById:

@@ -19,7 +19,7 @@ from schemas.tables import (
     ROLLOUT_STARTS_TABLE,
 )
 from store.lake import Lake
-from store.sql import lock_down, open_duckdb
+from store.sql import create_table_view, lock_down, open_duckdb
 from schemas.errors import NotFound
 
 SOURCE_TABLES = (ROLLOUT_STARTS_TABLE, ROLLOUT_ENDS_TABLE, LLM_REQUESTS_TABLE, LLM_RESPONSES_TABLE, REWARDS_TABLE)
@@ -59,6 +59,6 @@ def pinned_connection(lake: Lake, snapshot: Snapshot, *, memory_limit: str = "1G
     con.execute("SET enable_external_file_cache = false")  # cached Parquet blocks grew RSS with the lake
     for name, version in snapshot.versions.items():
         uri = lake.uri(name).replace("'", "''")
-        con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM delta_scan(\'{uri}\', version={int(version)})')
+        create_table_view(con, name, f"delta_scan('{uri}', version={int(version)})")
     lock_down(con, lake)  # a --where predicate may read nothing outside the lake and change no setting
     return con

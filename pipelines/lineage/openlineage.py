@@ -7,7 +7,8 @@ the dataset version; output: the checkpoint) and scheduled jobs
 (``scheduler.<job>``, the parent of the builds and trainings it starts). Each
 run sends START, then COMPLETE or FAIL (with the error), through the
 ``openlineage-python`` client's transports: ``http`` (a Marquez-compatible
-``/api/v1/lineage``), ``file`` (one JSON event per line) or ``console``;
+``/api/v1/lineage``), ``file`` (one JSON event per line) or ``console`` (a
+log line at INFO per event, shown at any log level);
 ``none`` sends nothing. The client is imported only when lineage is on
 (``pipelines.lineage.client_events``).
 
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 
 PRODUCER = "https://github.com/trajlake/trajlake"
 TRANSPORTS = ("none", "http", "file", "console")
+CONSOLE_LOGGER = "openlineage.client.transport.console"
+"""Where the client's ``console`` transport writes each event (one JSON line at INFO)."""
 
 
 class LineageConfig(Protocol):
@@ -245,6 +248,8 @@ def open_lineage(config: LineageConfig) -> Lineage:
         if not config.openlineage_file:
             raise LineageConfigError("the file transport needs TRAJLAKE_OPENLINEAGE_FILE (a path)")
         spec |= {"log_file_path": config.openlineage_file, "append": True}
+    else:  # console: the client logs each event at INFO, and library loggers sit at WARNING unless --debug
+        logging.getLogger(CONSOLE_LOGGER).setLevel(logging.INFO)
     from pipelines.lineage import client_events as _lineage_events
 
     return Lineage(_lineage_events.client(spec), namespace=config.openlineage_namespace)

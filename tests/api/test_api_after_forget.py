@@ -45,7 +45,8 @@ def forgotten(tmp_path_factory, broker) -> tuple[Lake, str]:
 
 @pytest.fixture(scope="module")
 def client(forgotten):
-    yield from make_client(forgotten[0])
+    # these are read-path checks, not limit tests: a slow shared machine must not hit the 2 s test default
+    yield from make_client(forgotten[0], query_timeout_s=30.0)
 
 
 def test_forget_says_what_it_cannot_reach(forgotten):

@@ -7,8 +7,6 @@ up each other's joins for minutes. Fakes for the consumer and the probe, a real 
 
 import threading
 
-from kafka import TopicPartition
-
 from ingest.consumer import AssignmentFlag
 from ingest.ingester import IngesterConfig, _Loop, _Tables
 from ingest.log_check import LogUnverifiable
@@ -21,26 +19,26 @@ class Consumer:
     """Polls return nothing; ``on_poll`` runs at each poll; ``seek`` records where the loop positioned it."""
 
     def __init__(self, partitions, flag: AssignmentFlag, stop: threading.Event):
-        self.partitions, self.flag, self.stop = set(partitions), flag, stop
+        self.partitions_owned, self.flag, self.stop = set(partitions), flag, stop
         self.polled = threading.Event()
         self.sought: dict[int, int | None] = {}
         self.on_poll = lambda: None
 
-    def assignment(self):
-        return {TopicPartition("t", p) for p in self.partitions}
+    def partitions(self):
+        return sorted(self.partitions_owned)
 
-    def poll(self, timeout_ms, max_records):
+    def heard_from_broker(self):
+        return True
+
+    def poll(self, *, timeout_ms, max_records):
         self.polled.set()
         self.on_poll()
         if self.sought:
             self.stop.set()
-        return {}
+        return []
 
-    def seek(self, tp, offset):
-        self.sought[tp.partition] = offset
-
-    def seek_to_beginning(self, tp):
-        self.sought[tp.partition] = None
+    def seek(self, resume):
+        self.sought = dict(resume)
 
 
 class Probe:
@@ -86,7 +84,7 @@ def test_a_rebalance_during_the_check_interrupts_it_and_the_new_assignment_is_ch
 
     def rebalance_once():
         consumer.on_poll = lambda: None
-        consumer.partitions = {2}
+        consumer.partitions_owned = {2}
         flag.raise_()  # what the rebalance listener does inside poll
 
     consumer.on_poll = rebalance_once

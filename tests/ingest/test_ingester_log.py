@@ -189,6 +189,6 @@ def test_the_consumer_never_resets_its_own_position(broker, topic):
     """An out-of-range fetch must reach the ingester as an error (``ingester._Loop._out_of_range``)."""
     consumer = open_consumer(broker.bootstrap_servers, topic, group=None, partitions=[0], flag=AssignmentFlag())
     try:
-        assert consumer.config["auto_offset_reset"] == "none"
+        assert consumer.config["auto.offset.reset"] == "error" and consumer.config["enable.auto.commit"] is False
     finally:
         consumer.close()

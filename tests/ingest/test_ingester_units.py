@@ -129,10 +129,7 @@ def test_a_replay_below_the_marker_is_checked_against_what_the_lake_holds():
 
 
 def test_an_out_of_range_fetch_is_checked_against_the_log(lake):
-    from kafka import TopicPartition
-    from kafka.errors import OffsetOutOfRangeError
-
-    from ingest.consumer import AssignmentFlag
+    from ingest.consumer import AssignmentFlag, OutOfRange
     from ingest.ingester import _Loop, _Tables
     from ingest.log_check import LogWentBackwards
 
@@ -143,14 +140,22 @@ def test_an_out_of_range_fetch_is_checked_against_the_log(lake):
         def recheck(self, partitions):
             return self.problems
 
-    def loop(guard) -> _Loop:
+    class Consumer:
+        refetched: list[int] = []
+
+        def refetch(self, partitions):
+            self.refetched.extend(partitions)
+
+    def loop(guard, consumer=None) -> _Loop:
         config = IngesterConfig(lake=lake.root, bootstrap_servers="unused", topic="t")
-        made = _Loop(config, lake, _Tables(lake, group="g", topic="t"), None, None, AssignmentFlag(), None, None)
+        made = _Loop(config, lake, _Tables(lake, group="g", topic="t"), consumer, None, AssignmentFlag(), None, None)
         made.guard = guard
         return made
 
-    out_of_range = OffsetOutOfRangeError({TopicPartition("t", 0): 500})
-    loop(Guard({}))._out_of_range(out_of_range)  # the log still holds what was read (tansu's wrong end offsets)
+    out_of_range = OutOfRange([0])
+    consumer = Consumer()
+    loop(Guard({}), consumer)._out_of_range(out_of_range)  # the log still holds what was read (tansu's end offsets)
+    assert consumer.refetched == [0]  # fetched again from where it was, never reset
     with pytest.raises(LogWentBackwards, match="partition 0: marker 499"):
         loop(Guard({0: "marker 499, but the log holds no record at offset 499"}))._out_of_range(out_of_range)
 

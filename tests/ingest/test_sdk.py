@@ -346,3 +346,18 @@ def test_async_rollouts_record_the_same_events_and_cancellation(recorded):
     assert producer.events[2]["payload"]["status"] == "succeeded"
     assert producer.events[-1]["payload"]["status"] == "cancelled"
     assert producer.flushes == 2
+
+
+def test_prefix_references_send_each_token_once_when_asked():
+    producer = RecordingProducer()
+    client = TrajectoryClient(tenant="acme", harness=HARNESS, producer=producer, prefix_references=True)
+    with client.rollout("t") as r:
+        first = r.llm_call(prompt_token_ids=[1, 2, 3], response_token_ids=[4, 5])
+        second = r.llm_call(prompt_token_ids=[1, 2, 3, 4, 5, 6], response_token_ids=[7])
+        r.llm_call(prompt_token_ids=[1, 2, 3, 4, 9], response_token_ids=[8])  # diverges inside the answer
+        r.llm_call(prompt_token_ids=[5], response_token_ids=[6])  # shares nothing: sent whole
+        r.subagent().llm_call(prompt_token_ids=[1, 2], response_token_ids=[3])  # own span: its own chain
+    client.close()
+    requests = [e["payload"] for e in producer.events if e["type"] == "llm.request"]
+    assert [(p.get("extends_call_id"), p.get("extends_tokens"), p["prompt_token_ids"]) for p in requests] == [
+        (None, None, [1, 2, 3]), (first, 5, [6]), (second, 4, [9]), (None, None, [5]), (None, None, [1, 2])]

@@ -26,10 +26,15 @@ def columnar_rows(values: list[bytes]):
                         tokens=batch.tokens.pick(list(range(len(values)))))
 
 
-def request(ids) -> dict:
+def request(ids, **payload) -> dict:
     raw = event("llm.request")
-    raw["payload"]["prompt_token_ids"] = ids
+    raw["payload"].update(prompt_token_ids=ids, **payload)
     return raw
+
+
+def extending(ids, call="c0", tokens=5) -> dict:
+    """A request with a prefix reference (``call``/``tokens`` None: that half left out)."""
+    return request(ids, **{k: v for k, v in (("extends_call_id", call), ("extends_tokens", tokens)) if v is not None})
 
 
 def response(ids, logprobs, **payload) -> dict:
@@ -53,6 +58,7 @@ VALID = [
     response([4, 5], [-1, 0]), response([4, 5, 6], [-0.0, 1e-300, 1.5e2]), response([], []),
     response([1, 2], None), response(None, None, token_source="none"), response([3], [-2.220446049250313e-16]),
     response([9], [-0.1234567890123456789]),
+    extending([1, 2]), extending([]), extending([3], tokens=0),
 ]
 
 
@@ -76,6 +82,9 @@ INVALID = [
     response([1], [1e400]), response([1], [-1e400]), response([1], ["x"]), response([1], [None]),
     response([1], [[]]), response([1, 2], [-0.1]), response([1], [-0.1, -0.2]),
     response(None, None, token_source="engine"), response([1], [True]),
+    extending([1], tokens=None), extending([1], call=None), extending(None), extending([1], tokens=-1),
+    extending([1], tokens=2**31), extending([1], tokens="5"), extending([1], call=""),
+    request([1], call_id="c9", extends_call_id="c9", extends_tokens=1),
 ]
 
 

@@ -143,3 +143,18 @@ def test_a_replay_that_ends_below_a_marker_does_not_move_it_back(lake):
     later.load([0, 1])
     assert later.commit(rows(0, [3, 4]), {0: 4}, refresh_offsets=0) == 1
     assert offsets(lake) == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (1, 0)]  # offset 3 once
+
+
+def test_a_table_reopened_after_its_commit_budget_still_sees_every_marker_and_conflict(lake, monkeypatch):
+    monkeypatch.setattr(store.commit, "REOPEN_AFTER_COMMITS", 2)
+    t = table(lake)
+    t.load([0])
+    for i in range(5):  # reopened before the 3rd and the 5th commit
+        assert t.commit(rows(0, [i]), {0: i}, refresh_offsets=0) == 1
+    assert offsets(lake) == [(0, i) for i in range(5)]
+    assert lake.marker("quarantine", marker_app_id("g", "t", 0)) == 4
+    other = table(lake)  # another owner moves the marker: the reopened snapshot must see it
+    other.load([0])
+    other.commit(rows(0, [5]), {0: 5}, refresh_offsets=0)
+    with pytest.raises(OffsetConflict):
+        t.commit(rows(0, [5, 6]), {0: 6}, refresh_offsets=0)

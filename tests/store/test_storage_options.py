@@ -76,3 +76,20 @@ def test_without_keys_an_s3_lake_is_refused_unless_the_credential_chain_is_asked
     lake = Lake(root)
     assert "AWS_ACCESS_KEY_ID" not in lake.storage_options
     assert "PROVIDER credential_chain" in duckdb_secret(root, lake.storage_options)
+
+
+def test_keys_the_object_store_refuses_are_one_line_naming_them() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.object_store import S3Server
+
+    with S3Server(check_keys=True) as strict:  # knows no IAM user: the keys in strict.env are wrong
+        root = "s3://lake-bucket/lake"
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "TRAJLAKE_"))}, **strict.env,
+               "COLUMNS": "400"}
+        run = subprocess.run([sys.executable, "-m", "trajlake.cli", "sql", "SELECT 1", "--lake", root], env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert run.stderr.count("\n") == 1 and "refused the credentials" in run.stderr and "AWS_ACCESS_KEY_ID" in run.stderr

@@ -13,6 +13,7 @@ from devkit.ports import free_port
 from schemas.tables import SAMPLES
 from trainer.config import TrainConfig
 from trainer.errors import TrainerError
+from trainer import follow as follow_module
 from trainer.follow import follow, pending_versions
 from trainer.records import CheckpointRecord, record_status, request_retry, run_states, write_checkpoint
 from devkit.synthetic import synthetic_samples
@@ -41,6 +42,33 @@ def test_a_version_that_keeps_crashing_is_given_up_not_retried_forever(lake, tin
     timer.join()
     assert trained == [] and "event=follow_give_up version=syn@0" in caplog.text
     assert run_states(lake)["ckpt-syn-v0-x"].attempt == 3  # not started a fourth time
+
+
+def test_a_failure_that_left_no_record_is_tried_again_not_skipped_for_good(lake, tiny_model_dir, tmp_path,
+                                                                             monkeypatch):
+    """syn@0 fails before a run is recorded (the lake or the parent model briefly unreachable): the follower tries it
+    again at its next poll, before syn@1; trained past it, syn@0 would be older than the newest and never trained."""
+    for seed in (0, 1):
+        lake.append("datasets/syn", synthetic_samples(str(tiny_model_dir), groups=1, seed=seed), schema=SAMPLES)
+    calls: list[tuple[str, int]] = []
+
+    def flaky_train(lake, dataset, version, config, **_) -> CheckpointRecord:
+        calls.append((dataset, version))
+        if calls == [("syn", 0)]:
+            raise OSError("the lake's storage did not answer")
+        record = _checkpoint(f"ckpt-syn-v{version}-a", version)
+        write_checkpoint(lake, record)
+        return record
+
+    monkeypatch.setattr(follow_module, "traced_train", flaky_train)
+    stop = threading.Event()
+    give_up = threading.Timer(60, stop.set)  # a follower that never trains syn@1 must not hang the suite
+    give_up.start()
+    trained = follow(lake, TrainConfig(model=str(tiny_model_dir), out=str(tmp_path)), stop_event=stop,
+                     poll_interval_s=0.1, on_checkpoint=lambda r: r.dataset_version == 1 and stop.set())
+    give_up.cancel()
+    assert calls == [("syn", 0), ("syn", 0), ("syn", 1)]
+    assert [r.dataset_version for r in trained] == [0, 1]
 
 
 def test_pending_versions_come_from_the_lake_newer_than_the_last_trained_and_not_failed(lake):

@@ -72,3 +72,30 @@ def test_gateway_with_bad_settings_exits_2_without_a_traceback(tmp_path):
                  {"TRAJLAKE_UPSTREAM_RETRIES": "many", "TRAJLAKE_ALLOW_ANONYMOUS": "true"})
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 2 and "gateway not started" in out and "Traceback" not in out
+
+
+def _worker_args(worker: str, request: pytest.FixtureRequest, tmp_path) -> list[str]:
+    lake = ["--lake", str(tmp_path / "lake")]
+    if worker == "ingest":
+        broker = request.getfixturevalue("broker")
+        return ["ingest", "--bootstrap-servers", broker.bootstrap_servers, "--topic", request.getfixturevalue("topic"),
+                "--group", request.getfixturevalue("group"), *lake]
+    if worker == "scheduler":
+        return ["scheduler", "--job", "compact", *lake]
+    return ["train", "--follow", "--no-kafka", "--model", str(request.getfixturevalue("tiny_model_dir")), *lake]
+
+
+@pytest.mark.parametrize("worker, family", [("ingest", "trajlake_ingester_events"),
+                                            ("scheduler", "trajlake_scheduler_failures"),
+                                            ("train", "trajlake_trainer_steps")])
+def test_workers_serve_prometheus_metrics_on_metrics_port(worker, family, request, tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    port = free_port()
+    proc = serve([*_worker_args(worker, request, tmp_path), "--metrics-port", str(port)], {})
+    text = wait_for(f"http://127.0.0.1:{port}/metrics", proc).decode()
+    assert family in {f.name for f in text_string_to_metric_families(text)}, text
+    if worker == "train":  # its stop handler comes after the metrics port (train is no SERVICE: see trajlake.signals)
+        assert any(line.startswith("following") for line in proc.stdout), proc.communicate()[0]
+    rc, out = stop(proc)
+    assert rc == 0, out

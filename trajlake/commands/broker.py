@@ -10,7 +10,7 @@ from rich.console import Console
 
 from devkit.broker import EmbeddedBroker
 from schemas.errors import TrajlakeError
-from schemas.events import DEFAULT_TOPIC
+from schemas.options import DEFAULT_TOPIC
 from trajlake.settings import CommonSettings, load
 
 MEMORY = "memory://tansu/"

@@ -5,33 +5,22 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from kafka import KafkaProducer
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ingest.topics import control_producer
-from pipelines import (
-    BuildConfig,
-    BuildResult,
-    RewardRule,
-    Selection,
-    ToolCredit,
-    diff_versions,
-    export_parquet,
-    get_manifest,
-    list_versions,
-    parse_ref,
-)
-from pipelines.lineage.openlineage import open_lineage, traced_build
 from schemas.control import CONTROL_TOPIC
 from schemas.errors import BrokerUnreachable, InputError
 from trajlake.options import LAKE_OPTION, TIME_HELP, first_error, parse_time
 from trajlake.settings import CommonSettings, load
+
+if TYPE_CHECKING:
+    from kafka import KafkaProducer
+
+    from pipelines.datasets.build import BuildResult
 
 
 class DatasetSettings(CommonSettings):
@@ -80,6 +69,11 @@ def build_dataset_command(
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
 ) -> None:
     """Build a new version of datasets/NAME from the lake's rollouts and print its merge statistics."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from pipelines.datasets.config import BuildConfig, RewardRule, Selection, ToolCredit
+    from pipelines.lineage.openlineage import open_lineage, traced_build
+
     settings = load(DatasetSettings, lake=lake, bootstrap_servers=bootstrap_servers, build_batch_tokens=batch_tokens)
     try:
         config = BuildConfig(
@@ -115,6 +109,8 @@ def build_dataset_command(
 
 
 def _producer(settings: DatasetSettings, console: Console) -> KafkaProducer | None:
+    from ingest.topics import control_producer
+
     try:
         return control_producer(settings.bootstrap_servers, settings.control_topic)
     except BrokerUnreachable:
@@ -184,6 +180,8 @@ def list_command(
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines, one object per version."),
 ) -> None:
     """Every registered dataset version, oldest first."""
+    from pipelines.datasets.registry import list_versions
+
     rows = list_versions(load(DatasetSettings, lake=lake).open_lake(), name).to_pylist()
     if as_json:
         for r in rows:
@@ -209,6 +207,8 @@ def show_command(
     as_json: bool = typer.Option(False, "--json", help="Print the whole manifest as JSON."),
 ) -> None:
     """The manifest of one dataset version (latest when no @VERSION)."""
+    from pipelines.datasets.registry import get_manifest, parse_ref
+
     manifest = get_manifest(load(DatasetSettings, lake=lake).open_lake(), *parse_ref(ref))
     if as_json:
         print(json.dumps(manifest, indent=2, sort_keys=True))
@@ -224,6 +224,9 @@ def diff_command(
     as_json: bool = typer.Option(False, "--json", help="Print the diff as one JSON object (each change as a pair: old, new)."),
 ) -> None:
     """What changed between two dataset versions: content, config, sources, counts, rollouts, rewards."""
+    from pipelines.datasets.diff import diff_versions
+    from pipelines.datasets.registry import parse_ref
+
     d = diff_versions(load(DatasetSettings, lake=lake).open_lake(), parse_ref(a), parse_ref(b))
     if as_json:
         print(json.dumps(dataclasses.asdict(d), default=_json_value, indent=2, sort_keys=True))
@@ -246,6 +249,9 @@ def export_command(
     lake: str | None = LAKE_OPTION,
 ) -> None:
     """Write a dataset version as plain Parquet (loads with Hugging Face datasets)."""
+    from pipelines.datasets.export import export_parquet
+    from pipelines.datasets.registry import parse_ref
+
     name, version = parse_ref(ref)
     try:
         result = export_parquet(load(DatasetSettings, lake=lake).open_lake(), name, directory, version=version)

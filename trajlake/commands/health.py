@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import typer
-from kafka.errors import KafkaError
 from rich.console import Console
 from rich.text import Text
 
-from ingest.broker_probe import probe_broker
-from ingest.topics import topic_partitions
 from schemas.errors import TrajlakeError
-from store.health import LakeUnreachable, check_lake
 from trajlake.options import BOOTSTRAP_SERVERS_OPTION, LAKE_OPTION, TOPIC_OPTION
 from trajlake.settings import CommonSettings, load
 
@@ -24,6 +20,8 @@ def health(
 
     Cheap enough for a container health check every few seconds: it lists the lake's tables, reads no data.
     """
+    from store.health import LakeUnreachable, check_lake
+
     settings = load(CommonSettings, lake=lake, bootstrap_servers=bootstrap_servers, topic=topic)
     try:
         tables = check_lake(settings.open_lake())
@@ -31,6 +29,11 @@ def health(
         raise TrajlakeError(f"unhealthy: lake {exc}") from None
     report = f"lake {settings.lake} readable ({len(tables)} tables)"
     if broker:
+        from kafka.errors import KafkaError
+
+        from ingest.broker_probe import probe_broker
+        from ingest.topics import topic_partitions
+
         try:
             probe_broker(settings.bootstrap_servers)
             partitions = topic_partitions(settings.bootstrap_servers, settings.topic)

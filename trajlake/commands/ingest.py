@@ -2,31 +2,45 @@
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
-from rich.live import Live
-from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
-from ingest.ingest_metrics import serve_metrics
-from ingest.ingester import IngesterConfig, IngestStats, OnProgress, run_ingester
-from ingest.redaction import RedactionConfigError, load_redactor
 from schemas.errors import BrokerUnreachable, SettingsInvalid
-from schemas.tables import EVENTS_TABLE, QUARANTINE_TABLE
-from store.rebuild import rebuild_typed_tables
+from schemas.table_names import EVENTS_TABLE, QUARANTINE_TABLE
 from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings, load
 
+if TYPE_CHECKING:
+    from ingest.ingester import IngestStats, OnProgress
 
-class IngestSettings(CommonSettings, IngesterConfig):
-    """Settings of ``trajlake ingest`` / ``rebuild``: ``IngesterConfig`` from TRAJLAKE_* variables; flags win."""
 
-    redaction_rules: Path | None = None
-    """JSON/TOML redaction rules applied to every event before it is written (TRAJLAKE_REDACTION_RULES)."""
+@functools.cache
+def ingest_settings() -> type[CommonSettings]:
+    """The class ``IngestSettings`` (also an ``IngesterConfig``), built on first use: ``IngesterConfig`` is defined
+    with the ingester (Kafka, Arrow, Delta), which the start-up of every command must not import."""
+    from ingest.ingester import IngesterConfig
+
+    class IngestSettings(CommonSettings, IngesterConfig):
+        """Settings of ``trajlake ingest`` / ``rebuild``: ``IngesterConfig`` from TRAJLAKE_* variables; flags win."""
+
+        redaction_rules: Path | None = None
+        """JSON/TOML redaction rules applied to every event before it is written (TRAJLAKE_REDACTION_RULES)."""
+
+    return IngestSettings
+
+
+def __getattr__(name: str) -> Any:
+    """``from trajlake.commands.ingest import IngestSettings`` builds the class (``ingest_settings``)."""
+    if name == "IngestSettings":
+        return ingest_settings()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def ingest(
@@ -51,10 +65,16 @@ def ingest(
     error (broker unreachable, lake write failed); 2 bad options or redaction rules; 3 the log went
     backwards (broker restarted with memory storage, topic recreated): nothing was skipped, rerun with --recover.
     """
+    from rich.live import Live
+
+    from ingest.ingest_metrics import serve_metrics
+    from ingest.ingester import IngestStats, run_ingester
+    from ingest.redaction import RedactionConfigError, load_redactor
+
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    s = load(IngestSettings, lake=lake, bootstrap_servers=bootstrap_servers, topic=topic, group=group,
+    s = load(ingest_settings(), lake=lake, bootstrap_servers=bootstrap_servers, topic=topic, group=group,
              batch_max_events=batch_max_events, batch_max_ms=batch_max_ms, dlq_topic=dlq_topic,
              redaction_rules=redaction_rules, partitions=_parse_partitions(partitions),
              stop_after_idle_s=stop_after_idle_s, recover=recover)
@@ -118,7 +138,11 @@ def rebuild(
     group: str | None = typer.Option(None, help="Ingest group whose markers the typed tables take over (default trajlake-ingest)."),
 ) -> None:
     """Re-derive the typed tables from the events table (one Delta version each). Stop the ingesters first."""
-    s = load(IngestSettings, lake=lake, group=group)
+    from rich.progress import Progress, SpinnerColumn, TextColumn
+
+    from store.rebuild import rebuild_typed_tables
+
+    s = load(ingest_settings(), lake=lake, group=group)
     console = Console()
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=console, transient=True) as progress:
         task = progress.add_task("reading events", total=None)

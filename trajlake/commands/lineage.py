@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
 
-from pipelines import Lineage, get_manifest, run_event
-from pipelines.lineage.trace import lineage
 from schemas.errors import InputError
 from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings, load
+
+if TYPE_CHECKING:
+    from pipelines.lineage.trace import Lineage
 
 
 def lineage_command(
@@ -26,6 +28,10 @@ def lineage_command(
     openlineage: bool = typer.Option(False, "--openlineage", help="For a dataset version: print its build as an OpenLineage RunEvent."),
 ) -> None:
     """Trace an id down to rollouts, events and Kafka offsets, and up to dataset versions and checkpoints."""
+    from pipelines.datasets.registry import get_manifest
+    from pipelines.lineage.openlineage import run_event
+    from pipelines.lineage.trace import lineage
+
     store = load(CommonSettings, lake=lake).open_lake()
     found = lineage(store, ref, tenant=tenant)
     if openlineage:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from pydantic import Field
@@ -12,16 +13,17 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from ingest.topic_retention import TopicRetention, topic_retention
-from schemas.tables import DATASETS_PREFIX
-from store.compact import Compacted, compact
-from store.forget import ForgetReport, ForgetRequest, forget
-from store.lake import Lake
+from schemas.table_names import DATASETS_PREFIX
 from schemas.errors import SettingsInvalid
-from store.retention import DEFAULT_KEY, RetentionPolicy, apply_retention, expired_rollouts
-from trainer.records import checkpoints_trained_on
 from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings, load
+
+if TYPE_CHECKING:
+    from ingest.topic_retention import TopicRetention
+    from store.compact import Compacted
+    from store.forget import ForgetReport, ForgetRequest
+    from store.lake import Lake
+    from store.retention import RetentionPolicy
 
 
 class OpsSettings(CommonSettings):
@@ -36,6 +38,8 @@ class OpsSettings(CommonSettings):
 
     def policy(self) -> RetentionPolicy:
         """The retention policy of these settings; ``SettingsInvalid`` (exit 2) when it cannot be used."""
+        from store.retention import RetentionPolicy
+
         try:
             if self.retention_policy is not None:
                 return RetentionPolicy.from_file(self.retention_policy)
@@ -58,6 +62,9 @@ def forget_command(
 
     Not reached: the raw events in the Kafka topic (kept until its retention.ms) and the predicate of each
     DELETE commit in the tables' _delta_log (it names the tenant and rollout ids; kept until log cleanup)."""
+    from ingest.topic_retention import topic_retention
+    from store.forget import ForgetRequest, forget
+
     request = ForgetRequest(tenant=tenant, rollouts=tuple(rollout), user=user, reason=reason)
     settings = load(OpsSettings, lake=lake, bootstrap_servers=bootstrap_servers, topic=topic)
     what = _describe(request)
@@ -75,6 +82,8 @@ def retention_show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines: tenant ('*': any other), days, expired_rollouts."),
 ) -> None:
     """Show the retention policy and how many rollouts each tenant has past it."""
+    from store.retention import DEFAULT_KEY, expired_rollouts
+
     settings, parsed = _policy(policy, lake)
     expired = expired_rollouts(settings.open_lake(), parsed, now=datetime.now(timezone.utc))
     if as_json:
@@ -98,6 +107,8 @@ def retention_apply(
     lake: str | None = LAKE_OPTION,
 ) -> None:
     """Forget every rollout older than its tenant's retention (audited as kind=retention)."""
+    from store.retention import apply_retention
+
     settings, parsed = _policy(policy, lake)
     store = settings.open_lake()
     reports = apply_retention(store, parsed)
@@ -115,6 +126,8 @@ def compact_command(
     lake: str | None = LAKE_OPTION,
 ) -> None:
     """Rewrite small files into few z-ordered ones (task_id, rollout_id), then vacuum; safe during ingestion."""
+    from store.compact import compact
+
     settings = load(OpsSettings, lake=lake, compact_vacuum_hours=vacuum_hours)
     results = compact(settings.open_lake(), tables=table or None,
                       vacuum_retention=timedelta(hours=settings.compact_vacuum_hours))
@@ -137,6 +150,8 @@ def _describe(request: ForgetRequest) -> str:
 
 def _retrain(lake: Lake, report: ForgetReport) -> dict[str, list[str]]:
     """Dataset table -> the checkpoints trained on its versions that held forgotten rollouts."""
+    from trainer.records import checkpoints_trained_on
+
     return {table: checkpoints_trained_on(lake, table.removeprefix("datasets/"), versions)
             for table, versions in report.marked_datasets.items()}
 

@@ -23,6 +23,7 @@ import signal
 import socket
 import threading
 from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING
 
 import typer
 from pydantic import Field
@@ -30,19 +31,16 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.lineage.openlineage import open_lineage
 from schemas.errors import SettingsInvalid, TrajlakeError
-from store.compact import compact
-from store.lake import Lake
-from store.retention import apply_retention
-from store.runs import RunRecord, RunsTable, RunStatus
-from store.scheduler import Job, Scheduler
-from store.scheduler_metrics import serve_metrics as serve_scheduler_metrics
-from trainer.nightly import NightlyConfig, nightly_job
 from trajlake.commands.ops import OpsSettings
 from trajlake.options import LAKE_OPTION, TIME_HELP, parse_time
 from trajlake.settings import load
 from devkit.tiny_model import model_or_tiny
+
+if TYPE_CHECKING:
+    from store.lake import Lake
+    from store.runs import RunRecord
+    from store.scheduler import Job
 
 
 class SchedulerSettings(OpsSettings):
@@ -77,6 +75,12 @@ class SchedulerSettings(OpsSettings):
 
 def build_jobs(lake: Lake, settings: SchedulerSettings) -> list[Job]:
     """The configured jobs (those with a cron expression)."""
+    from pipelines.lineage.openlineage import open_lineage
+    from store.compact import compact
+    from store.retention import apply_retention
+    from store.scheduler import Job
+    from trainer.nightly import NightlyConfig, nightly_job
+
     options = {"max_attempts": settings.scheduler_max_attempts, "backoff": timedelta(seconds=settings.scheduler_backoff_s)}
     jobs = []
     lineage = open_lineage(settings)  # LineageConfigError (a ValueError) for unusable transport settings
@@ -112,6 +116,10 @@ def scheduler_command(
     SIGTERM or Ctrl-C: no new window starts, a run waiting for its retry stops waiting (a later pass or another
     instance retries it), a running job finishes first; then the scheduler exits 0.
     """
+    from store.runs import RunStatus
+    from store.scheduler import Scheduler
+    from store.scheduler_metrics import serve_metrics as serve_scheduler_metrics
+
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -154,6 +162,8 @@ def runs_command(
     lake: str | None = LAKE_OPTION,
 ) -> None:
     """List scheduled runs: window, status, attempts, dataset version, checkpoint, error."""
+    from store.runs import RunsTable
+
     settings = load(SchedulerSettings, lake=lake)
     runs = RunsTable(settings.open_lake())
     records = runs.history() if history else list(runs.current().values())

@@ -10,9 +10,8 @@ import tempfile
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 import typer
 from rich import box
 from rich.console import Console
@@ -20,10 +19,12 @@ from rich.table import Table
 from rich.text import Text
 
 from schemas.errors import InputError
-from store.sql import describe_views, export, run_query
 from store.trajectory import excerpt
 from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings, load
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 CELL_CHARS = 60
 """Longest cell text in the table format; longer values end in an ellipsis."""
@@ -51,6 +52,8 @@ def sql(
     max_rows: int | None = typer.Option(None, "--max-rows", "-n", min=0, help="Stop after N rows (default: TRAJLAKE_SQL_MAX_ROWS=100 for table, all for files)."),
 ) -> None:
     """Run SQL over every lake table (views: trajlake tables) and print or export the result."""
+    from store.sql import run_query
+
     settings = load(SqlSettings, lake=lake)
     if query == "-":
         query = sys.stdin.read()
@@ -73,6 +76,8 @@ def sql(
 
 def write_result(result: pa.Table, fmt: str, output: Path | None) -> None:
     """Export to ``output``, or through a temporary file to stdout."""
+    from store.sql import export
+
     if output is not None:
         try:
             export(result, output, format=fmt)
@@ -91,6 +96,8 @@ def write_result(result: pa.Table, fmt: str, output: Path | None) -> None:
 
 def print_table(result: pa.Table, *, more: bool = False) -> None:
     """A rich table; one block per record when the columns would not fit the terminal."""
+    import pyarrow as pa
+
     console = Console()
     if result.column_names == ["explain_key", "explain_value"]:  # EXPLAIN: the plan text, uncut
         for plan in result.column("explain_value").to_pylist():
@@ -157,6 +164,8 @@ def tables(
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines, one object per view."),
 ) -> None:
     """List the views `trajlake sql` can query, with row counts and Delta versions."""
+    from store.sql import describe_views
+
     settings = load(SqlSettings, lake=lake)
     views = describe_views(settings.open_lake())
     if as_json:

@@ -20,24 +20,21 @@ from typing import TYPE_CHECKING
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
-from pipelines.lineage.openlineage import Lineage, open_lineage
 from schemas.errors import InputError, SettingsInvalid
-from store.lake import Lake
-from trainer.config import TrainConfig, load_deepspeed_json
-from trainer.dataset import DatasetRef
 from trainer.errors import TrainerError
-from trainer.records import CheckpointRecord, list_checkpoints, request_retry
-from trainer.train_lineage import traced_train
-from trainer.train_metrics import TrainMetrics, serve_metrics
 from trajlake.options import LAKE_OPTION, first_error
 from trajlake.settings import CommonSettings, load
 from devkit.tiny_model import model_or_tiny
 
-if TYPE_CHECKING:  # torch loads only when a command trains
+if TYPE_CHECKING:  # torch, Arrow and the lake load only when a command runs
+    from store.lake import Lake
+    from trainer.config import TrainConfig
+    from trainer.dataset import DatasetRef
     from trainer.loop import StepLog
+    from trainer.records import CheckpointRecord
+    from trainer.train_metrics import TrainMetrics
 
 
 class TrainSettings(CommonSettings):
@@ -85,6 +82,11 @@ def train(
     retry: str | None = typer.Option(None, help="NAME@VERSION that failed (e.g. refused at validation): followers train it again."),
 ) -> None:
     """Train on a dataset version with DeepSpeed and record the checkpoint and its lineage."""
+    from pipelines.lineage.openlineage import Lineage, open_lineage
+    from trainer.config import TrainConfig, load_deepspeed_json
+    from trainer.dataset import DatasetRef
+    from trainer.train_metrics import serve_metrics
+
     s = load(TrainSettings, lake=lake, bootstrap_servers=bootstrap_servers, train_out=out, train_model=model,
              follow_poll_s=poll_s)
     if dataset is None and not follow_mode and retry is None:
@@ -119,6 +121,9 @@ def train(
 
 def _mark_retry(lake: Lake, spec: str, err: Console) -> None:
     """``--retry NAME@VERSION``: mark its failed runs so followers train it again."""
+    from trainer.dataset import DatasetRef
+    from trainer.records import request_retry
+
     ref = DatasetRef.parse(spec)
     if ref.version is None:
         raise InputError(f"--retry needs NAME@VERSION, got {spec!r} (e.g. {ref.name}@3)")
@@ -129,6 +134,8 @@ def _mark_retry(lake: Lake, spec: str, err: Console) -> None:
 
 def _train_once(lake: Lake, config: TrainConfig, ref: DatasetRef, lease: timedelta, console: Console,
                 metrics: TrainMetrics | None) -> None:
+    from trainer.train_lineage import traced_train
+
     console.print(f"training [bold]{ref.name}@{ref.version if ref.version is not None else 'latest'}[/] "
                   f"from {escape(config.model)} ({config.mode})")  # fmt: skip
     with _progress(console) as (progress, on_step):
@@ -140,6 +147,7 @@ def _train_once(lake: Lake, config: TrainConfig, ref: DatasetRef, lease: timedel
 
 def _follow(lake: Lake, config: TrainConfig, s: TrainSettings, ref: DatasetRef | None, kafka: str | None,
             console: Console, metrics: TrainMetrics | None) -> None:  # fmt: skip
+    from pipelines.lineage.openlineage import Lineage, open_lineage
     from trainer.follow import follow
 
     stop = threading.Event()
@@ -163,6 +171,8 @@ class _progress:
     """A rich progress bar fed by ``StepLog``s (one task per training run)."""
 
     def __init__(self, console: Console) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
         self.progress = Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[stats]}"),
             TimeElapsedColumn(), console=console, disable=console.quiet,
@@ -205,6 +215,8 @@ def checkpoints(
     as_json: bool = typer.Option(False, "--json", help="One JSON object per line instead of a table."),
 ) -> None:
     """List trained checkpoints with their dataset version and final metrics, oldest first."""
+    from trainer.records import list_checkpoints
+
     records = list_checkpoints(load(TrainSettings, lake=lake).open_lake(), dataset=dataset)
     console = Console()
     if as_json:

@@ -6,31 +6,24 @@ import json
 import sys
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from pipelines.workbench.compare import Arm, CompareConfig, Comparison, MetricResult, compare
-from pipelines.datasets.config import RewardRule, Selection
-from pipelines.workbench.failure_packets import RolloutPacket
-from pipelines.workbench.failures import (
-    Extraction,
-    FailureConfig,
-    append_packets,
-    extract_failures,
-    packet_lines,
-    write_jsonl,
-)
-from pipelines.datasets.outcomes import SuccessRule
 from schemas.errors import InputError
-from schemas.tables import FAILURE_PACKETS_TABLE
+from schemas.table_names import FAILURE_PACKETS_TABLE
 from trajlake.commands.sql import LAKE_OPTION
 from trajlake.options import TIME_HELP, first_error, parse_time
 from trajlake.settings import CommonSettings, load
+
+if TYPE_CHECKING:
+    from pipelines.datasets.config import Selection
+    from pipelines.workbench.compare import Comparison, MetricResult
+    from pipelines.workbench.failures import Extraction
 
 PACKET_ID_SHOWN = 11
 """Characters of a packet id the table shows (like a short git hash; --json and the JSONL carry all of it)."""
@@ -55,6 +48,8 @@ def _utc(text: str | None, flag: str) -> datetime | None:
 
 def _selection(*, since: str | None, until: str | None, task: list[str], tenant: list[str],
                where: str | None, **arms: tuple[str, ...]) -> Selection:
+    from pipelines.datasets.config import Selection
+
     return Selection(since=_utc(since, "--since"), until=_utc(until, "--until"), tasks=tuple(task),
                      tenants=tuple(tenant), where=where, **arms)
 
@@ -88,6 +83,12 @@ def failures(
     as_json: bool = JSON,
 ) -> None:
     """Compile failure packets for failed or low-reward rollouts: constraints, steps around the failure, outcome."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from pipelines.datasets.config import RewardRule
+    from pipelines.datasets.outcomes import SuccessRule
+    from pipelines.workbench.failures import FailureConfig, append_packets, extract_failures, packet_lines, write_jsonl
+
     settings = load(WorkbenchSettings, lake=lake)
     to_stdout = output is not None and str(output) == "-"
     if to_stdout and as_json:
@@ -134,6 +135,8 @@ def _extraction_summary(x: Extraction, *, stored: bool, version: int | None, out
 
 def _render_extraction(console: Console, x: Extraction, *, stored: bool, version: int | None,
                        output: Path | None) -> None:
+    from pipelines.workbench.failure_packets import RolloutPacket
+
     console.print(f"{x.failed} of {x.selected} selected rollouts did not succeed "
                   f"(success = {x.config.success.describe()}): {len(x.packets)} {x.config.group} packet(s)")
     if x.packets:
@@ -182,6 +185,10 @@ def compare_command(
     as_json: bool = JSON,
 ) -> None:
     """Compare B against A on the tasks both ran: success rate and mean reward, paired by task, with CI and p-value."""
+    from pipelines.datasets.config import RewardRule
+    from pipelines.datasets.outcomes import SuccessRule
+    from pipelines.workbench.compare import Arm, CompareConfig, compare
+
     settings = load(WorkbenchSettings, lake=lake, compare_resamples=resamples, compare_seed=seed)
     try:
         if by not in ("harness", "policy"):

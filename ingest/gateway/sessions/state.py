@@ -33,11 +33,13 @@ class Session:
     """Digest of what else shapes the rendering (model, tools)."""
     prompt_ids: array
     sampled_ids: array
+    call_id: str = ""
+    """The call these ids belong to: the next call's prefix reference names it."""
 
     @property
     def nbytes(self) -> int:
         return (_OVERHEAD_BYTES + 4 * (len(self.prompt_ids) + len(self.sampled_ids))
-                + 60 * len(self.messages))
+                + 60 * len(self.messages) + len(self.call_id))
 
 
 class SessionStore:

@@ -68,6 +68,8 @@ class Plan:
     """The completions request of a stitched call."""
     parser: ToolParser | None = None
     """Parses the raw completion of a stitched call; None: the whole text is content."""
+    previous: Session | None = None
+    """The rollout's last call as this call found it: what its recorded prompt may reference."""
 
     def record(self) -> dict[str, str]:
         """What the ``llm.request`` event says about how its prompt was made."""
@@ -134,7 +136,7 @@ class Stitcher:
         if key is None:
             plan.reason = "unattached"
             return plan
-        session = self.store.get(key)
+        session = plan.previous = self.store.get(key)
         plan.reason = self._mismatch(session, plan, messages)
         if plan.reason is not None:
             return plan
@@ -194,12 +196,12 @@ class Stitcher:
         )
 
     def remember(self, plan: Plan, *, prompt_ids: list[int] | None, sampled_ids: list[int] | None,
-                 content: str | None, tool_calls: list[dict] | None) -> None:
+                 content: str | None, tool_calls: list[dict] | None, call_id: str = "") -> None:
         """After a successful call: the next call of the rollout may extend this one."""
         if plan.key is None or not plan.digests or not prompt_ids or not sampled_ids:
             return
         answer = message_digest({"role": "assistant", "content": content, "tool_calls": tool_calls})
         self.store.put(plan.key, Session(
             messages=(*plan.digests, answer), context=plan.context,
-            prompt_ids=array("i", prompt_ids), sampled_ids=array("i", sampled_ids),
+            prompt_ids=array("i", prompt_ids), sampled_ids=array("i", sampled_ids), call_id=call_id,
         ))

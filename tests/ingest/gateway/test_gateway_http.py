@@ -7,6 +7,7 @@ import json
 import httpx
 import pytest
 from gateway_helpers import KEY, OTHER_KEY, TENANT, memory_emitter, serve, wait_for
+from prometheus_client.parser import text_string_to_metric_families
 
 from devkit.ports import free_port
 from ingest.gateway import create_gateway_app
@@ -145,6 +146,17 @@ def test_huge_body_without_content_length_is_cut_off(gateway):
 
     r = httpx.post(f"{url}/v1/chat/completions", content=chunks(), headers=AUTH)
     assert r.status_code == 413
+
+
+def test_null_optional_fields_mean_not_given(gateway, engine):
+    """``"tools": null`` (sent by some clients and frameworks) is no tools, as the engines read it; null ``model`` is missing."""
+    url, _, _ = gateway
+    body = {**CHAT, "tools": None, "stream": None, "logprobs": None, "return_token_ids": None}
+    r = httpx.post(f"{url}/v1/chat/completions", json=body, headers=AUTH)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["role"] == "assistant"
+    r = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "model": None}, headers=AUTH)
+    assert r.status_code == 400 and "'model' is required" in r.json()["error"]["message"]
 
 
 def test_completions_wrong_types(gateway):
@@ -324,11 +336,13 @@ def test_models_health_ready_and_metrics(gateway):
     ready = httpx.get(f"{url}/readyz")
     assert ready.status_code == 200 and ready.json()["spool"]["events"] == 0
     httpx.post(f"{url}/v1/chat/completions", json=CHAT, headers=AUTH)
-    metrics = httpx.get(f"{url}/metrics").text
-    for name in ("trajlake_gateway_requests_total{route=\"chat\",status=\"200\"} 1.0",
-                 "trajlake_gateway_request_seconds_bucket", "trajlake_gateway_spool_depth_bytes",
-                 "trajlake_gateway_events_produced_total", "trajlake_gateway_events_dropped_total"):
-        assert name in metrics
+    scraped = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text) for s in family.samples}
+    assert scraped[("trajlake_gateway_requests_total", (("route", "chat"), ("status", "200")))] == 1
+    assert scraped[("trajlake_gateway_request_seconds_count", (("route", "chat"),))] == 1
+    for name in ("trajlake_gateway_spool_depth_bytes", "trajlake_gateway_events_produced_total",
+                 "trajlake_gateway_events_dropped_total", "trajlake_gateway_broker_up"):
+        assert (name, ()) in scraped, name
 
 
 def test_stream_broken_by_the_engine_ends_with_an_error_chunk_and_is_recorded(gateway):

@@ -23,6 +23,7 @@ from devkit.split_engine import create_split_engine
 from ingest.gateway import create_gateway_app
 from pipelines.datasets.merging import Call, merge_calls
 from serve.app import create_serve_app
+from store.prompts import StoredCall, full_prompts
 
 TOOLS = [{"type": "function", "function": {
     "name": "calculator", "description": "Evaluate an arithmetic expression",
@@ -102,14 +103,31 @@ def recorded(sink) -> list[tuple[dict, dict]]:
     return [(r, responses[r["payload"]["call_id"]]) for r in requests]
 
 
+def full_prompts_of(calls: list[tuple[dict, dict]]) -> dict[str, np.ndarray]:
+    """call_id -> full prompt ids, prefix references resolved per rollout (every one must resolve)."""
+    by_rollout: dict[str, list[StoredCall]] = {}
+    for request, response in calls:
+        p = request["payload"]
+        by_rollout.setdefault(request["rollout_id"], []).append(StoredCall(
+            p["call_id"], p["prompt_token_ids"], response["response_token_ids"], p.get("extends_call_id"),
+            p.get("extends_tokens")))
+    out: dict[str, np.ndarray] = {}
+    for stored in by_rollout.values():
+        prompts, problems = full_prompts(stored)
+        assert problems == {}
+        out.update(prompts)
+    return out
+
+
 def samples_by_rollout(calls: list[tuple[dict, dict]]) -> dict[str, list]:
+    prompts = full_prompts_of(calls)
     by_rollout: dict[str, list[Call]] = {}
     for request, response in calls:
         payload = request["payload"]
         by_rollout.setdefault(request["rollout_id"], []).append(Call(
             call_id=payload["call_id"], span_id=None, tokenizer=payload["tokenizer"],
             chat_template_hash=payload["chat_template_hash"],
-            prompt=np.array(payload["prompt_token_ids"], dtype=np.int64),
+            prompt=prompts[payload["call_id"]].astype(np.int64),
             response=np.array(response["response_token_ids"], dtype=np.int64), logprobs=None))
     return {rollout: merge_calls(calls) for rollout, calls in by_rollout.items()}
 
@@ -138,6 +156,12 @@ def test_tool_rollouts_are_one_sample_of_the_sampled_ids_with_sessions(session_s
     # the recorded ids are what the engine sampled, call for call, and the one sample holds them all
     sampled = [s["token_ids"] for s in engine.state.sampled]
     assert sorted(map(tuple, sampled)) == sorted(tuple(resp["response_token_ids"]) for _, resp in calls)
+    # stitched calls are stored once: a reference to the previous call + only the new ids, and the full prompt
+    # rebuilt from them is exactly what the engine received
+    stitched = [r["payload"] for r, _ in calls if r["payload"]["params"]["trajlake_prompt"]["made"] == "stitched"]
+    assert all(p["extends_call_id"] and p["extends_tokens"] > len(p["prompt_token_ids"]) for p in stitched)
+    received = sorted(tuple(s["prompt_token_ids"]) for s in engine.state.sampled)
+    assert sorted(tuple(ids.tolist()) for ids in full_prompts_of(calls).values()) == received
     for rollout, (sample,) in samples.items():
         ids = [resp["response_token_ids"] for req, resp in calls if req["rollout_id"] == rollout]
         tokens, mask, _ = sample.arrays()

@@ -169,7 +169,7 @@ def test_calls_that_must_not_be_trained_are_excluded_and_counted(lake, rows):
     rows.flush()
     result = build_dataset(lake, "ds")
     assert result.manifest["counts"]["calls"] == {
-        "ok": 2, "duplicate": 2, "no_response": 1, "error": 0, "non_engine": 2, "malformed": 1}
+        "ok": 2, "duplicate": 2, "no_response": 1, "error": 0, "non_engine": 2, "malformed": 1, "unresolved_prefix": 0}
     [sample] = read_dataset(lake, "ds").to_pylist()  # c2 was not trained: its tokens are an observation
     assert sample["call_ids"] == ["c1-retry", "c3"] and sample["loss_mask"] == [0, 0, 1, 0, 0, 0, 1]
     build_dataset(lake, "ds", BuildConfig(allow_non_engine=True))

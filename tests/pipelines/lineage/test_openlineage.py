@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -180,6 +183,18 @@ def test_file_transport_and_settings_errors(tmp_path, rollouts_lake):
         with pytest.raises(LineageConfigError, match=fix):
             open_lineage(CommonSettings(**bad))
     assert dataset_id("s3://bucket/lake/events") == ("s3://bucket", "lake/events")
+
+
+def test_the_console_transport_prints_each_event_at_the_default_log_level(rollouts_lake):
+    env = {**os.environ, "TRAJLAKE_OPENLINEAGE_TRANSPORT": "console", "COLUMNS": "200"}
+    env.pop("TRAJLAKE_LOG_LEVEL", None)
+    done = subprocess.run([sys.executable, "-m", "trajlake.cli", "build-dataset", "ds", "--lake", rollouts_lake.root,
+                           "--no-publish"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    printed = [json.loads(line[line.index("{"):]) for line in (done.stdout + done.stderr).splitlines()
+               if '"eventType"' in line]
+    assert [(e.job.name, e.eventType.value) for e in map(validated, printed)] == [
+        ("build-dataset.ds", "START"), ("build-dataset.ds", "COMPLETE")]
 
 
 def test_each_version_a_follower_trains_is_a_run_and_a_refused_one_fails(lake, tmp_path, tiny_model_dir):

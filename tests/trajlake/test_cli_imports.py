@@ -1,0 +1,69 @@
+"""``trajlake --help`` (and every command's ``--help``) stays light: it loads none of the heavy libraries.
+
+Each command imports the lake, pipelines, trainer, Kafka and Arrow inside the function that uses them; a
+module-level import of one of them in ``trajlake/commands/*`` (or in a module they import at load, such as
+``pipelines/__init__.py`` or ``trajlake.settings``) fails here. The check runs in a fresh interpreter and reads
+``sys.modules``; it says nothing about time (``bench/cli`` measures that).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+HEAVY = ("torch", "deepspeed", "transformers", "deltalake", "pyarrow", "duckdb", "polars", "numpy", "pandas", "kafka",
+         "confluent_kafka", "fastapi", "starlette", "uvicorn", "httpx", "openlineage", "prometheus_client")
+"""Top-level packages a command may load only when it runs."""
+
+PROBE = """
+import contextlib, io, json, sys
+import typer
+from trajlake.cli import build_app, main
+
+heavy, runs = set(json.loads(sys.argv[1])), json.loads(sys.argv[2])
+if runs is None:  # every command's --help, after the root's
+    group, pending, runs = typer.main.get_command(build_app()), [], [["--help"]]
+    pending.append(([], group))
+    while pending:
+        prefix, group = pending.pop()
+        for name, command in sorted(group.commands.items()):
+            runs.append([*prefix, name, "--help"])
+            if hasattr(command, "commands"):
+                pending.append(([*prefix, name], command))
+loaded, found = set(), {}
+for args in runs:
+    sys.argv = ["trajlake", *args]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            main()
+        except SystemExit as exc:
+            if exc.code:
+                raise RuntimeError(f"trajlake {' '.join(args)} exited {exc.code}") from None
+    now = {name.partition(".")[0] for name in sys.modules} & heavy
+    found[" ".join(args)] = sorted(now - loaded)
+    loaded |= now
+print(json.dumps(found))
+"""
+
+
+def heavy_loaded_by(runs: list[list[str]] | None = None) -> dict[str, list[str]]:
+    """Command line -> the heavy packages it loaded first (one interpreter runs them in order; None: every --help)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")} | {"COLUMNS": "120"}
+    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(HEAVY), json.dumps(runs)], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_no_help_loads_a_heavy_package():
+    found = heavy_loaded_by()
+    assert len(found) > 20 and "--help" in found and "sql --help" in found and "datasets export --help" in found
+    assert {args: names for args, names in found.items() if names} == {}
+
+
+def test_the_probe_sees_what_a_command_loads(tmp_path):
+    found = heavy_loaded_by([["--help"], ["sql", "--lake", str(tmp_path), "SELECT 1"]])
+    assert found["--help"] == []
+    assert {"duckdb", "pyarrow"} <= set(found[f"sql --lake {tmp_path} SELECT 1"])
