@@ -41,7 +41,7 @@ from ingest.consumer import FETCH_MAX_WAIT_MS, AssignmentFlag, IngestConsumer, O
 from ingest.dead_letters import DeadLetters
 from ingest.dedupe import DEFAULT_MAX_IDS, SeenEventIds
 from ingest.held import LakeRecords, not_held
-from ingest.log_check import LogGuard, LogProbe, LogUnverifiable, LogWentBackwards
+from ingest.log_check import CheckInFlight, LogGuard, LogProbe, LogUnverifiable, LogWentBackwards
 from ingest.redaction import Redactor
 from ingest.topics import ensure_topic
 from schemas.options import CommonOptions
@@ -175,6 +175,7 @@ def run_ingester(config: IngesterConfig, stop: threading.Event, *, on_progress: 
             loop.run(stop)
         finally:
             loop.pool.shutdown()
+            loop.check.close()
     finally:
         consumer.close()
         if probe is not None:
@@ -243,17 +244,21 @@ class _Loop:
         self.batch = Batch()
         self.stats = IngestStats()
         self.last_activity = self.last_log_check = self.positioned = time.monotonic()
-        self.unverified = False
-        """The batch in hand waits for a log check the broker could not answer."""
+        self.check = CheckInFlight(self.guard)
+        self.resuming = False
+        """The assignment changed: no records are taken until its markers are checked and sought."""
+        self.checked: tuple[list[int], dict[int, int | None], int] | None = None
+        """(partitions, resume offsets, dedupe ids) of the marker check in flight; None: none, or one of an
+        assignment that changed since (its result is dropped)."""
+        self.retry_at = 0.0
         self.pool = ThreadPoolExecutor(max_workers=len(tables.all), thread_name_prefix="commit")
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set() and not self._idle_too_long():
-            if self.flag.take() and not self._resumed():
-                continue
-            if self.unverified:  # no more records into a batch the log check could not pass yet
-                time.sleep(1.0)
-                self._commit_batch()
+            if self.flag.take():
+                self._reassigned()
+            if self.resuming:
+                self._resume_step()
                 continue
             try:
                 with _cpu(self.stats, "consume"):
@@ -263,7 +268,7 @@ class _Loop:
                 self._out_of_range(exc)
                 continue
             if self.flag.take():  # records fetched across a rebalance may belong to the old assignment
-                self._resumed()
+                self._reassigned()
                 continue
             if polled:
                 self.batch.add(polled)
@@ -274,21 +279,48 @@ class _Loop:
                 self._commit_batch()
             elif not polled and not self.batch:
                 self._idle_log_check()
-        self._commit_batch()
-        if self.batch:
-            log.warning("stopping with %d messages not committed: the log could not be checked (broker down); "
-                        "they are read again on the next start", len(self.batch))
+        if not self.resuming:
+            self._commit_batch()
 
-    def _resumed(self) -> bool:
-        """``_resume``, or False (flag up again, after a pause) when the broker cannot answer the log check."""
+    def _reassigned(self) -> None:
+        """The assignment changed, or the log must be checked again: drop the batch in hand, and take no records
+        until the markers of the partitions now assigned are checked (``_resume_step``). A check in flight is
+        of the old assignment: it is cut short and its result dropped."""
+        self.batch.clear()
+        self.resuming = True
+        self.checked = None
+        self.retry_at = 0.0
+        self.check.interrupt()
+
+    def _resume_step(self) -> None:
+        """One step of a (re)assignment, the consumer polled in between so that it stays in its group: start the
+        marker check (``_check_markers``), or wait for it, or act on its result (``_resume``)."""
+        if self.check.running or time.monotonic() < self.retry_at:
+            self._serve_group()
+            return
+        checked, self.checked = self.checked, None
         try:
-            self._resume()
+            problems = self.check.result()
         except LogUnverifiable as exc:
-            log.warning("cannot check the log against the lake yet, retrying: %s", exc)
-            self.flag.raise_()
-            time.sleep(1.0)
-            return False
-        return True
+            if checked is not None:
+                log.warning("cannot check the log against the lake yet, retrying: %s", exc)
+                self.retry_at = time.monotonic() + 1.0
+            return
+        if checked is None:  # none started yet, or the assignment changed while it ran
+            self._check_markers()
+            return
+        self._resume(*checked, problems or {})
+
+    def _serve_group(self) -> None:
+        """Poll while the partitions wait for their marker check, so the consumer answers rebalances (a member
+        that does not hold up the others' joins). What comes back is dropped: the partitions are sought to their
+        markers once the check is over."""
+        try:
+            polled = self.consumer.poll(timeout_ms=POLL_MS, max_records=self.config.batch_max_events)
+        except OutOfRange:  # of a position the seek replaces
+            return
+        if polled:
+            log.debug("dropped %d records fetched while the markers are checked", len(polled))
 
     def _idle_log_check(self) -> None:
         if time.monotonic() - self.last_log_check < IDLE_LOG_CHECK_S:
@@ -303,9 +335,10 @@ class _Loop:
             raise LogWentBackwards(self.config.topic, self.config.group, problems)
 
     def _idle_too_long(self) -> bool:
-        """Nothing arrived for ``stop_after_idle_s``; a group join in progress does not count as idle."""
+        """Nothing arrived for ``stop_after_idle_s``; a group join or a marker check in progress does not count
+        as idle."""
         idle = self.config.stop_after_idle_s
-        if idle is None or self.batch or time.monotonic() - self.last_activity < idle:
+        if idle is None or self.batch or self.checked is not None or time.monotonic() - self.last_activity < idle:
             return False
         joining = not self.stats.partitions and self.stats.elapsed_s < 2 * self.config.session_timeout_ms / 1000
         unanswered = time.monotonic() - self.positioned < FIRST_FETCH_WAIT_S and not self.consumer.heard_from_broker()
@@ -339,16 +372,19 @@ class _Loop:
         time.sleep(POLL_MS / 1000)
         self.consumer.refetch(exc.partitions)
 
-    def _resume(self) -> None:
-        """Drop the batch in hand, re-read the markers of the assigned partitions, check the log, seek past them."""
-        self.batch.clear()
-        self.unverified = False
+    def _check_markers(self) -> None:
+        """Re-read the markers of the assigned partitions and start checking the log at them (``CheckInFlight``)."""
         parts = self.consumer.partitions()
         resume = resume_offsets(self.tables.all, parts)
         ids = self.seen.load(self.lake, topic=self.config.topic, partitions=parts)
         self.records.load({p: o or 0 for p, o in resume.items()},
                           rewound_ms={p: self.tables.events.rewound_at(p) for p in parts})
-        problems = self.guard.check_markers(self._furthest_markers(parts))
+        self.check.start(self._furthest_markers(parts))
+        self.checked = (parts, resume, ids)
+
+    def _resume(self, parts: list[int], resume: dict[int, int | None], ids: int, problems: dict[int, str]) -> None:
+        """The marker check is over: stop on a log that went backwards (or rewind, ``recover``), else seek."""
+        self.resuming = False
         if problems and not self.config.recover:
             raise LogWentBackwards(self.config.topic, self.config.group, problems)
         if problems:
@@ -357,8 +393,9 @@ class _Loop:
         self.consumer.seek(resume)
         self.stats.assignments += 1
         self.stats.partitions = tuple(parts)
-        # librdkafka may have a fetch in flight from before the seek, which the broker holds up to its fetch wait:
-        # silence that short after positioning says nothing about the topic being drained
+        # the consumer may have a fetch in flight from before the seek (librdkafka's own, or a poll during the check),
+        # which the broker holds up to its fetch wait: silence that short after positioning says nothing about the
+        # topic being drained
         self.last_activity = self.positioned = time.monotonic() + FETCH_MAX_WAIT_MS / 1000
         log.info("assigned partitions=%s resume=%s dedupe_ids=%d", parts, resume, ids)
         self._report()
@@ -386,10 +423,9 @@ class _Loop:
             with _cpu(self.stats, "log_check"):
                 problems = self.guard.recheck(sorted(last_records))
         except LogUnverifiable as exc:
-            log.warning("batch of %d kept, not committed: %s", len(self.batch), exc)
-            self.unverified = True
+            log.warning("batch of %d not committed, read again once the log can be checked: %s", len(self.batch), exc)
+            self.flag.raise_()  # the next step drops it and checks the markers while the consumer keeps polling
             return
-        self.unverified = False
         self.last_log_check = time.monotonic()
         if problems:
             raise LogWentBackwards(self.config.topic, self.config.group, problems)

@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from kafka import KafkaConsumer, TopicPartition
@@ -98,6 +100,8 @@ class LogProbe:
 
     def __init__(self, bootstrap_servers: str, topic: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> None:
         self.topic, self.timeout_s = topic, timeout_s
+        self.interrupted = threading.Event()
+        """Set (from another thread) to cut the reads in progress short: they then end in ``LogUnverifiable``."""
         self._consumer = KafkaConsumer(
             bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False, auto_offset_reset="none",
             fetch_max_wait_ms=FETCH_MAX_WAIT_MS, max_partition_fetch_bytes=1024 * 1024,
@@ -115,7 +119,7 @@ class LogProbe:
         found: dict[int, tuple[int, bytes | None] | None] = {}
         self._assign({p: o for p, o in offsets.items()}, tps)
         deadline = time.monotonic() + self.timeout_s
-        while len(found) < len(offsets) and time.monotonic() < deadline:
+        while len(found) < len(offsets) and time.monotonic() < deadline and not self.interrupted.is_set():
             answered = len(found)
             try:
                 polled = self._consumer.poll(timeout_ms=200)
@@ -130,6 +134,9 @@ class LogProbe:
                 # drop the partitions answered (pausing them instead can stall the others' buffered fetches)
                 self._assign({p: o for p, o in offsets.items() if p not in found}, tps)
         self._consumer.assign([])
+        if len(found) < len(offsets) and self.interrupted.is_set():
+            raise LogUnverifiable(f"the check of {self.topic} partitions {sorted(set(offsets) - set(found))} was "
+                                  "interrupted (the assignment changed)")
         if len(found) < len(offsets):
             self._broker_answers([tps[p] for p in offsets if p not in found])
         return {p: found.get(p) for p in offsets}
@@ -251,6 +258,50 @@ class LogGuard:
 
     def forget(self, partition: int) -> None:
         self._read.pop(partition, None)
+
+
+class CheckInFlight:
+    """A ``LogGuard.check_markers`` run on its own thread, so that the loop keeps polling its consumer meanwhile.
+
+    A check can take a minute on a slow broker (tansu on ``s3://`` right after a restart: two record reads of
+    ``PROBE_TIMEOUT_S`` and a ListOffsets of ``OFFSETS_TIMEOUT_S``). A group member that does not poll for that
+    long does not rejoin a rebalance, so every other member's join waits for it, and its own next check starts
+    only when the join it held up is over: two ingesters were seen taking turns this way for minutes without
+    a commit (soak, F8). ``interrupt`` ends the reads in progress early, when the assignment changed under them.
+    """
+
+    def __init__(self, guard: LogGuard) -> None:
+        self.guard = guard
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-check")
+        self._future: Future[dict[int, str]] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._future is not None and not self._future.done()
+
+    def start(self, markers: Mapping[int, int | None]) -> None:
+        """Check ``markers`` in the background; only once the previous check has ended (one probe, one reader)."""
+        if self.running:
+            raise RuntimeError("a log check is already running")
+        self.guard.probe.interrupted.clear()
+        self._future = self._pool.submit(self.guard.check_markers, markers)
+
+    def result(self) -> dict[int, str] | None:
+        """The problems found (raises what the check raised: ``LogUnverifiable``), None while it runs."""
+        if self._future is None or not self._future.done():
+            return None
+        future, self._future = self._future, None
+        self.guard.probe.interrupted.clear()
+        return future.result()
+
+    def interrupt(self) -> None:
+        """Cut the check in progress short (its result is then to be dropped); waits for nothing."""
+        if self.running:
+            self.guard.probe.interrupted.set()
+
+    def close(self) -> None:
+        self.interrupt()
+        self._pool.shutdown(wait=True)
 
 
 def _gone(marker: int, first: int) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -22,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=10.0, help="calls per second (default 10)")
     parser.add_argument("--ingesters", type=int, choices=(1, 2), default=2, help="ingesters in the group")
     parser.add_argument("--local-lake", action="store_true", help="lake in a local folder, not on the S3 server")
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING"),
+                        help="TRAJLAKE_LOG_LEVEL of the gateway and the ingesters (DEBUG: their clients' group joins, "
+                             "fetches and every commit)")
     parser.add_argument("--workdir", type=Path, default=None, help="logs and spool (default: a new temp folder)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -30,10 +34,17 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="trajlake-soak-"))
     plan = SoakPlan(seed=args.seed, load_s=args.minutes * 60, calls_per_s=args.rate, ingesters=args.ingesters,
                     lake_on_object_store=not args.local_lake, fault_gap_s=(10.0, 40.0), freeze_s=(5.0, 20.0),
-                    broker_down_s=(60.0, 60.0), warmup_s=12.0, drain_max_s=max(900.0, args.minutes * 60))
+                    broker_down_s=(60.0, 60.0), warmup_s=12.0, log_level=args.log_level,
+                    drain_max_s=max(900.0, args.minutes * 60))
+    signal.signal(signal.SIGTERM, _terminated)
     report = run_soak(plan, workdir=workdir)
     print(report.render())
     return 0 if report.ok else 1
+
+
+def _terminated(signum: int, frame: object) -> None:
+    """SIGTERM: unwind like Ctrl-C, so the run stops its processes (a SIGKILL leaves that to its watchdog)."""
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ from tests.soak.check import (
     stopped_stats,
     stored_keys,
 )
+from tests.soak.reaper import Reaper
 
 log = logging.getLogger("soak")
 
@@ -134,8 +135,8 @@ def fault_schedule(plan: SoakPlan) -> list[Fault]:
 class Process:
     """One restartable child process with its output appended to a log file."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
-        self.name, self.argv, self.env, self.log_path = name, argv, env, log_path
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path, reaper: Reaper) -> None:
+        self.name, self.argv, self.env, self.log_path, self.reaper = name, argv, env, log_path, reaper
         self.proc: subprocess.Popen | None = None
         self.started_at = 0.0
         self.starts = 0
@@ -148,6 +149,7 @@ class Process:
             out.flush()
             self.proc = subprocess.Popen(self.argv, env={**os.environ, **self.env}, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
+        self.reaper.adopt()
         self.started_at = time.monotonic()
         self.starts += 1
 
@@ -183,8 +185,8 @@ class Process:
 class Cluster:
     """The soak's processes: S3 server, broker, engine, gateway, ingesters."""
 
-    def __init__(self, plan: SoakPlan, workdir: Path, s3: S3Server) -> None:
-        self.plan, self.workdir, self.s3 = plan, workdir, s3
+    def __init__(self, plan: SoakPlan, workdir: Path, s3: S3Server, reaper: Reaper) -> None:
+        self.plan, self.workdir, self.s3, self.reaper = plan, workdir, s3, reaper
         run = uuid.uuid4().hex[:8]
         self.topic, self.group = f"soak-{plan.seed}-{run}", f"soak-{plan.seed}-{run}"
         root = f"s3://{s3.new_bucket()}/lake" if plan.lake_on_object_store else str(workdir / "lake")
@@ -196,7 +198,7 @@ class Cluster:
         py = sys.executable
         self.engine = Process("engine", [py, "-m", "uvicorn", "gateway_fake_engine:create_fake_engine", "--factory",
                                          "--app-dir", str(ENGINE_APP_DIR), "--port", str(engine_port),
-                                         "--log-level", "warning"], {}, workdir / "engine.log")
+                                         "--log-level", "warning"], {}, workdir / "engine.log", reaper)
         self.engine_url = f"http://127.0.0.1:{engine_port}/v1"
         self.frozen = False
         self.gateway: Process | None = None
@@ -204,6 +206,7 @@ class Cluster:
 
     def start(self) -> None:
         self.broker.start()
+        self.reaper.adopt()
         self.broker.create_topic(self.topic, partitions=self.plan.partitions)
         self.engine.start()
         wait_for_port("127.0.0.1", int(self.engine_url.split(":")[2].split("/")[0]), timeout_s=60)
@@ -215,13 +218,13 @@ class Cluster:
                                 "TRAJLAKE_GATEWAY_KEYS": f"{KEY}={TENANT}",
                                 "TRAJLAKE_SPOOL_DIR": str(self.workdir / "spool"),
                                 "TRAJLAKE_BROKER_TIMEOUT_S": "2"},
-                               self.workdir / "gateway.log")
+                               self.workdir / "gateway.log", self.reaper)
         self.start_gateway()
         for n in range(self.plan.ingesters):
             self.ingesters.append(Process(
                 f"ingester-{n}",
                 [sys.executable, "-m", "trajlake.cli", "ingest", "--lake", self.lake.root, "--group", self.group],
-                {**common, "TRAJLAKE_LAKE": self.lake.root}, self.workdir / f"ingester-{n}.log"))
+                {**common, "TRAJLAKE_LAKE": self.lake.root}, self.workdir / f"ingester-{n}.log", self.reaper))
             self.ingesters[-1].start()
 
     def start_gateway(self) -> None:
@@ -253,6 +256,7 @@ class Cluster:
         self.broker.kill()
         time.sleep(down_s)
         self.broker.start(timeout_s=60)
+        self.reaper.adopt()
 
     def stop(self) -> None:
         self.thaw_store()
@@ -291,21 +295,28 @@ class Load:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="soak-call")
         self._issued = 0
+        self._abandoned = threading.Event()
+        """The run is being torn down (an error, SIGTERM): calls stop retrying."""
 
     def run(self, duration_s: float, *, faults_done: threading.Event) -> None:
         """Issue calls for ``duration_s`` and until ``faults_done``, paced to ``calls_per_s``; returns when they
         are all settled (so every scheduled fault happens under load, however slow the machine)."""
         start = time.monotonic()
         futures = []
-        while (elapsed := time.monotonic() - start) < duration_s or not faults_done.is_set():
-            due = int(elapsed * self.plan.calls_per_s) + 1
-            while self._issued < due:
-                futures.append(self._pool.submit(self._call, self._issued))
-                self._issued += 1
-            time.sleep(0.02)
-        for f in futures:
-            f.result()
-        self._pool.shutdown()
+        try:
+            while (elapsed := time.monotonic() - start) < duration_s or not faults_done.is_set():
+                due = int(elapsed * self.plan.calls_per_s) + 1
+                while self._issued < due:
+                    futures.append(self._pool.submit(self._call, self._issued))
+                    self._issued += 1
+                time.sleep(0.02)
+            for f in futures:
+                f.result()
+        except BaseException:
+            self._abandoned.set()
+            raise
+        finally:
+            self._pool.shutdown(cancel_futures=True)
 
     def _call(self, i: int) -> None:
         import openai
@@ -325,6 +336,8 @@ class Load:
                 with self._lock:
                     self.failures[str(getattr(exc, "status_code", None) or type(exc).__name__)] += 1
                     self.failed_at.append(time.monotonic())
+                if self._abandoned.is_set():
+                    return
                 if time.monotonic() > give_up:
                     log.warning("soak: call %s unanswered: %r", key, exc)
                     with self._lock:
@@ -416,12 +429,21 @@ def run_soak(plan: SoakPlan, *, workdir: Path, s3: S3Server | None = None,
     """Run the soak end to end and check the lake.
 
     Its own S3 server unless ``s3`` is given (that one gets frozen, and outlives the run: the lake and the
-    log stay there to look at); ``schedule`` replaces the seed's faults (to replay one situation).
+    log stay there to look at); ``schedule`` replaces the seed's faults (to replay one situation). Every
+    process it starts dies with it, however it ends (``Reaper``).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     own = s3 is None
-    s3 = s3 or S3Server().start()
-    cluster = Cluster(plan, workdir, s3)
+    with Reaper(spare=frozenset() if own else frozenset({s3.pid})) as reaper:
+        if s3 is None:
+            s3 = S3Server().start()
+            reaper.adopt()
+        return _run(plan, workdir, s3, own, reaper, schedule)
+
+
+def _run(plan: SoakPlan, workdir: Path, s3: S3Server, own: bool, reaper: Reaper,
+         schedule: list[Fault] | None) -> Report:
+    cluster = Cluster(plan, workdir, s3, reaper)
     report = Report(plan, workdir)
     started = phase = time.monotonic()
     try:

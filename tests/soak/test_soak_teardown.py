@@ -1,0 +1,69 @@
+"""A soak killed hard leaves no process behind (S3 server, broker, engine, gateway, ingesters, its watchdog).
+
+The long run is started as an operator would (``python -m tests.soak``), with a marker in its environment
+that every process it starts inherits; once all of its processes run, it gets SIGTERM or SIGKILL, and no
+process holding the marker may remain.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BOUND_S = 180.0
+"""How long to wait for a state (processes started, processes gone); only bounds a failing run."""
+
+
+def carrying(marker: str) -> set[int]:
+    """Pids of live processes whose environment holds ``marker``."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes():
+                found.add(int(entry.name))
+        except OSError:  # gone meanwhile, or another user's
+            continue
+    return found
+
+
+def wait_for(condition, what: str) -> None:
+    deadline = time.monotonic() + BOUND_S
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {BOUND_S:.0f} s: {what}")
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_killed_soak_leaves_no_process(tmp_path, sig):
+    marker = f"TRAJLAKE_SOAK_TEARDOWN_TEST={uuid.uuid4().hex}"
+    name, value = marker.split("=")
+    harness = subprocess.Popen(
+        [sys.executable, "-m", "tests.soak", "--minutes", "10", "--rate", "1", "--workdir", str(tmp_path)],
+        cwd=ROOT, env={**os.environ, name: value}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    try:
+        # the last processes it starts are the ingesters: S3 server, broker, engine, gateway, 2 ingesters, watchdog
+        wait_for(lambda: (tmp_path / "ingester-1.log").exists() and len(carrying(marker) - {harness.pid}) >= 7,
+                 "the soak's processes running")
+        harness.send_signal(sig)
+        harness.wait(BOUND_S)
+        wait_for(lambda: not carrying(marker), "every process of the soak gone")
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+            harness.wait()
+        for pid in carrying(marker):  # a failed run's leftovers
+            os.kill(pid, signal.SIGKILL)
