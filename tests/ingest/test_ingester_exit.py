@@ -47,3 +47,21 @@ def test_help_documents_the_exit_codes():
                          env={**os.environ, "COLUMNS": "200"}).stdout
     text = " ".join(out.split())
     assert "Exit codes: 0 stopped cleanly" in text and "3 the log went backwards" in text and "--recover" in text
+
+
+def test_a_lake_storage_failure_mid_run_is_one_clear_line_and_exit_1(monkeypatch, tmp_path):
+    """Seen in the soak: an S3 read timing out while the store was frozen ended with "a bug" (OSError unhandled)."""
+    from typer.testing import CliRunner
+
+    import ingest.ingester
+    from trajlake.cli import build_app
+
+    def store_times_out(*args, **kwargs):
+        raise OSError("AWS Error NETWORK_CONNECTION during GetObject operation: curlCode: 28, Timeout was reached")
+
+    monkeypatch.setattr(ingest.ingester, "run_ingester", store_times_out)
+    result = CliRunner().invoke(build_app(), ["ingest", "--lake", str(tmp_path / "lake"), "--bootstrap-servers",
+                                              "127.0.0.1:1", "--topic", "t"], env={"COLUMNS": "200"})
+    assert result.exit_code == 1, result.output
+    assert "the lake's storage failed while ingesting: AWS Error NETWORK_CONNECTION" in result.output
+    assert "nothing is lost" in result.output and "a bug" not in result.output and "Traceback" not in result.output

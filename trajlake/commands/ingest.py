@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from schemas.errors import BrokerUnreachable, SettingsInvalid
+from schemas.errors import BrokerUnreachable, SettingsInvalid, TrajlakeError
 from schemas.table_names import EVENTS_TABLE, QUARANTINE_TABLE
 from trajlake.options import LAKE_OPTION
 from trajlake.settings import CommonSettings, load
@@ -102,6 +102,15 @@ def ingest(
         # asked to stop while still looking for a broker: nothing was read, a clean stop
         console.print("[green]stopped[/] before a broker answered: nothing consumed")
         return
+    except TrajlakeError:
+        raise
+    except OSError as exc:  # the lake's object store or disk failed mid-run (e.g. a read timed out while frozen)
+        from store.storage import StoreUnreachable
+
+        raise StoreUnreachable(
+            f"the lake's storage failed while ingesting: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+            hint="nothing is lost: start the ingester again (a supervisor does) and it re-reads every uncommitted "
+                 "message from the lake's markers") from None
     console.print("[green]stopped[/]: every consumed message is committed")
 
 
