@@ -34,16 +34,7 @@ do the work without FastAPI.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from schemas.lazy import lazy_exports
 
-_EXPORTS = {"create_query_app": "api.app", "TenantKeys": "api.deps", "QueryApiConfig": "api.config",
-            "QueryService": "api.services"}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    """Load on first use: ``api.config`` (the shell's settings) stays cheap to import, without FastAPI."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(_EXPORTS[name]), name)
+__getattr__, __all__ = lazy_exports(__name__, {"api.app": ("create_query_app",), "api.deps": ("TenantKeys",),
+                                                "api.config": ("QueryApiConfig",), "api.services": ("QueryService",)})

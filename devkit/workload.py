@@ -45,8 +45,9 @@ from __future__ import annotations
 import heapq
 import random
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -186,6 +187,52 @@ class _Agent:
     last_response_at: int | None = None
     """Where the last response starts inside ``history`` (for retokenization drift)."""
     report_to: _Agent | None = None
+
+
+
+class _Steps(Protocol):
+    calls_left: int
+
+
+@dataclass
+class RolloutPlan:
+    """How a synthetic rollout goes: its number of root calls, the call it crashes at (if any), whether it is
+    cut at ``max_calls``. Shared by the event workload and ``bench/sql``'s vectorised lake (same draws, same
+    order of random numbers)."""
+
+    calls: int
+    crash_at: int | None
+    truncated: bool
+
+    @classmethod
+    def draw(cls, cfg: WorkloadConfig, rng: random.Random) -> RolloutPlan:
+        calls = rng.randint(cfg.min_calls, cfg.max_calls)
+        crash_at = rng.randint(1, calls - 1) if calls > 1 and rng.random() < cfg.failure_rate else None
+        return cls(calls, crash_at, crash_at is None and calls == cfg.max_calls and cfg.max_calls > cfg.min_calls)
+
+    def drive(self, root: _Steps, subs: list, step: Callable[..., None]) -> int:
+        """Step the root agent and its sub-agents in turn until every call is made (or the crash); the root's
+        calls made."""
+        made = 0
+        while root.calls_left > 0 or subs:
+            if root.calls_left > 1 or (root.calls_left == 1 and not subs):
+                made += 1
+                step(root, crash=made == self.crash_at, finish_reason="length" if self.truncated else "stop")
+                if made == self.crash_at:
+                    break
+            for sub in list(subs):
+                step(sub)
+                if sub.calls_left == 0:
+                    subs.remove(sub)
+        return made
+
+    def outcome(self, cfg: WorkloadConfig) -> tuple[str, str | None]:
+        """The rollout's status and reason."""
+        if self.crash_at is not None:
+            return "failed", "tool process crashed"
+        if self.truncated:
+            return "truncated", f"reached max_calls={cfg.max_calls}"
+        return "succeeded", None
 
 
 class _RolloutSim:
@@ -400,29 +447,12 @@ class _RolloutSim:
 
     def run(self) -> None:
         cfg, rng = self.config, self.rng
-        calls = rng.randint(cfg.min_calls, cfg.max_calls)
-        crash_at = rng.randint(1, calls - 1) if calls > 1 and rng.random() < cfg.failure_rate else None
-        truncated = crash_at is None and calls == cfg.max_calls and cfg.max_calls > cfg.min_calls
-        root = self._agent(self.system, self.task_tokens, calls, None)
+        plan = RolloutPlan.draw(cfg, rng)
+        root = self._agent(self.system, self.task_tokens, plan.calls, None)
         self._emit("rollout.started", {"group_id": self.task_id, "policy_version": self.policy_version,
-                                       "metadata": {"env": "synthetic", "max_calls": calls}}, root)
-        made = 0
-        while root.calls_left > 0 or self.subs:
-            if root.calls_left > 1 or (root.calls_left == 1 and not self.subs):
-                made += 1
-                self._step(root, crash=made == crash_at, finish_reason="length" if truncated else "stop")
-                if made == crash_at:
-                    break
-            for sub in list(self.subs):
-                self._step(sub)
-                if sub.calls_left == 0:
-                    self.subs.remove(sub)
-        if crash_at is not None:
-            status, reason = "failed", "tool process crashed"
-        elif truncated:
-            status, reason = "truncated", f"reached max_calls={cfg.max_calls}"
-        else:
-            status, reason = "succeeded", None
+                                       "metadata": {"env": "synthetic", "max_calls": plan.calls}}, root)
+        made = plan.drive(root, self.subs, self._step)
+        status, reason = plan.outcome(cfg)
         self._advance(5, 50)
         self._emit("rollout.finished", {"status": status, "reason": reason, "steps": made}, root)
         self.facts.status = status

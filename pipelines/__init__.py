@@ -10,8 +10,7 @@ imported on first use.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from schemas.lazy import lazy_exports
 
 _MODULES = {
     "pipelines.datasets.build": ("BuildResult", "EmptyDataset", "build_dataset"),
@@ -29,12 +28,4 @@ _MODULES = {
     "pipelines.workbench.failures": ("Extraction", "FailureConfig", "NothingSelected", "append_packets",
                                      "extract_failures", "write_jsonl"),
 }
-_EXPORTS = {name: module for module, names in _MODULES.items() for name in names}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    """Load on first use: importing one stage (``pipelines.datasets.config``) does not import every stage."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(_EXPORTS[name]), name)
+__getattr__, __all__ = lazy_exports(__name__, _MODULES)

@@ -6,8 +6,7 @@ event models.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from schemas.lazy import lazy_exports
 
 _MODULES = {
     "schemas.errors": ("InvalidEvent",),
@@ -17,11 +16,4 @@ _MODULES = {
                        "ToolResult", "ToolResultEvent"),
     "schemas.versions": ("MAX_EVENT_BYTES", "SCHEMA_VERSION", "decode_event", "validate_event"),
 }
-_EXPORTS = {name: module for module, names in _MODULES.items() for name in names}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(_EXPORTS[name]), name)
+__getattr__, __all__ = lazy_exports(__name__, _MODULES)

@@ -50,6 +50,7 @@ from devkit.workload import (
     STATE_CHANGING_TOOLS,
     TOOL_SPECS,
     TOOLS,
+    RolloutPlan,
     WorkloadConfig,
 )
 from ingest.ids import uuid7
@@ -199,26 +200,13 @@ class _Commit:
             "kafka_topic": TOPIC, "kafka_partition": 0,
         }
         self.subs: list[_Agent] = []
-        calls = rng.randint(w.min_calls, w.max_calls)
-        crash_at = rng.randint(1, calls - 1) if calls > 1 and rng.random() < w.failure_rate else None
-        truncated = crash_at is None and calls == w.max_calls and w.max_calls > w.min_calls
+        plan = RolloutPlan.draw(w, rng)
         task_len = self._n(_TASK, task_rng) + 3
-        root = self._agent(self.system_len, task_len, calls, None)
+        root = self._agent(self.system_len, task_len, plan.calls, None)
         self._put(ROLLOUT_STARTS_TABLE, self._row(root, group_id=self.key["task_id"], policy_version=self.policy,
-            metadata=f'{{"env":"synthetic","max_calls":{calls}}}'))
-        made = 0
-        while root.calls_left > 0 or self.subs:
-            if root.calls_left > 1 or (root.calls_left == 1 and not self.subs):
-                made += 1
-                self._step(root, crash=made == crash_at, finish_reason="length" if truncated else "stop")
-                if made == crash_at:
-                    break
-            for sub in list(self.subs):
-                self._step(sub)
-                if sub.calls_left == 0:
-                    self.subs.remove(sub)
-        status, reason = ("failed", "tool process crashed") if crash_at is not None else (
-            ("truncated", f"reached max_calls={w.max_calls}") if truncated else ("succeeded", None))
+            metadata=f'{{"env":"synthetic","max_calls":{plan.calls}}}'))
+        made = plan.drive(root, self.subs, self._step)
+        status, reason = plan.outcome(w)
         self._advance(5, 50)
         end = self._row(root, status=status, reason=reason, steps=made)
         self._put(ROLLOUT_ENDS_TABLE, end)
