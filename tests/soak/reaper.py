@@ -7,7 +7,9 @@ watchdog process, in a session of its own, holds the read end of a pipe whose
 write end only the soak holds: when the soak exits by any means, the pipe
 closes and the watchdog SIGKILLs every process (and its process group) it was
 told about. ``Reaper.adopt`` tells it about the soak's children as they are now
-(new ones added, ended ones dropped, so a reused pid is never killed).
+(new ones added, ended ones dropped, so a reused pid is never killed); children
+the process had before the reaper started are never adopted (under pytest the
+session's S3 server and broker are children of the same worker).
 
 >>> with Reaper() as reaper:  # doctest: +SKIP
 ...     subprocess.Popen(["sleep", "600"], start_new_session=True)
@@ -42,8 +44,9 @@ class Reaper:
     """A watchdog that SIGKILLs the processes it was told about once this process is gone."""
 
     def __init__(self, *, spare: frozenset[int] = frozenset()) -> None:
-        self.spare = spare
-        """Children that must outlive this process (e.g. an S3 server the caller owns)."""
+        self.spare = spare | _children()
+        """Children that must outlive this process: ``spare`` (e.g. an S3 server the caller owns) and every
+        child this process had before the reaper (in a test run: the session's S3 server and broker)."""
         self._watchdog = subprocess.Popen([sys.executable, "-c", WATCHDOG], stdin=subprocess.PIPE,
                                           start_new_session=True, text=True)
         self._known: set[int] = set()

@@ -67,3 +67,20 @@ def test_a_killed_soak_leaves_no_process(tmp_path, sig):
             harness.wait()
         for pid in carrying(marker):  # a failed run's leftovers
             os.kill(pid, signal.SIGKILL)
+
+
+def test_the_reaper_spares_children_its_process_had_before_it():
+    """Under pytest the session's S3 server and broker are children of the worker that runs the CI soak: the
+    soak's watchdog killed them with its own processes (seen in CI: the next S3 test could not connect)."""
+    from tests.soak.reaper import Reaper
+
+    session_server = subprocess.Popen(["sleep", "120"])
+    try:
+        with Reaper() as reaper:
+            soak_child = subprocess.Popen(["sleep", "120"], start_new_session=True)
+            reaper.adopt()
+        assert soak_child.wait(timeout=30) == -signal.SIGKILL
+        assert session_server.poll() is None
+    finally:
+        session_server.kill()
+        session_server.wait()
