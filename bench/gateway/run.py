@@ -43,15 +43,18 @@ BODY = json.dumps({"model": "bench", "max_tokens": 16,
                    "messages": [{"role": "user", "content": "say something short please"}]}).encode()
 
 
-def start(cmd: list[str], *, env: dict[str, str], port: int) -> subprocess.Popen:
+def start(cmd: list[str], *, env: dict[str, str], port: int, path: str = "/healthz",
+          timeout_s: float = 60.0) -> subprocess.Popen:
+    """Start a server and wait until ``path`` answers on ``port``; a server that does not start is killed."""
     proc = subprocess.Popen(cmd, env={**os.environ, **env}, cwd=ROOT)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + timeout_s
     while True:
         try:
-            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+            httpx.get(f"http://127.0.0.1:{port}{path}", timeout=1)
             return proc
         except httpx.HTTPError:
             if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
                 raise RuntimeError(f"{cmd[:3]} did not start")
             time.sleep(0.1)
 

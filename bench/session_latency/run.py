@@ -39,6 +39,7 @@ sys.path[:0] = [str(ROOT)]
 
 from bench.gateway.loadgen import Connection, Target  # noqa: E402
 from bench.gateway.run import cpu_seconds, percentile  # noqa: E402
+from bench.gateway.run import start as start_server  # noqa: E402
 from bench.results import Ratio, Recorder  # noqa: E402
 from devkit.ports import free_port  # noqa: E402
 from devkit.tiny_model import build_tiny_model, default_model_dir  # noqa: E402
@@ -65,17 +66,9 @@ def conversation(turns: int) -> list[list[dict]]:
 
 
 def start(args: list[str], port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, str(SERVE), args[0], str(port), *args[1:]], cwd=ROOT)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
-            return proc
-        except httpx.HTTPError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"bench server {args[0]} did not start")
-            time.sleep(0.2)
+    """One bench server (``serve.py``: the fake engine or a gateway), up once it lists its models."""
+    return start_server([sys.executable, str(SERVE), args[0], str(port), *args[1:]], env={}, port=port,
+                        path="/v1/models", timeout_s=120)
 
 
 async def rollouts_at_rate(port: int, tag: str, turns: list[bytes], *, rollouts: int,
