@@ -14,9 +14,10 @@ each subclass also keeps the builtin base callers catch (``LookupError``,
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from pydantic import ValidationError
+if TYPE_CHECKING:  # pydantic loads with the code that validates, not with every import of the errors (``trajlake --help``)
+    from pydantic import ValidationError
 
 EXIT_FAILED = 1
 """The command did not do its job (bad input included)."""

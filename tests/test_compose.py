@@ -33,7 +33,7 @@ READ_BY_OS_ENVIRON = {"TRAJLAKE_LOG_LEVEL", "TRAJLAKE_HOME"}
 
 def cli_commands() -> dict:
     """Name -> click command of every registered ``trajlake`` command."""
-    return dict(typer.main.get_command(build_app()).commands)
+    return typer.main.get_command(build_app()).every_command()
 
 
 def settings_keys() -> set[str]:

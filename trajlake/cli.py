@@ -2,23 +2,29 @@
 
 Every module in ``trajlake.commands`` exposes ``register(app)``; each command
 parses its options, builds settings, calls one function and renders the result.
+The shell imports a command's module when that command runs (or shows its
+help): ``trajlake --help`` lists the summaries of ``trajlake.commands.COMMANDS``.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import pkgutil
+import os
 import sys
 import traceback
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 import typer.core
 
-import trajlake.commands
+from schemas.errors import SettingsInvalid
+from trajlake.commands import COMMANDS
 from trajlake.options import EXIT_CODES
 from trajlake.signals import exit_cleanly_on_stop_signals, runs_until_stopped
+
+if TYPE_CHECKING:
+    from typer._click.core import Command  # typer's own click (typer 0.29 vendors it)
 
 # Imported by the functions that use them: until ``main`` has installed the stop handler of a service, this
 # module's imports are all that runs (a SIGTERM in that time still kills the process with -15).
@@ -34,8 +40,6 @@ an ERROR; the gateway spools and the ingester stops with one clear line): quiet 
 
 def configure_logging(level_name: str) -> None:
     """Our loggers at ``level_name``; libraries at WARNING (``SILENT_LIBRARIES``: CRITICAL) unless DEBUG."""
-    from schemas.errors import SettingsInvalid
-
     level = logging.getLevelName(level_name.upper())
     if not isinstance(level, int):
         raise SettingsInvalid(f"TRAJLAKE_LOG_LEVEL={level_name!r}: use DEBUG, INFO, WARNING or ERROR")
@@ -59,6 +63,31 @@ class Shell(typer.core.TyperGroup):
     rather than around ``main()``, so that every way in (the console script, ``python -m``, torchrun,
     ``CliRunner`` in tests) behaves the same.
     """
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        for name, entry in COMMANDS.items():
+            self.commands.setdefault(name, Summary(name, short_help=entry.summary))
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        if args:
+            self.load(args[0])
+        return super().resolve_command(ctx, args)
+
+    def load(self, name: str) -> Command | None:
+        """Command ``name`` ready to run, its module imported (with the other commands it registers); None: no
+        such command. Until then ``commands[name]`` is its ``Summary``."""
+        if isinstance(self.commands.get(name), Summary):
+            module = COMMANDS[name].module
+            self.commands.update(commands_of(module))
+            if isinstance(self.commands[name], Summary):
+                raise RuntimeError(f"trajlake.commands.{module} registers no command {name!r}: fix "
+                                   "trajlake.commands.COMMANDS")
+        return self.commands.get(name)
+
+    def every_command(self) -> dict[str, Command]:
+        """Name -> command ready to run, of every command: imports every command module (for tests and tools)."""
+        return {name: command for name in list(self.commands) if (command := self.load(name)) is not None}
 
     def main(self, args: Any = None, *rest: Any, **options: Any) -> Any:
         from schemas.errors import EXIT_BAD_SETTINGS, EXIT_FAILED, TrajlakeError
@@ -106,10 +135,20 @@ def build_app() -> typer.Typer:
         if debug:
             configure_logging("DEBUG")
 
-    for info in sorted(pkgutil.iter_modules(trajlake.commands.__path__), key=lambda m: m.name):
-        importlib.import_module(f"trajlake.commands.{info.name}").register(app)
-    _add_epilog(app)
     return app
+
+
+class Summary(typer.core.TyperCommand):
+    """A command as ``trajlake --help`` lists it, before its module is imported (``Shell.load``)."""
+
+
+def commands_of(module: str) -> dict[str, Command]:
+    """Name -> command of every command ``trajlake.commands.<module>`` registers, each --help ending with the exit
+    codes."""
+    app = typer.Typer()
+    importlib.import_module(f"trajlake.commands.{module}").register(app)
+    _add_epilog(app)
+    return dict(typer.main.get_group(app).commands)
 
 
 def _add_epilog(app: typer.Typer) -> None:
@@ -124,11 +163,8 @@ def _add_epilog(app: typer.Typer) -> None:
 def main() -> None:
     if runs_until_stopped(sys.argv):
         exit_cleanly_on_stop_signals()
-    from schemas.errors import SettingsInvalid
-    from trajlake.settings import ShellSettings, load
-
-    try:
-        configure_logging(load(ShellSettings).log_level)
+    try:  # TRAJLAKE_LOG_LEVEL (``ShellSettings.log_level``) read here: pydantic-settings would cost --help 0.1 s
+        configure_logging(os.environ.get("TRAJLAKE_LOG_LEVEL", "WARNING"))
     except SettingsInvalid as exc:
         _exit(str(exc), exc.exit_code)
     build_app()()

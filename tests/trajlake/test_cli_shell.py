@@ -12,7 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from schemas.errors import InputError
-from trajlake.cli import OWN_PACKAGES, SILENT_LIBRARIES, build_app, configure_logging
+from trajlake.cli import OWN_PACKAGES, SILENT_LIBRARIES, Shell, build_app, configure_logging
 from trajlake.options import TIME_HELP, parse_time
 
 
@@ -22,7 +22,7 @@ def all_commands() -> dict[str, typer.main.click.Command]:
     pending = [("", typer.main.get_command(build_app()))]
     while pending:
         prefix, group = pending.pop()
-        for name, command in group.commands.items():
+        for name, command in (group.every_command() if isinstance(group, Shell) else group.commands).items():
             path = f"{prefix} {name}".strip()
             if hasattr(command, "commands"):
                 pending.append((path, command))
