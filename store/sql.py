@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -40,6 +40,7 @@ import pyarrow as pa
 from schemas.errors import NotFound, TrajlakeError
 from schemas.tables import ADDED_COLUMNS, INGESTED_TABLES, VIEWS
 from store.lake import Lake, list_tables
+from store.query_reads import views_read_by
 from store.storage import duckdb_secret, store_problem
 
 log = logging.getLogger(__name__)
@@ -160,11 +161,14 @@ def discover_tables(lake: Lake) -> dict[str, str]:
     return found
 
 
-def connect(lake: Lake, *, tables: Iterable[str] | None = None, sandbox: bool = False) -> duckdb.DuckDBPyConnection:
+def connect(lake: Lake, *, tables: Iterable[str] | None = None, views: Collection[str] | None = None,
+            sandbox: bool = False) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with a view per lake table plus the joined views.
 
     ``tables`` names the Delta tables to expose (default: every one found;
     an absent one is skipped, or an empty view when it is an ingested table).
+    ``views`` (lower-case names, e.g. ``views_read_by``'s) keeps only the views
+    it names, of any kind; the lake is not even listed when it is empty.
     ``sandbox`` turns off file access outside the lake root, Python
     replacement scans and extension loading, then locks the configuration;
     ``run_query`` always uses it. Every table is pinned at the version it had
@@ -174,15 +178,22 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, sandbox: bool = 
     >>> con = connect(Lake("./lake"))  # doctest: +SKIP
     >>> con.sql("SELECT status, count(*) FROM rollouts GROUP BY ALL").fetchall()  # doctest: +SKIP
     """
-    found = discover_tables(lake) if tables is None else {view_name(t): t for t in tables if lake.exists(t)}
+    if views is not None and not views:
+        found = {}
+    else:
+        found = discover_tables(lake) if tables is None else {view_name(t): t for t in tables if lake.exists(t)}
+    if views is not None:
+        found = {name: path for name, path in found.items() if name.lower() in views}
     con = open_duckdb(lake)
     try:
         for name, path in found.items():
             attach_table(con, lake.uri(path), name)
         for name, schema in INGESTED_TABLES.items():
-            if name not in found:
+            if name not in found and (views is None or name in views):
                 con.register(name, schema.empty_table())
-        for statement in joined_view_statements():
+        for name, statement in zip(JOINED_VIEWS, joined_view_statements()):
+            if views is not None and name not in views:
+                continue
             try:
                 con.execute(statement)
             except duckdb.Error as e:  # e.g. a table written with an older schema: keep the other views
@@ -245,14 +256,27 @@ def run_query(lake: Lake, sql: str, *, max_rows: int | None = None) -> pa.Table:
     """Run one read-only statement over the lake's views and return Arrow.
 
     A fresh sandboxed connection per call (``connect(lake, sandbox=True)``
-    then ``run_read_only``). Raises ``LakeMissing`` when the lake root does
-    not exist, and what ``run_read_only`` raises.
+    then ``run_read_only``) with only the views the statement reads
+    (``views_read_by``: ``SELECT 1`` attaches nothing); an error is worded
+    by a connection with every view (its hint lists them). Raises
+    ``LakeMissing`` when the lake root does not exist, and what
+    ``run_read_only`` raises.
 
     >>> run_query(Lake("./lake"), "SELECT count(*) AS n FROM llm_calls").to_pylist()  # doctest: +SKIP
     [{'n': 12}]
     """
     check_lake(lake)
-    con = connect(lake, sandbox=True)
+    views = views_read_by(sql, dict(zip(JOINED_VIEWS, joined_view_statements())))
+    try:
+        return _run_on_views(lake, sql, views, max_rows)
+    except QueryError:
+        if views is None:
+            raise
+    return _run_on_views(lake, sql, None, max_rows)
+
+
+def _run_on_views(lake: Lake, sql: str, views: Collection[str] | None, max_rows: int | None) -> pa.Table:
+    con = connect(lake, views=views, sandbox=True)
     try:
         return run_read_only(con, sql, max_rows=max_rows)
     finally:
