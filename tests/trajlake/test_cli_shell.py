@@ -77,6 +77,13 @@ def test_lake_option_has_one_wording(path: str):
         assert lake.help == "Lake root: a folder or s3://bucket/prefix (default: TRAJLAKE_LAKE, else ./lake).", path
 
 
+def test_bootstrap_servers_option_has_one_wording():
+    found = {path: p.help for path, command in all_commands().items() for p in command.params
+             if "--bootstrap-servers" in getattr(p, "opts", [])}
+    assert len(found) > 3 and set(found.values()) == {
+        "Kafka bootstrap servers, host:port[,...] (default: TRAJLAKE_BOOTSTRAP_SERVERS, else 127.0.0.1:9092)."}, found
+
+
 KAFKA_CLIENTS = {"gateway", "ingest", "health", "train", "forget", "build-dataset"}
 """Commands that talk to Kafka (``broker`` is the broker itself)."""
 

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from schemas.control import CONTROL_TOPIC
 from schemas.errors import BrokerUnreachable, InputError
-from trajlake.options import LAKE_OPTION, TIME_HELP, first_error, parse_time
+from trajlake.options import BOOTSTRAP_SERVERS_OPTION, LAKE_OPTION, TIME_HELP, first_error, parse_time
 from trajlake.settings import CommonSettings, load
 
 if TYPE_CHECKING:
@@ -64,8 +64,9 @@ def build_dataset_command(
                                         "text (repeatable)."),
     batch_tokens: int | None = typer.Option(None, min=1, help="Tokens per merge batch (TRAJLAKE_BUILD_BATCH_TOKENS)."),
     lake: str | None = LAKE_OPTION,
-    bootstrap_servers: str | None = typer.Option(None, help="Broker for the dataset.version event (TRAJLAKE_BOOTSTRAP_SERVERS)."),
-    publish: bool = typer.Option(True, help="Publish dataset.version when a broker is configured."),
+    bootstrap_servers: str | None = BOOTSTRAP_SERVERS_OPTION,
+    publish: bool = typer.Option(True, help="Publish dataset.version when a broker is named (--bootstrap-servers or "
+                                 "TRAJLAKE_BOOTSTRAP_SERVERS; never to the default one)."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
 ) -> None:
     """Build a new version of datasets/NAME from the lake's rollouts and print its merge statistics."""

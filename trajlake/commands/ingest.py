@@ -14,7 +14,7 @@ from rich.table import Table
 
 from schemas.errors import BrokerUnreachable, SettingsInvalid, TrajlakeError
 from schemas.table_names import EVENTS_TABLE, QUARANTINE_TABLE
-from trajlake.options import LAKE_OPTION
+from trajlake.options import BOOTSTRAP_SERVERS_OPTION, LAKE_OPTION
 from trajlake.settings import CommonSettings, load
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ def __getattr__(name: str) -> Any:
 
 def ingest(
     lake: str | None = LAKE_OPTION,
-    bootstrap_servers: str | None = typer.Option(None, help="Kafka bootstrap servers (TRAJLAKE_BOOTSTRAP_SERVERS)."),
+    bootstrap_servers: str | None = BOOTSTRAP_SERVERS_OPTION,
     topic: str | None = typer.Option(None, help="Events topic (TRAJLAKE_TOPIC, default trajlake.events)."),
     group: str | None = typer.Option(None, help="Consumer group (default trajlake-ingest)."),
     batch_max_events: int | None = typer.Option(None, min=1, help="Commit after this many messages (default 20000)."),

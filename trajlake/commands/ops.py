@@ -15,7 +15,7 @@ from rich.table import Table
 
 from schemas.table_names import DATASETS_PREFIX
 from schemas.errors import SettingsInvalid
-from trajlake.options import LAKE_OPTION
+from trajlake.options import BOOTSTRAP_SERVERS_OPTION, LAKE_OPTION
 from trajlake.settings import CommonSettings, load
 
 if TYPE_CHECKING:
@@ -55,12 +55,12 @@ def forget_command(
     reason: str | None = typer.Option(None, help="Why (ticket id); kept in the forget_audit table."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
     lake: str | None = LAKE_OPTION,
-    bootstrap_servers: str | None = typer.Option(None, help="Kafka brokers, asked for the topic's retention (TRAJLAKE_BOOTSTRAP_SERVERS)."),
+    bootstrap_servers: str | None = BOOTSTRAP_SERVERS_OPTION,
     topic: str | None = typer.Option(None, help="Topic of the raw events (TRAJLAKE_TOPIC)."),
 ) -> None:
     """Delete a tenant's, rollouts' or user's rows from every table, vacuum their files, audit it.
 
-    Not reached: the raw events in the Kafka topic (kept until its retention.ms) and the predicate of each
+    Not reached: the raw events in the Kafka topic (kept until its retention.ms, asked of --bootstrap-servers) and the predicate of each
     DELETE commit in the tables' _delta_log (it names the tenant and rollout ids; kept until log cleanup)."""
     from ingest.topic_retention import topic_retention
     from store.forget import ForgetRequest, forget

@@ -24,7 +24,7 @@ from rich.table import Column, Table
 
 from schemas.errors import InputError, SettingsInvalid
 from trainer.errors import TrainerError
-from trajlake.options import LAKE_OPTION, first_error
+from trajlake.options import BOOTSTRAP_SERVERS_OPTION, LAKE_OPTION, first_error
 from trajlake.settings import CommonSettings, load
 from devkit.tiny_model import model_or_tiny
 
@@ -74,8 +74,9 @@ def train(
     seed: int = typer.Option(0, help="Seed of the batch order."),
     out: str | None = typer.Option(None, help="Checkpoint folder (TRAJLAKE_TRAIN_OUT, default ./checkpoints)."),
     lake: str | None = LAKE_OPTION,
-    follow_mode: bool = typer.Option(False, "--follow", help="Keep running: train each new dataset version once."),
-    bootstrap_servers: str | None = typer.Option(None, help="Kafka for --follow (TRAJLAKE_BOOTSTRAP_SERVERS)."),
+    follow_mode: bool = typer.Option(False, "--follow", help="Keep running: train each new dataset version once "
+                                     "(announced on Kafka, --bootstrap-servers)."),
+    bootstrap_servers: str | None = BOOTSTRAP_SERVERS_OPTION,
     no_kafka: bool = typer.Option(False, "--no-kafka", help="--follow by registry polling only."),
     poll_s: float | None = typer.Option(None, min=0.1, help="Registry poll interval of --follow (default 30 s)."),
     metrics_port: int | None = typer.Option(None, min=1, max=65535, help="Serve Prometheus metrics on this port (/metrics, rank 0)."),
