@@ -34,8 +34,9 @@ OWN_PACKAGES = ("schemas", "store", "ingest", "pipelines", "trainer", "serve", "
 LOUD_LIBRARIES = ("DeepSpeed", "torch", "transformers", "urllib3", "filelock")
 """Libraries that set their own logger level (DeepSpeed logs at INFO with its own handler): WARNING unless DEBUG."""
 SILENT_LIBRARIES = ("kafka",)
-"""Libraries whose errors our code reports in its own words (kafka-python logs every reconnect attempt as
-an ERROR; the gateway spools and the ingester stops with one clear line): quiet unless DEBUG."""
+"""Libraries whose errors our code reports in its own words (kafka-python, the Kafka client of everything but the
+ingester's consumer and the gateway's sink, which are confluent-kafka, logs every reconnect attempt as an ERROR):
+quiet unless DEBUG."""
 
 
 def configure_logging(level_name: str) -> None:
