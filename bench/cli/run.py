@@ -1,13 +1,14 @@
 """CLI start-up (issue 16): ``trajlake --help`` and a one-row ``trajlake sql`` against ``import typer``.
 
 Every round runs each command once as a fresh process, interleaved so that load drift hits all of them:
-``python -c pass``, ``python -c "import typer"`` (the floor of any Typer CLI, the ratios' baseline),
+``python -c pass``, ``python -c "import typer"`` (the floor of any Typer CLI, the ratios' baseline), the
+import floors of the two commands (``FLOORS``: the third-party modules each cannot run without),
 ``trajlake --help``, ``trajlake sql --help`` and ``trajlake sql --lake LAKE "SELECT 1"``; one warm-up round
 first (bytecode, page cache). Per command: median wall and CPU (user + sys) seconds and peak RSS over the
 rounds; the ratios divide each round's trajlake CPU time by that round's ``import typer`` (CPU, because on a
-loaded machine wall time is mostly waiting for a core). The goals are absolute (``--help`` < 0.3 s, ``sql``
-< 0.5 s wall on a quiet machine): the summary says where they stand, next to the load average. Also recorded: what ``--help`` spends importing, by top-level import
-and one level down (``python -X importtime``, least of 3 runs).
+loaded machine wall time is mostly waiting for a core), and each by its floor's. The goals are absolute (``--help`` < 0.3 s, ``sql``
+< 0.5 s wall on a quiet machine): the summary says where they stand, next to the load average. Also recorded: what ``--help`` and
+``sql "SELECT 1"`` spend importing, by top-level import and one level down (``python -X importtime``, least of 3 runs).
 
 The children run with bytecode caching on (``PYTHONDONTWRITEBYTECODE`` removed), as an installed CLI does;
 the lake is a small workload lake built in a temporary folder (``bench.build.make_lake``), or ``--lake``.
@@ -34,6 +35,12 @@ from bench.results import Ratio, Recorder  # noqa: E402
 
 GOALS_S = {"help": 0.3, "sql_select_1": 0.5}
 """Wall-time goals of issue 16 (start-up included, quiet machine)."""
+FLOORS = {
+    "help": "import typer.rich_utils",  # Typer's rich help: rich, markdown-it, pygments (via rich.traceback)
+    "sql_select_1": "import typer, typer._adapters, pydantic_settings, rich.table, pyarrow, duckdb",
+}
+"""What each command cannot do without: the third-party imports alone (typer._adapters: Typer converts
+option values with pydantic; the settings are pydantic-settings; results are Arrow, from DuckDB)."""
 
 
 def commands(lake: Path) -> dict[str, list[str]]:
@@ -41,6 +48,7 @@ def commands(lake: Path) -> dict[str, list[str]]:
     return {
         "python": [sys.executable, "-c", "pass"],
         "import_typer": [sys.executable, "-c", "import typer"],
+        **{f"floor_{key}": [sys.executable, "-c", imports] for key, imports in FLOORS.items()},
         "help": [trajlake, "--help"],
         "sql_help": [trajlake, "sql", "--help"],
         "sql_select_1": [trajlake, "sql", "--lake", str(lake), "SELECT 1"],
@@ -66,14 +74,14 @@ def run_once(command: list[str], env: dict[str, str]) -> dict[str, float]:
     return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "rss_mb": usage.ru_maxrss / 1024}
 
 
-def help_imports(env: dict[str, str], *, runs: int = 3, top: int = 12) -> dict[str, float]:
-    """Milliseconds ``trajlake --help`` spends in its costliest imports, top level and one level down:
+def command_imports(args: list[str], env: dict[str, str], *, runs: int = 3, top: int = 12) -> dict[str, float]:
+    """Milliseconds ``trajlake ARGS`` spends in its costliest imports, top level and one level down:
     ``-X importtime``'s cumulative (wall) time, the least of ``runs`` runs."""
-    script = "import sys; sys.argv = ['trajlake', '--help']; from trajlake.cli import main; main()"
+    script = f"import sys; sys.argv = ['trajlake', *{args!r}]; from trajlake.cli import main; main()"
     found: dict[str, float] = {}
     for _ in range(runs):
-        done = subprocess.run([sys.executable, "-X", "importtime", "-c", script], capture_output=True, text=True,
-                              env=env, check=True)
+        done = subprocess.run([sys.executable, "-X", "importtime", "-c", script], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, env=env, check=True)
         for line in done.stderr.splitlines():  # "import time: self | cumulative | name", nesting as indentation
             if (m := re.match(r"import time:\s+\d+ \|\s+(\d+) \| ( {0,2}\S+)$", line)):
                 name = m.group(2).strip()
@@ -106,14 +114,19 @@ def main() -> int:
                 result = run_once(command, env)
                 if round_:
                     runs[name].append(result)
-        imports_ms = help_imports(env)
+        imports_ms = {"help": command_imports(["--help"], env),
+                      "sql_select_1": command_imports(["sql", "--lake", str(lake), "SELECT 1"], env)}
     median = {name: {k: round(statistics.median(r[k] for r in rs), 3) for k in ("wall_s", "cpu_s", "rss_mb")}
               for name, rs in runs.items()}
     ratios = [Ratio(key, f"CPU s, {label} / python -c 'import typer'", better="lower",
                     runs=[round(a["cpu_s"] / b["cpu_s"], 2) for a, b in zip(runs[key], runs["import_typer"])])
               for key, label in (("help", "trajlake --help"), ("sql_select_1", "trajlake sql \"SELECT 1\""))]
+    ratios += [Ratio(f"{key}_floor", f"CPU s, {label} / its import floor (python -c '{FLOORS[key]}')", better="lower",
+                     runs=[round(a["cpu_s"] / b["cpu_s"], 2) for a, b in zip(runs[key], runs[f"floor_{key}"])])
+               for key, label in (("help", "trajlake --help"), ("sql_select_1", "trajlake sql \"SELECT 1\""))]
     verdicts = [f"{label} {median[key]['wall_s']:.2f} s wall / {median[key]['cpu_s']:.2f} s CPU (goal < {GOALS_S[key]} s "
-                f"wall: {'met' if median[key]['wall_s'] < GOALS_S[key] else 'missed'})"
+                f"wall: {'met' if median[key]['wall_s'] < GOALS_S[key] else 'missed'}; its import floor "
+                f"{median['floor_' + key]['wall_s']:.2f} s wall / {median['floor_' + key]['cpu_s']:.2f} s CPU)"
                 for key, label in (("help", "--help"), ("sql_select_1", "sql \"SELECT 1\""))]
     summary = (f"{'; '.join(verdicts)}; import typer {median['import_typer']['wall_s']:.2f} s wall / "
                f"{median['import_typer']['cpu_s']:.2f} s CPU, python {median['python']['cpu_s']:.2f} s CPU; "
@@ -122,12 +135,13 @@ def main() -> int:
         ratios=ratios, summary=summary, peak_rss_mb={"trajlake --help": median["help"]["rss_mb"],
                                                      "trajlake sql": median["sql_select_1"]["rss_mb"]},
         detail={"median": median, "load_by_round": loads[1:], "goals_wall_s": GOALS_S,
-                "help_top_level_imports_ms": imports_ms, "lake": "small workload lake (40 rollouts)"
+                "top_level_imports_ms": imports_ms, "floors": FLOORS, "lake": "small workload lake (40 rollouts)"
                 if args.lake is None else str(args.lake)})
     print(summary)
     for r in result["ratios"]:
         print(f"{r['label']}: {r['value']:.2f}x (rounds {r['runs']})")
-    print("--help imports (ms, cumulative):", imports_ms)
+    for key, found in imports_ms.items():
+        print(f"{key} imports (ms, cumulative):", found)
     return 0
 
 
