@@ -25,7 +25,8 @@ from ingest.gateway.identity import CallIdentity, RolloutIdentity, stable_id
 from ingest.gateway.retokenize import Retokenizer
 from ingest.gateway.tokens import Completion, Kind, read_completion
 from ingest.ids import uuid7
-from ingest.prefix_refs import PreviousCall, Reference, shared_prefix
+from ingest.gateway.sessions.state import SessionStore
+from ingest.prefix_refs import MessagesReference, PreviousCall, Reference, remembered, shared_messages, shared_prefix
 from schemas.events import Event, LlmRequest, LlmRequestEvent, LlmResponse, LlmResponseEvent
 from schemas.versions import SCHEMA_VERSION
 
@@ -76,11 +77,15 @@ class Recorder:
     """Builds the two events of a call; retokenizes when the engine sent no ids."""
 
     def __init__(self, *, policy_version: str | None, retokenizer: Retokenizer | None,
-                 prefix_references: bool = True) -> None:
+                 prefix_references: bool = True, history: SessionStore | None = None) -> None:
         self.policy_version = policy_version
         self.retokenizer = retokenizer
         self.prefix_references = prefix_references
         """Record a prompt that extends the rollout's last call as a reference to it plus the new ids."""
+        self.history = history
+        """Digests of each rollout's last recorded chat call's full messages and tools (``PreviousMessages``), on
+        this thread: a call whose messages start with them, or whose tools equal them, references that call and
+        carries only its new messages (None: every call carries its whole messages and tools)."""
 
     def events(self, captured: CapturedCall) -> list[Event]:
         done = captured.completion
@@ -90,7 +95,27 @@ class Recorder:
         reference = None
         if self.prefix_references and captured.previous is not None and source == "engine" and prompt_ids:
             reference = shared_prefix(prompt_ids, captured.previous)  # measured id by id, never assumed
-        return [self._request(captured, prompt_ids, reference), self._response(captured, done, response_ids, source)]
+        messages = self._messages_reference(captured, reference)
+        return [self._request(captured, prompt_ids, reference, messages),
+                self._response(captured, done, response_ids, source)]
+
+    def _messages_reference(self, captured: CapturedCall, reference: Reference | None) -> MessagesReference | None:
+        """The rollout's last chat call's messages and tools this call shares (compared exactly); remembers this
+        call's for the next one. None when it shares none, or when its prompt ids reference another call."""
+        rollout, body = captured.rollout, captured.request
+        messages, tools = body.get("messages"), body.get("tools")
+        if self.history is None or not rollout.attached or not isinstance(messages, list):
+            return None
+        key = (captured.tenant, rollout.rollout_id, rollout.attempt, rollout.span_id)
+        previous = self.history.get(key)
+        tools = tools if isinstance(tools, list) else None
+        self.history.put(key, remembered(captured.call.call_id, messages, tools))
+        if previous is None:
+            return None
+        shared = shared_messages(messages, tools, previous)
+        if shared is None or (reference is not None and reference.extends_call_id != shared.extends_call_id):
+            return None  # one call is referenced: the prompt ids' reference wins (rare: a session older than this)
+        return shared
 
     def _tokens(self, captured: CapturedCall, done: Completion | None) -> tuple[list | None, list | None, str]:
         if done is None:
@@ -131,19 +156,25 @@ class Recorder:
             params[PROMPT_MADE_PARAM] = captured.prompt_made
         return params
 
-    def _request(self, captured: CapturedCall, prompt_ids: list | None, reference: Reference | None) -> LlmRequestEvent:
+    def _request(self, captured: CapturedCall, prompt_ids: list | None, reference: Reference | None,
+                 shared: MessagesReference | None) -> LlmRequestEvent:
         body = captured.request
         retok = self.retokenizer
-        extends = {}
+        extends: dict[str, Any] = {}
+        messages, tools = body.get("messages"), body.get("tools")
         if reference is not None:
             prompt_ids = reference.new_ids
             extends = dict(extends_call_id=reference.extends_call_id, extends_tokens=reference.extends_tokens)
+        if shared is not None:
+            extends.update(extends_call_id=shared.extends_call_id, extends_messages=shared.extends_messages,
+                           extends_tools=True if shared.extends_tools else None)
+            messages, tools = shared.new_messages, None if shared.extends_tools else tools
         payload = LlmRequest(
             call_id=captured.call.call_id,
             model=body.get("model") if isinstance(body.get("model"), str) else None,
-            messages=body.get("messages"),
+            messages=messages,
             prompt=body.get("prompt") if isinstance(body.get("prompt"), str) else None,
-            tools=body.get("tools"),
+            tools=tools,
             params=self._params(captured),
             prompt_token_ids=prompt_ids,
             tokenizer=retok.identity if retok else captured.engine_headers.get("x-tokenizer"),
