@@ -97,6 +97,24 @@ def _loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
+REQUEST_COLUMNS = "call_id, messages, tools, extends_call_id, extends_messages, extends_tools"
+"""The ``llm_requests`` columns ``stored_messages`` and ``full_messages_json`` read."""
+
+
+def full_messages_json(rows: Iterable[dict]) -> dict[str, str]:
+    """call_id -> the call's full messages as JSON text, for the calls of one rollout whose messages a reference
+    shortened (resolved; the others are stored whole). ``rows``: its ``llm_requests`` rows (``REQUEST_COLUMNS``)
+    in ``seq`` order; a call_id recorded twice (a retry) counts once, as its first row."""
+    first: dict[str, dict] = {}
+    for row in rows:
+        first.setdefault(row["call_id"], row)
+    if all(r["extends_messages"] is None for r in first.values()):
+        return {}
+    full, _ = full_messages(stored_messages(first.values()))
+    return {call_id: json.dumps(f.messages, ensure_ascii=False) for call_id, f in full.items()
+            if first[call_id]["extends_messages"] is not None}
+
+
 def stored_messages(rows: Iterable[dict]) -> list[StoredMessages]:
     """``StoredMessages`` from ``llm_requests`` rows (``call_id``, ``messages``, ``tools``, ``extends_call_id``,
     ``extends_messages``, ``extends_tools``)."""

@@ -218,7 +218,7 @@ _CALLS = f"""SELECT seq, requested_at AS ts, call_id, model, n_prompt_tokens, n_
     finish_reason, latency_ms, upstream_retries, policy_version, error, has_response, responded_at,
     messages, prompt, text FROM {LLM_CALLS_VIEW} {_WHERE}"""
 _REQUESTS = f"""SELECT call_id, messages, tools, extends_call_id, extends_messages, extends_tools
-    FROM {LLM_REQUESTS_TABLE} {_WHERE} ORDER BY seq, event_id"""
+    FROM {LLM_REQUESTS_TABLE} {_WHERE} ORDER BY seq, event_id"""  # store.messages.REQUEST_COLUMNS (not imported: light)
 _TOOLS = f"""SELECT seq, called_at AS ts, call_id, name, arguments, result, error, duration_ms, state_changed,
     has_result FROM {TOOL_STEPS_VIEW} {_WHERE}"""
 
@@ -245,15 +245,11 @@ def _summary(con: duckdb.DuckDBPyConnection, rollout_id: str, tenant: str | None
 def _with_full_messages(calls: list[dict[str, Any]], con: duckdb.DuckDBPyConnection, key: list[Any]
                         ) -> list[dict[str, Any]]:
     """The call rows with their FULL messages (JSON), where a messages reference stored only the new ones."""
-    from store.messages import full_messages, stored_messages
+    from store.messages import full_messages_json
 
-    rows = _rows(con, _REQUESTS, key)
-    if not any(r["extends_messages"] is not None for r in rows):
-        return calls
-    full, _ = full_messages(stored_messages({r["call_id"]: r for r in reversed(rows)}.values()))
+    full = full_messages_json(_rows(con, _REQUESTS, key))
     for call in calls:
-        if call["call_id"] in full:
-            call["messages"] = json.dumps(full[call["call_id"]].messages)
+        call["messages"] = full.get(call["call_id"], call["messages"])
     return calls
 
 
