@@ -25,7 +25,7 @@ from ingest.gateway.identity import CallIdentity, RolloutIdentity, stable_id
 from ingest.gateway.retokenize import Retokenizer
 from ingest.gateway.tokens import Completion, Kind, read_completion
 from ingest.ids import uuid7
-from ingest.gateway.sessions.state import SessionStore
+from ingest.gateway.sessions.state import SessionKey, SessionStore
 from ingest.prefix_refs import MessagesReference, PreviousCall, Reference, remembered, shared_messages, shared_prefix
 from schemas.events import Event, LlmRequest, LlmRequestEvent, LlmResponse, LlmResponseEvent
 from schemas.versions import SCHEMA_VERSION
@@ -95,24 +95,31 @@ class Recorder:
         reference = None
         if self.prefix_references and captured.previous is not None and source == "engine" and prompt_ids:
             reference = shared_prefix(prompt_ids, captured.previous)  # measured id by id, never assumed
-        messages = self._messages_reference(captured, reference)
-        return [self._request(captured, prompt_ids, reference, messages),
-                self._response(captured, done, response_ids, source)]
+        key = self._history_key(captured)
+        shared = self._messages_reference(key, captured.request, reference)
+        request = self._request(captured, prompt_ids, reference, shared)
+        if key is not None:  # the next call may reference this one: its request is recorded
+            body = captured.request
+            tools = body.get("tools") if isinstance(body.get("tools"), list) else None
+            self.history.put(key, remembered(captured.call.call_id, body["messages"], tools))
+        return [request, self._response(captured, done, response_ids, source)]
 
-    def _messages_reference(self, captured: CapturedCall, reference: Reference | None) -> MessagesReference | None:
-        """The rollout's last chat call's messages and tools this call shares (compared exactly); remembers this
-        call's for the next one. None when it shares none, or when its prompt ids reference another call."""
-        rollout, body = captured.rollout, captured.request
-        messages, tools = body.get("messages"), body.get("tools")
-        if self.history is None or not rollout.attached or not isinstance(messages, list):
+    def _history_key(self, captured: CapturedCall) -> SessionKey | None:
+        """Where the rollout's last chat call is remembered; None when messages references are off or not possible."""
+        rollout = captured.rollout
+        if self.history is None or not rollout.attached or not isinstance(captured.request.get("messages"), list):
             return None
-        key = (captured.tenant, rollout.rollout_id, rollout.attempt, rollout.span_id)
-        previous = self.history.get(key)
-        tools = tools if isinstance(tools, list) else None
-        self.history.put(key, remembered(captured.call.call_id, messages, tools))
+        return captured.tenant, rollout.rollout_id, rollout.attempt, rollout.span_id
+
+    def _messages_reference(self, key: SessionKey | None, body: dict[str, Any], reference: Reference | None
+                            ) -> MessagesReference | None:
+        """The rollout's last chat call's messages and tools this call shares (compared exactly). None when it
+        shares none, or when its prompt ids reference another call."""
+        previous = self.history.get(key) if key is not None else None
         if previous is None:
             return None
-        shared = shared_messages(messages, tools, previous)
+        tools = body.get("tools") if isinstance(body.get("tools"), list) else None
+        shared = shared_messages(body["messages"], tools, previous)
         if shared is None or (reference is not None and reference.extends_call_id != shared.extends_call_id):
             return None  # one call is referenced: the prompt ids' reference wins (rare: a session older than this)
         return shared

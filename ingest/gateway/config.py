@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from pydantic import PositiveInt
+
 from schemas.options import CommonOptions
 
 
@@ -60,8 +62,8 @@ class GatewayConfig(CommonOptions):
     (schemas/EVENTS.md): the messages after the ones it shares with that call (compared exactly), its tools
     when equal, and with token sessions the prompt ids after the shared prefix (compared id by id); off: every
     llm.request carries its full messages, tools and prompt (for readers older than references)."""
-    history_max_bytes: int = 64 << 20
-    """Memory for the message digests of each rollout's last call (64 MiB, about 50 bytes a message), which
+    history_max_bytes: PositiveInt = 64 << 20
+    """Memory for the message digests of each rollout's last call (64 MiB, about 60 bytes a message), which
     messages references compare with; least recently used rollouts are dropped beyond it (TTL: session_ttl_s)."""
     session_parser: str = "auto"
     """Tool-call format of the served model family: hermes (= qwen), or auto from the chat template."""
