@@ -216,14 +216,16 @@ class Span:
         sent_ms = now_ms - int(latency_ms) if latency_ms is not None and 0 <= latency_ms < now_ms else now_ms
         token_source = token_source or ("engine" if response_token_ids is not None else "none")
         stored_ids, reference = prompt_token_ids, {}
-        if self._client.prefix_references and self._last_call is not None and prompt_token_ids:
+        if self._client.prefix_references and self._last_call is not None and self._last_call.call_id != call_id \
+                and prompt_token_ids:
             shared = shared_prefix(prompt_token_ids, self._last_call)
             if shared is not None:
                 stored_ids = shared.new_ids
                 reference = {"extends_call_id": shared.extends_call_id, "extends_tokens": shared.extends_tokens}
         full_messages, full_tools = messages, tools
-        if self._client.prefix_references and self._last_messages is not None and messages is not None:
-            same = shared_messages(messages, tools, self._last_messages)
+        last = self._last_messages
+        if self._client.prefix_references and last is not None and last.call_id != call_id and messages is not None:
+            same = shared_messages(messages, tools, last)
             if same is not None and reference.get("extends_call_id", same.extends_call_id) == same.extends_call_id:
                 reference.update(extends_call_id=same.extends_call_id, extends_messages=same.extends_messages,
                                  extends_tools=True if same.extends_tools else None)

@@ -93,10 +93,12 @@ class Recorder:
             done = _parse_answer(captured)
         prompt_ids, response_ids, source = self._tokens(captured, done)
         reference = None
-        if self.prefix_references and captured.previous is not None and source == "engine" and prompt_ids:
-            reference = shared_prefix(prompt_ids, captured.previous)  # measured id by id, never assumed
+        previous = captured.previous
+        if self.prefix_references and previous is not None and previous.call_id != captured.call.call_id \
+                and source == "engine" and prompt_ids:  # (a keyed retry recorded again is not its own reference)
+            reference = shared_prefix(prompt_ids, previous)  # measured id by id, never assumed
         key = self._history_key(captured)
-        shared = self._messages_reference(key, captured.request, reference)
+        shared = self._messages_reference(key, captured, reference)
         request = self._request(captured, prompt_ids, reference, shared)
         if key is not None:  # the next call may reference this one: its request is recorded
             body = captured.request
@@ -111,13 +113,15 @@ class Recorder:
             return None
         return captured.tenant, rollout.rollout_id, rollout.attempt, rollout.span_id
 
-    def _messages_reference(self, key: SessionKey | None, body: dict[str, Any], reference: Reference | None
+    def _messages_reference(self, key: SessionKey | None, captured: CapturedCall, reference: Reference | None
                             ) -> MessagesReference | None:
         """The rollout's last chat call's messages and tools this call shares (compared exactly). None when it
-        shares none, or when its prompt ids reference another call."""
+        shares none, when its prompt ids reference another call, or when the last call is this one (a keyed
+        retry recorded again)."""
         previous = self.history.get(key) if key is not None else None
-        if previous is None:
+        if previous is None or previous.call_id == captured.call.call_id:
             return None
+        body = captured.request
         tools = body.get("tools") if isinstance(body.get("tools"), list) else None
         shared = shared_messages(body["messages"], tools, previous)
         if shared is None or (reference is not None and reference.extends_call_id != shared.extends_call_id):

@@ -385,3 +385,16 @@ def test_messages_and_tools_references_send_each_message_once_when_asked():
                                                   p.get("extends_call_id"), p.get("extends_messages"),
                                                   p.get("extends_tools")) for p in requests)
     assert problems == {} and [(full[i].messages, full[i].tools) for i in ids] == [(m, t) for m, t, _ in sent]
+
+
+def test_a_call_recorded_again_under_its_own_id_is_not_its_own_reference():
+    producer = RecordingProducer()
+    client = TrajectoryClient(tenant="acme", harness=HARNESS, producer=producer, prefix_references=True)
+    messages = [{"role": "user", "content": "u"}]
+    with client.rollout("t") as r:
+        for _ in range(2):
+            r.llm_call(call_id="c1", messages=messages, prompt_token_ids=[1, 2], response_token_ids=[3])
+    client.close()
+    requests = [e["payload"] for e in producer.events if e["type"] == "llm.request"]
+    assert [(p.get("extends_call_id"), p["messages"], p["prompt_token_ids"]) for p in requests] == [
+        (None, messages, [1, 2])] * 2
