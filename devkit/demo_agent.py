@@ -97,9 +97,11 @@ def _observation_ids(tokenizer: Any, result: str, sampled: list[int]) -> list[in
 
 
 SESSION_CALLS_SQL = """
-    SELECT rollout_id, call_id, messages, params, prompt_token_ids, response_token_ids, extends_call_id, extends_tokens
-    FROM llm_calls WHERE harness_name = 'demo-agent' AND harness_version = '1.0' AND error IS NULL
-    ORDER BY rollout_id, seq"""
+    SELECT rollout_id, call_id, m.messages, params, prompt_token_ids, response_token_ids, extends_call_id, extends_tokens
+    FROM llm_calls AS c JOIN llm_call_messages AS m USING (tenant, rollout_id, call_id)
+    WHERE harness_name = 'demo-agent' AND harness_version = '1.0' AND error IS NULL
+    ORDER BY rollout_id, c.seq"""
+"""The demo's calls, with their full messages (the gateway stores them as references)."""
 
 
 def token_sessions_before_after(lake: Any, tokenizer: Any) -> dict[str, Any]:

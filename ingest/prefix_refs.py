@@ -1,4 +1,8 @@
-"""Prefix references for producers: send a prompt as "the ids of an earlier call + these new ids".
+"""References for producers: send a call as "what an earlier call had + what is new".
+
+Prompt ids (``shared_prefix``): "the ids of an earlier call + these new ids".
+Messages and tools (``shared_messages``): "the first k messages of an earlier
+call + these new messages", "that call's tools".
 
 A producer that knows the rollout's previous call (its call_id, prompt ids and
 sampled response ids) compares them with the next prompt, id by id, and
@@ -11,12 +15,27 @@ that shares nothing goes out whole. The gateway (token sessions) and the SDK
 
 >>> shared_prefix([1, 2, 3, 4, 9], PreviousCall("c1", [1, 2], [3, 4]))
 Reference(extends_call_id='c1', extends_tokens=4, new_ids=[9])
+
+Messages are compared exactly, each by the digest of its JSON text (keys in
+the order sent, numbers as parsed: ``1`` and ``1.0`` and ``true`` differ): a
+message the harness echoes with any change, even a reordered key, ends the
+shared run there, so the full list always rebuilds JSON-equal to what was
+sent. The assistant message that answers the earlier call is new in the next
+call (the harness's echo of the answer is stored as sent, not derived).
+
+>>> first = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+>>> before = remembered("c1", first, None)
+>>> shared_messages([*first, {"role": "assistant", "content": "4"}], None, before).extends_messages
+2
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+import hashlib
+import json
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -50,3 +69,56 @@ def shared_prefix(prompt_ids: Sequence[int], previous: PreviousCall) -> Referenc
     if shared == 0:
         return None
     return Reference(previous.call_id, shared, prompt[shared:].tolist())
+
+
+@dataclass(frozen=True)
+class PreviousMessages:
+    """What the next call of a rollout may reference of an earlier call: digests of its full messages and tools."""
+
+    call_id: str
+    messages: tuple[bytes, ...]
+    tools: bytes | None
+
+    @property
+    def nbytes(self) -> int:
+        """About what it holds in memory (a ``SessionStore`` bounds entries by this)."""
+        return 250 + len(self.call_id) + 60 * len(self.messages)  # a 16-byte digest is a 49-byte object
+
+
+@dataclass(frozen=True)
+class MessagesReference:
+    """The payload fields of a messages (and tools) reference."""
+
+    extends_call_id: str
+    extends_messages: int | None
+    """How many leading messages are shared; None when only the tools are."""
+    new_messages: list[dict[str, Any]] | None
+    """The messages after the shared ones (the call's whole list when none are shared)."""
+    extends_tools: bool
+
+
+def _digest(value: Any) -> bytes:
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+def remembered(call_id: str, messages: list[dict[str, Any]] | None, tools: list[dict[str, Any]] | None
+               ) -> PreviousMessages:
+    """What to keep of a call (its FULL messages and tools) for the next call's reference."""
+    return PreviousMessages(call_id, tuple(_digest(m) for m in messages or ()),
+                            None if tools is None else _digest(tools))
+
+
+def shared_messages(messages: list[dict[str, Any]] | None, tools: list[dict[str, Any]] | None,
+                    previous: PreviousMessages) -> MessagesReference | None:
+    """The reference of a call with these full ``messages`` and ``tools`` against ``previous``; None when it
+    shares neither a leading message nor its tools."""
+    shared = 0
+    for digest, message in zip(previous.messages, messages or ()):
+        if _digest(message) != digest:
+            break
+        shared += 1
+    same_tools = tools is not None and previous.tools is not None and _digest(tools) == previous.tools
+    if shared == 0 and not same_tools:
+        return None
+    return MessagesReference(previous.call_id, shared or None, messages[shared:] if shared else messages, same_tools)

@@ -45,7 +45,9 @@ A pattern sees one string value at a time: ``^``/``$`` anchor at its ends.
 A ``field`` rule replaces the value at a path below ``payload`` whole (any
 type) with the marker: ``payload.metadata.user_email``,
 ``arguments.api_key`` (``payload.`` may be left out), ``messages[*].name``,
-``messages[0].content``. ``[*]`` is every element of a list, ``[N]`` one; a
+``messages[0].content``. ``[*]`` is every element of a list, ``[N]`` one
+(``messages[N]``: the N-th of the call's full messages, also when a messages
+reference stores only the later ones); a
 step into a string holding JSON descends into that JSON. It applies to the
 event types whose payload has the path's first field (or those in
 ``events``). Only free-form fields can be named (``FIELD_ROOTS``); ids, token
@@ -138,7 +140,7 @@ TOKEN_TEXT: dict[str, frozenset[str]] = {
 """Fields whose text the event's token ids encode: redacting them drops the ids."""
 
 _DROPPED_IDS: dict[str, dict[str, Any]] = {
-    "llm.request": {"prompt_token_ids": None, "extends_call_id": None, "extends_tokens": None},  # no ids, no reference
+    "llm.request": {"prompt_token_ids": None, "extends_tokens": None},  # no ids, no prefix reference
     "llm.response": {"response_token_ids": None, "logprobs": None, "token_source": "none"},
 }
 
@@ -337,9 +339,11 @@ class Redactor:
             if new is not value:
                 changes[name] = new
         for rule in rules.fields:
-            root = rule.steps[0]
+            root, steps = rule.steps[0], _in_stored_messages(rule.steps, payload)
+            if steps is None:
+                continue
             value = changes.get(root, getattr(payload, root))
-            new = _at_path(value, rule.steps[1:], marker(rule.name))
+            new = _at_path(value, steps[1:], marker(rule.name))
             if new is not value:
                 changes[root] = new
                 hits.append(rule.name)
@@ -349,6 +353,8 @@ class Redactor:
                   ",".join(dict.fromkeys(hits)), ",".join(changes))
         if TOKEN_TEXT.get(event.type, _NOTHING).intersection(changes):
             changes.update(_DROPPED_IDS[event.type])
+            if event.type == "llm.request" and payload.extends_messages is None and payload.extends_tools is None:
+                changes["extends_call_id"] = None  # the reference was the ids' only
         return _replaced(event, payload=_replaced(payload, **changes))
 
     def redact_text(self, text: str) -> str:
@@ -363,6 +369,16 @@ class Redactor:
         text = raw.decode("utf-8", errors="surrogateescape")
         redacted = _substituted(text, self._raw, [])
         return raw if redacted is text else redacted.encode("utf-8", errors="surrogateescape")
+
+
+def _in_stored_messages(steps: tuple[Step, ...], payload: Any) -> tuple[Step, ...] | None:
+    """A field rule's path in the payload as stored: ``messages[N]`` names the N-th message of the call's FULL
+    messages, which a messages reference (``extends_messages`` = k) stores from k on: there it is ``[N - k]``,
+    and None when N < k (that message is stored, and was redacted, in the referenced call)."""
+    shared = getattr(payload, "extends_messages", None)
+    if not shared or steps[0] != "messages" or len(steps) < 2 or not isinstance(steps[1], int):
+        return steps
+    return None if steps[1] < shared else (steps[0], steps[1] - shared, *steps[2:])
 
 
 def _replaced(obj: Any, **changes: Any) -> Any:

@@ -37,8 +37,11 @@ With ``TrajectoryClient(..., prefix_references=True)`` a call whose prompt
 ids start with the same span's previous call's prompt + response ids is sent
 as a reference to that call plus only the new ids (compared id by id;
 ``schemas/EVENTS.md``, prefix references): each token of a rollout crosses
-Kafka about once. Off by default: readers older than prefix references would
-see partial prompts.
+Kafka about once; likewise messages that start with the span's previous
+call's messages (compared exactly, message by message) go as a reference
+plus only the new messages, and tools equal to that call's as a reference
+(``extends_messages``, ``extends_tools``). Off by default: readers older than
+references would see partial prompts and messages.
 
 An asyncio harness writes ``async with client.rollout(...) as r:``: the same
 events, and the rollout-end flush runs in a worker thread.
@@ -62,7 +65,7 @@ from typing import Any, Literal
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ingest.ids import rfc3339, uuid7
-from ingest.prefix_refs import PreviousCall, shared_prefix
+from ingest.prefix_refs import PreviousCall, PreviousMessages, remembered, shared_messages, shared_prefix
 from ingest.producer import EventProducer, encode_event
 from schemas.events import DEFAULT_TOPIC, Harness, RolloutStatus
 from schemas.versions import SCHEMA_VERSION
@@ -146,6 +149,8 @@ class Span:
         self._closed = False
         self._last_call: PreviousCall | None = None
         """This span's last call with engine ids: what the next prompt may reference (``prefix_references``)."""
+        self._last_messages: PreviousMessages | None = None
+        """This span's last chat call: what the next call's messages and tools may reference."""
 
     @property
     def task_id(self) -> str:
@@ -211,11 +216,20 @@ class Span:
         sent_ms = now_ms - int(latency_ms) if latency_ms is not None and 0 <= latency_ms < now_ms else now_ms
         token_source = token_source or ("engine" if response_token_ids is not None else "none")
         stored_ids, reference = prompt_token_ids, {}
-        if self._client.prefix_references and self._last_call is not None and prompt_token_ids:
+        if self._client.prefix_references and self._last_call is not None and self._last_call.call_id != call_id \
+                and prompt_token_ids:
             shared = shared_prefix(prompt_token_ids, self._last_call)
             if shared is not None:
                 stored_ids = shared.new_ids
                 reference = {"extends_call_id": shared.extends_call_id, "extends_tokens": shared.extends_tokens}
+        full_messages, full_tools = messages, tools
+        last = self._last_messages
+        if self._client.prefix_references and last is not None and last.call_id != call_id and messages is not None:
+            same = shared_messages(messages, tools, last)
+            if same is not None and reference.get("extends_call_id", same.extends_call_id) == same.extends_call_id:
+                reference.update(extends_call_id=same.extends_call_id, extends_messages=same.extends_messages,
+                                 extends_tools=True if same.extends_tools else None)
+                messages, tools = same.new_messages, None if same.extends_tools else tools
         request = self._event("llm.request", {
             "call_id": call_id, "model": model, "messages": messages, "prompt": prompt, "tools": tools,
             "params": params or {}, "prompt_token_ids": stored_ids, "tokenizer": tokenizer,
@@ -232,6 +246,8 @@ class Span:
         self.llm_calls += 1
         if self._client.prefix_references and error is None and token_source == "engine" and prompt_token_ids:
             self._last_call = PreviousCall(call_id, list(prompt_token_ids), list(response_token_ids or ()))
+        if self._client.prefix_references and full_messages is not None:
+            self._last_messages = remembered(call_id, full_messages, full_tools)
         return call_id
 
     def llm_call_from_response(

@@ -94,12 +94,17 @@ class RolloutFinished(_Model):
 class LlmRequest(_Model):
     """What the harness asked the engine, with the prompt's exact token ids.
 
-    A prefix reference stores a rollout's tokens once: with ``extends_call_id``
-    (an earlier call of the same tenant and rollout) and ``extends_tokens``
-    (how many leading ids of that call's full prompt + sampled response ids
-    this prompt shares), ``prompt_token_ids`` holds only the ids after them.
-    The full prompt is ``(full prompt of extends_call_id + its response ids)
-    [:extends_tokens] + prompt_token_ids``.
+    A reference stores a rollout's history once: ``extends_call_id`` names an
+    earlier call of the same tenant and rollout, and one or more of
+    ``extends_tokens`` (how many leading ids of that call's full prompt +
+    sampled response ids this prompt shares; ``prompt_token_ids`` holds only
+    the ids after them), ``extends_messages`` (how many leading messages of
+    that call's full messages this call's messages start with; ``messages``
+    holds only the ones after them) and ``extends_tools`` (the tools are that
+    call's full tools; ``tools`` is null) say what is shared. The full prompt
+    is ``(full prompt of extends_call_id + its response ids)[:extends_tokens]
+    + prompt_token_ids``; the full messages ``(full messages of
+    extends_call_id)[:extends_messages] + messages``.
     """
 
     call_id: str = Field(min_length=1, max_length=200)
@@ -117,28 +122,46 @@ class LlmRequest(_Model):
     """The earlier call of this rollout whose ids this prompt starts with (a prefix reference)."""
     extends_tokens: StrictInt | None = Field(default=None, ge=0, le=INT32_MAX)
     """How many leading ids it shares with that call's prompt + response ids; ``prompt_token_ids`` holds the rest."""
+    extends_messages: StrictInt | None = Field(default=None, ge=0, le=INT32_MAX)
+    """How many leading messages it shares with that call's full messages; ``messages`` holds the rest."""
+    extends_tools: Literal[True] | None = None
+    """True: the tools are that call's full tools (``tools`` is then null)."""
 
     _ids = field_validator("prompt_token_ids")(_check_token_ids)
 
     @model_validator(mode="after")
     def _reference(self) -> LlmRequest:
-        problem = reference_problem(self.call_id, self.extends_call_id, self.extends_tokens, self.prompt_token_ids)
+        problem = reference_problem(self)
         if problem:
             raise ValueError(problem)
         return self
 
 
-def reference_problem(call_id: str, extends_call_id: str | None, extends_tokens: int | None,
-                      prompt_token_ids: list[int] | object | None) -> str | None:
-    """Why a request's prefix reference is invalid, None when it is fine (both contract paths use this)."""
-    if (extends_call_id is None) != (extends_tokens is None):
-        return "extends_call_id and extends_tokens go together: send both (a prefix reference) or neither"
-    if extends_call_id is None:
+def reference_problem(request: Any, *, ids_sent: bool | None = None) -> str | None:
+    """Why a request's reference is invalid, None when it is fine (both contract paths use this).
+
+    ``request`` has the fields of ``LlmRequest``; ``ids_sent`` overrides ``prompt_token_ids is not None``
+    (the raw fast path reads ids as an unparsed slice).
+    """
+    call_id, extends = request.extends_call_id, (request.extends_tokens, request.extends_messages,
+                                                 request.extends_tools)
+    if call_id is None:
+        if any(part is not None for part in extends):
+            return ("extends_tokens, extends_messages and extends_tools need extends_call_id: name the earlier call "
+                    "of the rollout they refer to")
         return None
-    if extends_call_id == call_id:
-        return "extends_call_id names the call itself: a prefix reference must name an earlier call of the rollout"
-    if prompt_token_ids is None:
+    if all(part is None for part in extends):
+        return ("extends_call_id needs extends_tokens, extends_messages or extends_tools: say what the call shares "
+                "with it, or leave it out")
+    if call_id == request.call_id:
+        return "extends_call_id names the call itself: a reference must name an earlier call of the rollout"
+    has_ids = request.prompt_token_ids is not None if ids_sent is None else ids_sent
+    if request.extends_tokens is not None and not has_ids:
         return "a prefix reference needs prompt_token_ids (the ids after the shared prefix; [] when there are none)"
+    if request.extends_messages is not None and request.messages is None:
+        return "extends_messages needs messages (the messages after the shared ones; [] when there are none)"
+    if request.extends_tools is not None and request.tools is not None:
+        return "extends_tools means the tools are the referenced call's: send tools null with it, or leave it out"
     return None
 
 

@@ -83,11 +83,15 @@ class LlmRequest(_Struct, kw_only=True):
     idempotency_key: str | None = None
     extends_call_id: Id | None = None
     extends_tokens: Int32 | None = None
+    extends_messages: Int32 | None = None
+    extends_tools: Literal[True] | None = None
 
     def __post_init__(self) -> None:
-        if (self.extends_call_id is not None or self.extends_tokens is not None) and reference_problem(
-                self.call_id, self.extends_call_id, self.extends_tokens, self.prompt_token_ids):
-            raise ValueError("invalid prefix reference")
+        if self.extends_call_id is not None or self.extends_tokens is not None or self.extends_messages is not None \
+                or self.extends_tools is not None:
+            problem = reference_problem(self)
+            if problem:
+                raise ValueError(problem)
 
 
 class LlmResponse(_Struct, kw_only=True):

@@ -45,11 +45,13 @@ class _RawLlmRequest(fast.LlmRequest, kw_only=True):
     prompt_token_ids: msgspec.Raw = None
 
     def __post_init__(self) -> None:
-        """The prefix-reference rules of ``fast.LlmRequest``, with null ids read from the raw slice."""
-        if self.extends_call_id is not None or self.extends_tokens is not None:
-            ids = None if self.prompt_token_ids is None or bytes(self.prompt_token_ids) == _NULL else self.prompt_token_ids
-            if reference_problem(self.call_id, self.extends_call_id, self.extends_tokens, ids):
-                raise ValueError("invalid prefix reference")
+        """The reference rules of ``fast.LlmRequest``, with null ids read from the raw slice."""
+        if self.extends_call_id is not None or self.extends_tokens is not None or self.extends_messages is not None \
+                or self.extends_tools is not None:
+            sent = self.prompt_token_ids is not None and bytes(self.prompt_token_ids) != _NULL
+            problem = reference_problem(self, ids_sent=sent)
+            if problem:
+                raise ValueError(problem)
 
 
 class _RawLlmResponse(fast.LlmResponse, kw_only=True):

@@ -44,6 +44,7 @@ from schemas.table_names import (  # the names alone, light to import; re-export
     FORGET_AUDIT_TABLE,
     LAKE_IDENTITY_TABLE,
     LLM_CALLS_VIEW,
+    LLM_CALL_MESSAGES_VIEW,
     LLM_CALL_PROMPTS_VIEW,
     LLM_REQUESTS_TABLE,
     LLM_RESPONSES_TABLE,
@@ -136,12 +137,16 @@ LLM_REQUESTS = pa.schema(
         *KAFKA_FIELDS,
         pa.field("extends_call_id", pa.string()),
         pa.field("extends_tokens", pa.int32()),
+        pa.field("extends_messages", pa.int32()),
+        pa.field("extends_tools", pa.bool_()),
     ]
 )
 """``prompt_token_ids`` holds the ids as sent: the whole prompt, or with a prefix reference
 (``extends_call_id``, ``extends_tokens``; NULL in files written before they existed) only the ids
 after the shared prefix. ``n_prompt_tokens`` is always the FULL prompt's length (``extends_tokens`` +
-the new ids), so token analytics stay right; the full ids come from the ``llm_call_prompts`` view."""
+the new ids), so token analytics stay right; the full ids come from the ``llm_call_prompts`` view.
+Likewise ``messages`` holds only the messages after the first ``extends_messages`` of the referenced
+call's, and ``tools`` is NULL when ``extends_tools``: the full ones come from ``llm_call_messages``."""
 
 LLM_RESPONSES = pa.schema(
     [
@@ -229,7 +234,7 @@ TYPED_TABLES: dict[str, tuple[str, pa.Schema]] = {
 """Event type -> (table name, schema) of the typed table it lands in."""
 
 ADDED_COLUMNS: dict[str, tuple[str, ...]] = {
-    LLM_REQUESTS_TABLE: ("extends_call_id", "extends_tokens"),
+    LLM_REQUESTS_TABLE: ("extends_call_id", "extends_tokens", "extends_messages", "extends_tools"),
 }
 """Nullable columns added to an ingested table after lakes were written without them (tests/fixtures/lake-v1):
 the ingester adds them to such a table when it opens it, and SQL reads them as NULL until then
@@ -251,6 +256,8 @@ VIEWS: dict[str, str] = {
     ROLLOUTS_VIEW: "one rollout: start, end, status, rewards and call/token/tool counts; key tenant, rollout_id",
     LLM_CALL_PROMPTS_VIEW: "one LLM call with its full prompt ids, prefix references resolved; key tenant, "
                            "rollout_id, call_id",
+    LLM_CALL_MESSAGES_VIEW: "one LLM call with its full messages and tools (JSON), references resolved; key "
+                            "tenant, rollout_id, call_id",
 }
 """The joined views every SQL connection has, beside one view per table: name -> what a row is."""
 

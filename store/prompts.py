@@ -70,7 +70,7 @@ def _resolve(call_id: str, by_id: dict[str, StoredCall], prompts: dict[str, np.n
             break
         seen.add(at)
         chain.append(call)
-        at = call.extends_call_id
+        at = call.extends_call_id if call.extends_tokens is not None else None  # None: a messages-only reference
     if reason is None and at is not None and at in problems:
         reason = problems[at]
     if reason is not None:
@@ -88,7 +88,7 @@ def _extend(call: StoredCall, by_id: dict[str, StoredCall], prompts: dict[str, n
     if call.prompt is None:
         return "no_ids"
     own = np.asarray(call.prompt, dtype=np.int32)
-    if call.extends_call_id is None:
+    if call.extends_call_id is None or call.extends_tokens is None:
         prompts[call.call_id] = own
         return None
     if call.extends_call_id in problems:

@@ -196,8 +196,9 @@ LEFT JOIN scored AS r USING (tenant, rollout_id);
 -- big lake (store.prompts resolves in Python).
 CREATE VIEW llm_call_prompts AS
 WITH RECURSIVE linked AS (
-    SELECT tenant, rollout_id, call_id, extends_call_id, extends_tokens, prompt_token_ids, response_token_ids
-    FROM llm_calls
+    SELECT tenant, rollout_id, call_id, CASE WHEN extends_tokens IS NOT NULL THEN extends_call_id END AS extends_call_id,
+        extends_tokens, prompt_token_ids, response_token_ids
+    FROM llm_calls  -- a call that references only messages (extends_tokens NULL) has its whole prompt
 ), resolved(tenant, rollout_id, call_id, prompt_token_ids, response_token_ids) AS (
     SELECT tenant, rollout_id, call_id, prompt_token_ids, response_token_ids
     FROM linked WHERE extends_call_id IS NULL AND prompt_token_ids IS NOT NULL
@@ -216,6 +217,42 @@ SELECT
     c.extends_call_id, c.extends_tokens,
     r.prompt_token_ids,
     c.n_prompt_tokens,
+    r.call_id IS NOT NULL AS resolved
+FROM llm_calls AS c
+LEFT JOIN resolved AS r USING (tenant, rollout_id, call_id);
+
+-- view
+-- One row per LLM call (as in llm_calls) with its FULL messages and tools (JSON
+-- text): a call sent with a messages reference stores only the messages after
+-- the first extends_messages of the referenced call's full messages, and no
+-- tools when extends_tools (they are that call's); resolved here along the
+-- chain inside (tenant, rollout_id). `resolved` is false (messages and tools
+-- NULL) when the chain cannot be followed: a referenced call missing, or a
+-- reference longer than what it names. Followed over the whole lake: filter
+-- yourself for one rollout of a big lake (store.messages resolves in Python).
+CREATE VIEW llm_call_messages AS
+WITH RECURSIVE linked AS (
+    SELECT c.tenant, c.rollout_id, c.call_id, json_extract(c.messages, '$[*]') AS messages, c.tools,
+        q.extends_call_id, q.extends_messages, coalesce(q.extends_tools, false) AS extends_tools
+    FROM llm_calls AS c
+    JOIN llm_requests AS q ON q.tenant = c.tenant AND q.rollout_id = c.rollout_id AND q.event_id = c.request_event_id
+), resolved(tenant, rollout_id, call_id, messages, tools) AS (
+    SELECT tenant, rollout_id, call_id, messages, tools
+    FROM linked WHERE extends_messages IS NULL AND NOT extends_tools
+    UNION ALL
+    SELECT c.tenant, c.rollout_id, c.call_id,
+        CASE WHEN c.extends_messages IS NULL THEN c.messages
+             ELSE list_concat(p.messages[1:c.extends_messages], c.messages) END,
+        CASE WHEN c.extends_tools THEN p.tools ELSE c.tools END
+    FROM resolved AS p
+    JOIN linked AS c ON c.tenant = p.tenant AND c.rollout_id = p.rollout_id AND c.extends_call_id = p.call_id
+    WHERE (c.extends_messages IS NOT NULL OR c.extends_tools)
+        AND coalesce(c.extends_messages <= len(p.messages), c.extends_messages IS NULL)
+)
+SELECT
+    c.tenant, c.task_id, c.rollout_id, c.attempt, c.seq, c.call_id, c.span_id,
+    CAST(r.messages AS JSON)::VARCHAR AS messages,
+    r.tools,
     r.call_id IS NOT NULL AS resolved
 FROM llm_calls AS c
 LEFT JOIN resolved AS r USING (tenant, rollout_id, call_id);

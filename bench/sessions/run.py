@@ -1,10 +1,11 @@
-"""Token sessions benchmark: samples per rollout with and without sessions, bytes per rollout with prefix
-references vs full prompts, the gateway's added cost, memory.
+"""Token sessions benchmark: samples per rollout with and without sessions, bytes per rollout with
+references (prompt ids, messages, tools) vs full events, the gateway's added cost, memory.
 
 In one run: the split engine (``devkit.split_engine``: non-canonical token
 splits, Hermes tool calls) behind three in-process gateways: without token
-sessions, with sessions and prefix references (the default), with sessions
-and full prompts (``prefix_references`` off); the same 30-turn tool-using
+sessions, with sessions and references (the default: prompt ids, messages
+and tools of the rollout's last call referenced), with sessions and full
+events (``prefix_references`` off); the same 30-turn tool-using
 rollouts (the official ``openai`` client, a calculator agent) through each;
 every recorded call merged per rollout (``pipelines.datasets.merging``, full
 prompts resolved from references by ``store.prompts``). Bytes per rollout:
@@ -26,6 +27,7 @@ import argparse
 import json
 import statistics
 import sys
+from collections import Counter
 import tempfile
 import time
 import tracemalloc
@@ -111,21 +113,30 @@ def samples(sink: ListSink) -> dict[str, int]:
     return out
 
 
-def kafka_bytes(sink: ListSink) -> dict[str, int]:
-    """Bytes the gateway produced (keys + values), and the JSON bytes of their token id arrays."""
-    ids = 0
-    for _, value in sink.records:
-        payload = json.loads(value)["payload"]
-        for name in ("prompt_token_ids", "response_token_ids"):
-            if payload.get(name) is not None:
-                ids += len(json.dumps(payload[name], separators=(",", ":")))
-    return {"total": sum(len(k) + len(v) for k, v in sink.records), "token_ids": ids}
+def kafka_bytes(sink: ListSink) -> dict:
+    """Bytes the gateway produced (keys + values); the JSON bytes of their token id arrays, of the requests'
+    messages + tools; the largest payload fields (``type.field``, compact JSON bytes) and the envelopes."""
+    ids = history = 0
+    parts: Counter[str] = Counter()
+    for key, value in sink.records:
+        event = json.loads(value)
+        payload = event.pop("payload")
+        parts["envelopes and keys"] += len(value) - len(json.dumps(payload, separators=(",", ":"))) + len(key)
+        for name, field in payload.items():
+            size = len(json.dumps(field, separators=(",", ":"), ensure_ascii=False))
+            parts[f"{event['type']}.{name}"] += size
+            if name in ("prompt_token_ids", "response_token_ids") and field is not None:
+                ids += size
+            if name in ("messages", "tools") and event["type"] == "llm.request":
+                history += size
+    return {"total": sum(len(k) + len(v) for k, v in sink.records), "token_ids": ids, "messages": history,
+            "parts": parts}
 
 
-def lake_bytes(sink: ListSink, root: Path) -> dict[str, int]:
+def lake_bytes(sink: ListSink, root: Path) -> dict:
     """Parquet data bytes (column chunks, compressed; file footers left out: they depend on how many
     rollouts share a commit, not on prompts) of the ingested tables, written from the sink's events as the
-    ingester writes them.
+    ingester writes them; also by ``table.column``.
 
     One commit per turn, holding that turn's calls of every rollout: the ingester commits what arrived
     in the last moments, and a rollout's turns arrive seconds apart, so its calls land in different
@@ -144,14 +155,19 @@ def lake_bytes(sink: ListSink, root: Path) -> dict[str, int]:
         for name, table in {"events": rows, **typed_tables(rows)}.items():
             write_deltalake(str(root / name), table.cast(INGESTED_TABLES[name]), mode="append",
                             writer_properties=WRITER_PROPERTIES)
-    total = prompt_ids = 0
+    parts: Counter[str] = Counter()
     for f in root.rglob("*.parquet"):
         meta = pq.ParquetFile(f).metadata
         for chunk in (meta.row_group(g).column(c) for g in range(meta.num_row_groups) for c in range(meta.num_columns)):
-            total += chunk.total_compressed_size
-            if f.parent.name == "llm_requests" and chunk.path_in_schema.startswith("prompt_token_ids"):
-                prompt_ids += chunk.total_compressed_size
-    return {"total": total, "llm_requests_prompt_ids": prompt_ids}
+            parts[f"{f.parent.name}.{chunk.path_in_schema.split('.')[0]}"] += chunk.total_compressed_size
+    return {"total": sum(parts.values()), "llm_requests_prompt_ids": parts["llm_requests.prompt_token_ids"],
+            "messages": parts["llm_requests.messages"] + parts["llm_requests.tools"],
+            "parts": parts}
+
+
+def largest(parts: Counter[str], rollouts: int, n: int = 6) -> dict[str, int]:
+    """The ``n`` largest parts, in bytes per rollout."""
+    return {name: round(size / rollouts) for name, size in parts.most_common(n)}
 
 
 def run_arm(engine_url: str, model_dir: Path, workdir: Path, *, sessions: bool, references: bool, rollouts: int,
@@ -178,8 +194,12 @@ def run_arm(engine_url: str, model_dir: Path, workdir: Path, *, sessions: bool, 
     kafka, lake = kafka_bytes(sink), lake_bytes(sink, workdir / "lake")
     out["kafka_bytes_per_rollout"] = round(kafka["total"] / len(counts))
     out["kafka_token_id_bytes_per_rollout"] = round(kafka["token_ids"] / len(counts))
+    out["kafka_message_bytes_per_rollout"] = round(kafka["messages"] / len(counts))
     out["lake_bytes_per_rollout"] = round(lake["total"] / len(counts))
     out["lake_prompt_id_bytes_per_rollout"] = round(lake["llm_requests_prompt_ids"] / len(counts))
+    out["lake_message_bytes_per_rollout"] = round(lake["messages"] / len(counts))
+    out["kafka_largest_parts_per_rollout"] = largest(kafka["parts"], len(counts))
+    out["lake_largest_parts_per_rollout"] = largest(lake["parts"], len(counts))
     return out
 
 
@@ -258,21 +278,28 @@ def write(recorder: Recorder, results: dict) -> None:
     ratios = [
         Ratio("samples_per_rollout", "samples per rollout, without token sessions / with",
               [round(off["samples_per_rollout"] / on["samples_per_rollout"], 2)]),
-        Ratio("kafka_bytes", "Kafka bytes per rollout, full prompts / prefix references", [fewer("kafka_bytes_per_rollout")],
+        Ratio("kafka_bytes", "Kafka bytes per rollout, full events / references", [fewer("kafka_bytes_per_rollout")],
               goal=10.0),
-        Ratio("lake_bytes", "lake bytes per rollout, full prompts / prefix references", [fewer("lake_bytes_per_rollout")],
+        Ratio("lake_bytes", "lake bytes per rollout, full events / references", [fewer("lake_bytes_per_rollout")],
               goal=10.0),
         Ratio("kafka_token_id_bytes", "Kafka token-id bytes per rollout, full prompts / prefix references",
               [fewer("kafka_token_id_bytes_per_rollout")], goal=10.0),
         Ratio("lake_prompt_id_bytes", "lake prompt-id bytes (llm_requests) per rollout, full prompts / references",
               [fewer("lake_prompt_id_bytes_per_rollout")], goal=10.0),
+        Ratio("kafka_message_bytes", "Kafka messages + tools bytes per rollout, full / references",
+              [fewer("kafka_message_bytes_per_rollout")]),
+        Ratio("lake_message_bytes", "lake messages + tools bytes (llm_requests) per rollout, full / references",
+              [fewer("lake_message_bytes_per_rollout")]),
     ]
+    left = ", ".join(f"{name} {size / 1e3:.1f}" for name, size in list(on["kafka_largest_parts_per_rollout"].items())[:4])
     summary = (f"with sessions {on['samples_per_rollout']:.2f} samples per rollout "
                f"({on['single_sample_share']:.0%} single-sample; without {off['samples_per_rollout']:.2f}); "
-               f"per rollout with references vs full prompts: Kafka {kb(on, full, 'kafka_bytes_per_rollout')} "
-               f"(token ids {kb(on, full, 'kafka_token_id_bytes_per_rollout')}), lake {kb(on, full, 'lake_bytes_per_rollout')} "
-               f"(prompt ids {kb(on, full, 'lake_prompt_id_bytes_per_rollout')}); the rest is each call's messages JSON, "
-               f"still sent whole; planning p50 {planner['plan_p50_ms']:.1f} ms, "
+               f"per rollout with references vs full events: Kafka {kb(on, full, 'kafka_bytes_per_rollout')} "
+               f"(token ids {kb(on, full, 'kafka_token_id_bytes_per_rollout')}, messages + tools "
+               f"{kb(on, full, 'kafka_message_bytes_per_rollout')}), lake {kb(on, full, 'lake_bytes_per_rollout')} "
+               f"(prompt ids {kb(on, full, 'lake_prompt_id_bytes_per_rollout')}, messages + tools "
+               f"{kb(on, full, 'lake_message_bytes_per_rollout')}); what is left on Kafka is mostly per call "
+               f"(KB per rollout: {left}); planning p50 {planner['plan_p50_ms']:.1f} ms, "
                f"{planner['plan_at_last_turn_ms']:.1f} ms at turn {results['turns']} "
                f"({planner['prompt_tokens_at_last_turn']:,}-token prompt); client p50 per call {on['latency_p50_ms']:.0f} ms "
                f"with sessions vs {off['latency_p50_ms']:.0f} ms without; session memory {memory['measured_mib']:.0f} MiB "

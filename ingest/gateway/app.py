@@ -70,8 +70,10 @@ def create_gateway_app(settings: GatewayConfig, *, emitter: Emitter | None = Non
         timeout_s=settings.upstream_timeout_s, connect_timeout_s=settings.upstream_connect_timeout_s,
     )
     retokenizer = Retokenizer(settings.tokenizer) if settings.tokenizer else None
+    history = SessionStore(max_bytes=settings.history_max_bytes, ttl_s=settings.session_ttl_s) \
+        if settings.prefix_references else None
     recorder = Recorder(policy_version=settings.policy_version, retokenizer=retokenizer,
-                        prefix_references=settings.prefix_references)
+                        prefix_references=settings.prefix_references, history=history)
     sessions = _token_sessions(settings, retokenizer)
     redactor = load_redactor(settings.redaction_rules)
     if emitter is None:

@@ -25,7 +25,8 @@ from ingest.gateway.identity import CallIdentity, RolloutIdentity, stable_id
 from ingest.gateway.retokenize import Retokenizer
 from ingest.gateway.tokens import Completion, Kind, read_completion
 from ingest.ids import uuid7
-from ingest.prefix_refs import PreviousCall, Reference, shared_prefix
+from ingest.gateway.sessions.state import SessionKey, SessionStore
+from ingest.prefix_refs import MessagesReference, PreviousCall, Reference, remembered, shared_messages, shared_prefix
 from schemas.events import Event, LlmRequest, LlmRequestEvent, LlmResponse, LlmResponseEvent
 from schemas.versions import SCHEMA_VERSION
 
@@ -76,11 +77,15 @@ class Recorder:
     """Builds the two events of a call; retokenizes when the engine sent no ids."""
 
     def __init__(self, *, policy_version: str | None, retokenizer: Retokenizer | None,
-                 prefix_references: bool = True) -> None:
+                 prefix_references: bool = True, history: SessionStore | None = None) -> None:
         self.policy_version = policy_version
         self.retokenizer = retokenizer
         self.prefix_references = prefix_references
         """Record a prompt that extends the rollout's last call as a reference to it plus the new ids."""
+        self.history = history
+        """Digests of each rollout's last recorded chat call's full messages and tools (``PreviousMessages``), on
+        this thread: a call whose messages start with them, or whose tools equal them, references that call and
+        carries only its new messages (None: every call carries its whole messages and tools)."""
 
     def events(self, captured: CapturedCall) -> list[Event]:
         done = captured.completion
@@ -88,9 +93,40 @@ class Recorder:
             done = _parse_answer(captured)
         prompt_ids, response_ids, source = self._tokens(captured, done)
         reference = None
-        if self.prefix_references and captured.previous is not None and source == "engine" and prompt_ids:
-            reference = shared_prefix(prompt_ids, captured.previous)  # measured id by id, never assumed
-        return [self._request(captured, prompt_ids, reference), self._response(captured, done, response_ids, source)]
+        previous = captured.previous
+        if self.prefix_references and previous is not None and previous.call_id != captured.call.call_id \
+                and source == "engine" and prompt_ids:  # (a keyed retry recorded again is not its own reference)
+            reference = shared_prefix(prompt_ids, previous)  # measured id by id, never assumed
+        key = self._history_key(captured)
+        shared = self._messages_reference(key, captured, reference)
+        request = self._request(captured, prompt_ids, reference, shared)
+        if key is not None:  # the next call may reference this one: its request is recorded
+            body = captured.request
+            tools = body.get("tools") if isinstance(body.get("tools"), list) else None
+            self.history.put(key, remembered(captured.call.call_id, body["messages"], tools))
+        return [request, self._response(captured, done, response_ids, source)]
+
+    def _history_key(self, captured: CapturedCall) -> SessionKey | None:
+        """Where the rollout's last chat call is remembered; None when messages references are off or not possible."""
+        rollout = captured.rollout
+        if self.history is None or not rollout.attached or not isinstance(captured.request.get("messages"), list):
+            return None
+        return captured.tenant, rollout.rollout_id, rollout.attempt, rollout.span_id
+
+    def _messages_reference(self, key: SessionKey | None, captured: CapturedCall, reference: Reference | None
+                            ) -> MessagesReference | None:
+        """The rollout's last chat call's messages and tools this call shares (compared exactly). None when it
+        shares none, when its prompt ids reference another call, or when the last call is this one (a keyed
+        retry recorded again)."""
+        previous = self.history.get(key) if key is not None else None
+        if previous is None or previous.call_id == captured.call.call_id:
+            return None
+        body = captured.request
+        tools = body.get("tools") if isinstance(body.get("tools"), list) else None
+        shared = shared_messages(body["messages"], tools, previous)
+        if shared is None or (reference is not None and reference.extends_call_id != shared.extends_call_id):
+            return None  # one call is referenced: the prompt ids' reference wins (rare: a session older than this)
+        return shared
 
     def _tokens(self, captured: CapturedCall, done: Completion | None) -> tuple[list | None, list | None, str]:
         if done is None:
@@ -131,19 +167,25 @@ class Recorder:
             params[PROMPT_MADE_PARAM] = captured.prompt_made
         return params
 
-    def _request(self, captured: CapturedCall, prompt_ids: list | None, reference: Reference | None) -> LlmRequestEvent:
+    def _request(self, captured: CapturedCall, prompt_ids: list | None, reference: Reference | None,
+                 shared: MessagesReference | None) -> LlmRequestEvent:
         body = captured.request
         retok = self.retokenizer
-        extends = {}
+        extends: dict[str, Any] = {}
+        messages, tools = body.get("messages"), body.get("tools")
         if reference is not None:
             prompt_ids = reference.new_ids
             extends = dict(extends_call_id=reference.extends_call_id, extends_tokens=reference.extends_tokens)
+        if shared is not None:
+            extends.update(extends_call_id=shared.extends_call_id, extends_messages=shared.extends_messages,
+                           extends_tools=True if shared.extends_tools else None)
+            messages, tools = shared.new_messages, None if shared.extends_tools else tools
         payload = LlmRequest(
             call_id=captured.call.call_id,
             model=body.get("model") if isinstance(body.get("model"), str) else None,
-            messages=body.get("messages"),
+            messages=messages,
             prompt=body.get("prompt") if isinstance(body.get("prompt"), str) else None,
-            tools=body.get("tools"),
+            tools=tools,
             params=self._params(captured),
             prompt_token_ids=prompt_ids,
             tokenizer=retok.identity if retok else captured.engine_headers.get("x-tokenizer"),

@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from pydantic import PositiveInt
+
 from schemas.options import CommonOptions
 
 
@@ -56,8 +58,12 @@ class GatewayConfig(CommonOptions):
     session_ttl_s: float = 1800.0
     """A rollout idle this long loses its token session."""
     prefix_references: bool = True
-    """With token sessions: a call whose prompt ids start with the rollout's last call's prompt + sampled ids
-    (compared id by id) is recorded as a reference to that call plus only the new ids (schemas/EVENTS.md);
-    off: every llm.request carries its full prompt (for readers older than prefix references)."""
+    """A chat call of a rollout is recorded as a reference to the rollout's last call plus only what is new
+    (schemas/EVENTS.md): the messages after the ones it shares with that call (compared exactly), its tools
+    when equal, and with token sessions the prompt ids after the shared prefix (compared id by id); off: every
+    llm.request carries its full messages, tools and prompt (for readers older than references)."""
+    history_max_bytes: PositiveInt = 64 << 20
+    """Memory for the message digests of each rollout's last call (64 MiB, about 60 bytes a message), which
+    messages references compare with; least recently used rollouts are dropped beyond it (TTL: session_ttl_s)."""
     session_parser: str = "auto"
     """Tool-call format of the served model family: hermes (= qwen), or auto from the chat template."""

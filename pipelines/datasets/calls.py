@@ -40,7 +40,8 @@ from store.lake import Lake
 # Token counts come from the scalar columns the ingester fills beside the
 # token lists (n_prompt_tokens = the full prompt's length, prefix references
 # included; NULL when there are no ids), so this pass never decodes a prompt;
-# the merger checks them. A prefix reference resolves when its chain reaches a
+# the merger checks them (extends_call_id here: of prefix references only, not
+# of a call that references only messages). A prefix reference resolves when its chain reaches a
 # call without one, each link naming a call of the rollout (its call_id row)
 # long enough for extends_tokens: decided here on counts alone.
 CALL_INDEX = f"""
@@ -48,7 +49,7 @@ CREATE OR REPLACE TEMP TABLE call_index AS
 WITH RECURSIVE req AS (
     SELECT rollout_id, call_id, seq, event_id AS req_event_id, idempotency_key,
            n_prompt_tokens IS NOT NULL AS has_prompt, coalesce(n_prompt_tokens, 0) AS n_prompt,
-           extends_call_id, extends_tokens
+           CASE WHEN extends_tokens IS NOT NULL THEN extends_call_id END AS extends_call_id, extends_tokens
     FROM {LLM_REQUESTS_TABLE} SEMI JOIN usable USING (tenant, rollout_id)),
 resp AS (
     SELECT * FROM (

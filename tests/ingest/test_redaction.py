@@ -23,6 +23,7 @@ from ingest.redaction import (
     Redactor,
     load_redactor,
     load_rules,
+    marker,
     parse_field_path,
 )
 from schemas import fast
@@ -281,6 +282,21 @@ def test_later_calls_carrying_the_same_secret_are_redacted_the_same_way():
     a, b = redactor.redact(request(first)), redactor.redact(request(later))
     assert a.payload.messages == b.payload.messages[:1]
     assert a.payload.prompt_token_ids is None and b.payload.prompt_token_ids is None
+
+
+def test_a_messages_reference_keeps_positions_and_survives_dropped_ids():
+    """``messages[N]`` names the N-th of the call's full messages, also when a reference stores only the later
+    ones; a hit in those drops the prompt ids and their prefix reference, not the messages reference."""
+    redactor = Redactor([KEY_RULE, RedactionRule(name="first", field="messages[0].content"),
+                         RedactionRule(name="third", field="messages[2].content")])
+    shared = dict(extends_call_id="c0", extends_tokens=3, extends_messages=1, extends_tools=True)
+    later = redactor.redact(request([{"role": "assistant", "content": "ok"}, {"role": "user", "content": SECRET}],
+                                    **shared))
+    assert later.payload.messages == [{"role": "assistant", "content": "ok"}, {"role": "user", "content": marker("third")}]
+    assert later.payload.prompt_token_ids is None and later.payload.extends_tokens is None
+    assert (later.payload.extends_call_id, later.payload.extends_messages, later.payload.extends_tools) == ("c0", 1, True)
+    ids_only = redactor.redact(request([{"role": "user", "content": SECRET}], extends_call_id="c0", extends_tokens=3))
+    assert ids_only.payload.extends_call_id is None and ids_only.payload.extends_tokens is None
 
 
 def test_the_fast_decode_structs_are_redacted_like_the_pydantic_events():

@@ -21,6 +21,7 @@ from ingest.producer import BrokerUnreachable, encode_event
 from ingest.sdk import Harness, SdkSettings, TrajectoryClient, harness_identity
 from schemas.errors import InvalidEvent
 from schemas.versions import validate_event
+from store.messages import StoredMessages, full_messages
 from tests.kafka_reading import consume
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -361,3 +362,39 @@ def test_prefix_references_send_each_token_once_when_asked():
     requests = [e["payload"] for e in producer.events if e["type"] == "llm.request"]
     assert [(p.get("extends_call_id"), p.get("extends_tokens"), p["prompt_token_ids"]) for p in requests] == [
         (None, None, [1, 2, 3]), (first, 5, [6]), (second, 4, [9]), (None, None, [5]), (None, None, [1, 2])]
+
+
+def test_messages_and_tools_references_send_each_message_once_when_asked():
+    producer = RecordingProducer()
+    client = TrajectoryClient(tenant="acme", harness=HARNESS, producer=producer, prefix_references=True)
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    system, user = {"role": "system", "content": "s"}, {"role": "user", "content": "u", "n": 1}
+    answer, result = {"role": "assistant", "content": "a"}, {"role": "tool", "content": "r"}
+    sent = [([system, user], tools, [1, 2]), ([system, user, answer, result], tools, [1, 2, 3, 4]),
+            ([system, {**user, "n": 1.0}, answer], tools, [1, 2, 9]),  # an echo with 1.0 for 1: not the same JSON
+            ([{"role": "user", "content": "other"}], None, [7])]
+    with client.rollout("t") as r:
+        ids = [r.llm_call(messages=m, tools=t, prompt_token_ids=p, response_token_ids=[3]) for m, t, p in sent]
+    client.close()
+    requests = [e["payload"] for e in producer.events if e["type"] == "llm.request"]
+    assert [(p.get("extends_call_id"), p.get("extends_tokens"), p.get("extends_messages"), p.get("extends_tools"))
+            for p in requests] == [(None, None, None, None), (ids[0], 3, 2, True), (ids[1], 2, 1, True),
+                                   (None, None, None, None)]
+    assert [len(p["messages"]) for p in requests] == [2, 2, 2, 1] and requests[1]["tools"] is None
+    full, problems = full_messages(StoredMessages(p["call_id"], json.dumps(p["messages"]), json.dumps(p["tools"]),
+                                                  p.get("extends_call_id"), p.get("extends_messages"),
+                                                  p.get("extends_tools")) for p in requests)
+    assert problems == {} and [(full[i].messages, full[i].tools) for i in ids] == [(m, t) for m, t, _ in sent]
+
+
+def test_a_call_recorded_again_under_its_own_id_is_not_its_own_reference():
+    producer = RecordingProducer()
+    client = TrajectoryClient(tenant="acme", harness=HARNESS, producer=producer, prefix_references=True)
+    messages = [{"role": "user", "content": "u"}]
+    with client.rollout("t") as r:
+        for _ in range(2):
+            r.llm_call(call_id="c1", messages=messages, prompt_token_ids=[1, 2], response_token_ids=[3])
+    client.close()
+    requests = [e["payload"] for e in producer.events if e["type"] == "llm.request"]
+    assert [(p.get("extends_call_id"), p["messages"], p["prompt_token_ids"]) for p in requests] == [
+        (None, messages, [1, 2])] * 2

@@ -19,6 +19,7 @@ from ingest.gateway import create_gateway_app
 from ingest.ingester import IngesterConfig, ingest_until_idle
 from schemas.tokenizer_identity import chat_template_hash, tokenizer_identity
 from serve.app import create_serve_app
+from store.messages import StoredMessages, full_messages
 
 MESSAGES = [{"role": "user", "content": "Write a haiku about the sea."}]
 TOOLS = [{"type": "function", "function": {
@@ -106,8 +107,13 @@ def test_tool_calls_round_trip_and_are_recorded(settings, broker, topic, engine)
     assert len(recorded) == 6 and {e["rollout_id"] for e in recorded} == {"ro-tools"}
     requests = [e for e in recorded if e["type"] == "llm.request"]
     responses = {e["payload"]["call_id"]: e for e in recorded if e["type"] == "llm.response"}
-    assert all(r["payload"]["tools"] == TOOLS for r in requests)
-    assert requests[2]["payload"]["messages"][1]["tool_calls"][0]["function"]["name"] == "get_weather"
+    full, problems = full_messages(StoredMessages(  # the later calls reference the first: messages stored once
+        p["call_id"], json.dumps(p["messages"]), json.dumps(p["tools"]) if p["tools"] else None, p.get("extends_call_id"),
+        p.get("extends_messages"), p.get("extends_tools")) for p in (r["payload"] for r in requests))
+    assert problems == {} and all(f.tools == TOOLS for f in full.values())
+    assert [r["payload"].get("extends_messages") for r in requests] == [None, 1, 1]
+    assert [len(r["payload"]["messages"]) for r in requests] == [1, 0, 2]
+    assert full[requests[2]["payload"]["call_id"]].messages == follow_up
     for request in requests[:2]:
         response = responses[request["payload"]["call_id"]]["payload"]
         assert response["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}

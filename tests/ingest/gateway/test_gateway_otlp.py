@@ -172,7 +172,11 @@ JSON_COLUMNS = {"messages", "tools", "params", "tool_calls", "usage", "arguments
 
 
 def view_rows(lake, view: str, rollout_id: str, columns: tuple[str, ...]) -> list[dict]:
-    rows = run_query(lake, f"SELECT * FROM {view} WHERE rollout_id = '{rollout_id}' ORDER BY seq").to_pylist()
+    """The view's rows; for llm_calls with full messages and tools (the gateway stores references)."""
+    full = (" v.* REPLACE (m.messages AS messages, m.tools AS tools)", " JOIN llm_call_messages AS m "
+            "USING (tenant, rollout_id, call_id)") if view == "llm_calls" else (" v.*", "")
+    rows = run_query(lake, f"SELECT{full[0]} FROM {view} AS v{full[1]} WHERE rollout_id = '{rollout_id}' "
+                           "ORDER BY v.seq").to_pylist()
     return [{c: json.loads(r[c]) if c in JSON_COLUMNS and r[c] is not None else r[c] for c in columns} for r in rows]
 
 

@@ -12,6 +12,7 @@ from ingest.gateway.capture import CapturedCall, Recorder
 from ingest.gateway.errors import BadRequest, IdempotencyConflict, IdempotencyKeyReused
 from ingest.gateway.idempotency import IdempotencyCache, StoredReply
 from ingest.gateway.identity import UNATTACHED_TASK, CallIdentity, call_identity, rollout_identity
+from ingest.gateway.sessions.state import SessionStore
 from ingest.gateway.tokens import Asked, StreamAccumulator, asked_by, read_completion, strip, upstream_body
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello world"}]}
@@ -201,3 +202,25 @@ def test_logprobs_that_are_not_finite_numbers_are_dropped_and_the_call_still_rec
     answer["choices"][0]["logprobs"]["content"][3]["logprob"] = bad
     _, response = Recorder(policy_version=None, retokenizer=None).events(_captured(json.dumps(answer).encode()))
     assert response.payload.logprobs is None and len(response.payload.response_token_ids) == 16
+
+
+def test_recorder_references_the_rollout_s_last_call_but_never_the_call_itself():
+    history = SessionStore(max_bytes=1 << 20, ttl_s=60)
+    recorder = Recorder(policy_version=None, retokenizer=None, history=history)
+    headers = {"x-trajlake-task-id": "t", "x-trajlake-rollout-id": "r"}
+    raw = json.dumps(chat_answer(CHAT, ids=True)).encode()
+
+    def recorded(call: CallIdentity, messages: list[dict]):
+        rollout = rollout_identity(call_id=call.call_id, path={}, headers=headers, query={})
+        captured = CapturedCall(kind="chat", tenant="acme", rollout=rollout, call=call,
+                                request={**CHAT, "messages": messages}, received_ns=1, finished_ns=2,
+                                upstream_retries=0, raw_response=raw)
+        return recorder.events(captured)[0].payload
+
+    first = recorded(keyed(), CHAT["messages"])
+    again = recorded(keyed(), CHAT["messages"])  # a keyed retry recorded again: same call id, whole messages
+    assert first.extends_call_id is None and again.extends_call_id is None and again.messages == CHAT["messages"]
+    answer = {"role": "assistant", "content": "hi"}
+    later = recorded(CallIdentity(call_id="call-2", idempotency_key=None), [*CHAT["messages"], answer])
+    assert (later.extends_call_id, later.extends_messages, later.messages) == (first.call_id, len(CHAT["messages"]),
+                                                                            [answer])

@@ -1,0 +1,122 @@
+"""Full messages and tools from messages references, for the calls of one rollout.
+
+An ``llm.request`` with a messages reference stores only the messages after
+the first ``extends_messages`` of the referenced call's full messages, and no
+tools when ``extends_tools`` (``schemas/EVENTS.md``). ``full_messages``
+follows those chains for one rollout's calls; the SQL view
+``llm_call_messages`` does the same over the whole lake. A call whose chain
+cannot be followed gets a reason instead (``UNRESOLVED_REASONS``).
+
+>>> calls = [StoredMessages("c1", '[{"role": "user", "content": "hi"}]', '[{"type": "function"}]'),
+...          StoredMessages("c2", '[{"role": "assistant", "content": "yo"}]', None, "c1", 1, True)]
+>>> full, problems = full_messages(calls)
+>>> [m["content"] for m in full["c2"].messages], full["c2"].tools, problems
+(['hi', 'yo'], [{'type': 'function'}], {})
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+UNRESOLVED_REASONS = ("missing_call", "beyond_prefix", "cycle")
+"""Why a call's full messages cannot be rebuilt: the referenced call is not in the rollout (not ingested yet, or
+forgotten); ``extends_messages`` is longer than that call's full messages; the chain loops."""
+
+
+@dataclass(frozen=True)
+class StoredMessages:
+    """One call's messages and tools as stored (JSON text, as in ``llm_requests``) and its reference."""
+
+    call_id: str
+    messages: str | None
+    tools: str | None
+    extends_call_id: str | None = None
+    extends_messages: int | None = None
+    extends_tools: bool | None = None
+
+    @property
+    def references(self) -> bool:
+        return self.extends_call_id is not None and (self.extends_messages is not None or bool(self.extends_tools))
+
+
+@dataclass(frozen=True)
+class FullMessages:
+    """A call's full messages and tools, as the client sent them (None where it sent none)."""
+
+    messages: list[dict[str, Any]] | None
+    tools: list[dict[str, Any]] | None
+
+
+def full_messages(calls: Iterable[StoredMessages]) -> tuple[dict[str, FullMessages], dict[str, str]]:
+    """(call_id -> full messages and tools, call_id -> reason for the calls that do not resolve).
+
+    ``calls`` are one rollout's (and one tenant's) calls, one per call_id.
+    """
+    by_id = {c.call_id: c for c in calls}
+    done: dict[str, FullMessages] = {}
+    problems: dict[str, str] = {}
+    for call_id in by_id:
+        chain: list[StoredMessages] = []
+        at: str | None = call_id
+        reason = None
+        while at is not None and at not in done and at not in problems:
+            call = by_id.get(at)
+            if call is None or call in chain:
+                reason = "missing_call" if call is None else "cycle"
+                break
+            chain.append(call)
+            at = call.extends_call_id if call.references else None
+        reason = reason or (problems.get(at) if at is not None else None)
+        for call in reversed(chain):
+            reason = reason or _extend(call, done)
+            if reason is not None:
+                problems[call.call_id] = reason
+    return done, problems
+
+
+def _extend(call: StoredMessages, done: dict[str, FullMessages]) -> str | None:
+    """Put ``call``'s full messages in ``done`` (its reference resolved before); else the reason."""
+    own = FullMessages(_loads(call.messages), _loads(call.tools))
+    if not call.references:
+        done[call.call_id] = own
+        return None
+    before = done[call.extends_call_id]
+    messages = own.messages
+    if call.extends_messages is not None:
+        if before.messages is None or call.extends_messages > len(before.messages):
+            return "beyond_prefix"
+        messages = before.messages[: call.extends_messages] + (own.messages or [])
+    done[call.call_id] = FullMessages(messages, before.tools if call.extends_tools else own.tools)
+    return None
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+REQUEST_COLUMNS = "call_id, messages, tools, extends_call_id, extends_messages, extends_tools"
+"""The ``llm_requests`` columns ``stored_messages`` and ``full_messages_json`` read."""
+
+
+def full_messages_json(rows: Iterable[dict]) -> dict[str, str]:
+    """call_id -> the call's full messages as JSON text, for the calls of one rollout whose messages a reference
+    shortened (resolved; the others are stored whole). ``rows``: its ``llm_requests`` rows (``REQUEST_COLUMNS``)
+    in ``seq`` order; a call_id recorded twice (a retry) counts once, as its first row."""
+    first: dict[str, dict] = {}
+    for row in rows:
+        first.setdefault(row["call_id"], row)
+    if all(r["extends_messages"] is None for r in first.values()):
+        return {}
+    full, _ = full_messages(stored_messages(first.values()))
+    return {call_id: json.dumps(f.messages, ensure_ascii=False) for call_id, f in full.items()
+            if first[call_id]["extends_messages"] is not None}
+
+
+def stored_messages(rows: Iterable[dict]) -> list[StoredMessages]:
+    """``StoredMessages`` from ``llm_requests`` rows (``call_id``, ``messages``, ``tools``, ``extends_call_id``,
+    ``extends_messages``, ``extends_tools``)."""
+    return [StoredMessages(r["call_id"], r["messages"], r["tools"], r.get("extends_call_id"),
+                           r.get("extends_messages"), r.get("extends_tools")) for r in rows]
