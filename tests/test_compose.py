@@ -39,7 +39,10 @@ def cli_commands() -> dict:
 def settings_keys() -> set[str]:
     """Every TRAJLAKE_* variable a settings class of the CLI reads."""
     for info in pkgutil.iter_modules(trajlake.commands.__path__):
-        importlib.import_module(f"trajlake.commands.{info.name}")
+        module = importlib.import_module(f"trajlake.commands.{info.name}")
+        for name, builder in vars(module).items():
+            if name.endswith("_settings") and callable(builder) and builder.__module__ == module.__name__:
+                builder()  # settings classes built on first use (the ingester's), so that start-up stays light
     keys = set()
     pending = list(BaseSettings.__subclasses__())
     while pending:
