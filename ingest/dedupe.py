@@ -9,8 +9,8 @@ offset) decides exactly as the first pass did. Ids are scoped to their tenant:
 one tenant sending another's event ids first cannot make the other's events
 vanish.
 
-Memory bound: at most ``max_ids`` ids (default 1,000,000, about 200 MB of
-Python objects with 40-byte ids), oldest evicted first. At assignment the ids
+Memory bound: at most ``max_ids`` ids (default 1,000,000, about 380 MB of
+Python objects with 36-character ids: ~380 B per id, measured), oldest evicted first. At assignment the ids
 of the newest ``max_ids`` events of the assigned partitions (by ingestion time,
 then offset) are loaded from the ``events`` table. A retry that arrives more
 than ``max_ids`` events after its original (on the assigned partitions), or on

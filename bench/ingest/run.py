@@ -33,8 +33,10 @@ over rounds), its peak RSS while it ran (sampled) and the process's peak.
 ``--soak-minutes N`` instead runs the ingester alone for N minutes against a
 producer process sending fresh workload events at ``--soak-rate`` events/s and
 reports its RSS every 10 s (with Arrow's pool, glibc malloc's bytes in use and
-kept free, and Python's allocated blocks) and the slope (MB per minute, least
-squares over the second half) in ``bench/ingest/soak.json``.
+kept free, Python's allocated blocks and the thread count: delta-rs's tokio pool
+grows with the file operations in flight), RSS at each minute and the slopes
+(MB per minute, least squares, after the first minute and over the second half)
+in ``bench/ingest/soak.json``.
 
 Writes bench/ingest/results.json (format: ``bench.results``).
 """
@@ -115,6 +117,7 @@ class RssSampler:
 
     def __init__(self, every_s: float) -> None:
         self.every_s, self.samples, self.arrow, self.malloc, self.python_blocks = every_s, [], [], [], []
+        self.threads: list[int] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._started = time.monotonic()
@@ -125,6 +128,7 @@ class RssSampler:
             self.arrow.append(pa.total_allocated_bytes() / 2**20)
             self.malloc.append(glibc_malloc_mb())
             self.python_blocks.append(sys.getallocatedblocks())
+            self.threads.append(threading_native_count())
             if self._stop.wait(self.every_s):
                 return
 
@@ -146,6 +150,11 @@ def rss_mb() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError("no VmRSS in /proc/self/status (Linux only)")
+
+
+def threading_native_count() -> int:
+    """Threads of this process, native ones included (delta-rs's tokio pool, librdkafka's)."""
+    return len(list(Path("/proc/self/task").iterdir()))
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -392,19 +401,25 @@ def main_soak(args: argparse.Namespace) -> int:
             timer.cancel()
             feeder.wait(60)
     slope = slope_mb_per_min(sampler.samples, after_s=seconds / 2)
+    slope_after_warm_up = slope_mb_per_min(sampler.samples, after_s=60)
+    by_minute = [next((mb for t, mb in sampler.samples if t >= 60 * m), sampler.samples[-1][1])
+                 for m in range(1, int(args.soak_minutes) + 1)]
     after_1_min = next(mb for t, mb in sampler.samples if t >= 60) if seconds > 60 else sampler.samples[0][1]
     growth = Ratio("rss_growth", f"ingester RSS at the end / after its first minute, {args.soak_minutes:g}-minute "
                                  f"soak at {args.soak_rate:g} events/s", [sampler.samples[-1][1] / after_1_min],
                    goal=1.10, better="lower")
     result = {"minutes": args.soak_minutes, "rate": args.soak_rate, "dedupe_max_ids": args.soak_dedupe_ids,
               "events": stats.events, "batches": stats.batches, "slope_mb_per_min_second_half": slope,
+              "slope_mb_per_min_after_first_minute": slope_after_warm_up,
+              "rss_mb_at_minutes": [round(mb, 1) for mb in by_minute],
               "rss_mb_samples": [[round(t, 1), round(mb, 1)] for t, mb in sampler.samples],
               "arrow_pool_mb_samples": [round(mb, 1) for mb in sampler.arrow],
               "glibc_malloc_mb_in_use_free_samples": sampler.malloc,
-              "python_allocated_blocks_samples": sampler.python_blocks}
+              "python_allocated_blocks_samples": sampler.python_blocks, "threads_samples": sampler.threads}
     first, last = sampler.samples[0][1], sampler.samples[-1][1]
     recorder.write(ratios=[growth], summary=f"RSS {first:,.0f} -> {after_1_min:,.0f} MB after 1 min -> {last:,.0f} MB "
-                   f"at the end; slope over the second half {slope:+.1f} MB/min; {stats.events:,} events",
+                   f"at the end; slope over the second half {slope:+.1f} MB/min ({slope_after_warm_up:+.1f} after the "
+                   f"first minute); threads {sampler.threads[0]} -> {sampler.threads[-1]}; {stats.events:,} events",
                    peak_rss_mb={"soak": sampler.peak}, detail=result, path=Path(args.soak_out))
     print(f"soak: {args.soak_minutes} min, {stats.events:,} events in {stats.batches:,} batches; RSS {first:,.0f} -> "
           f"{last:,.0f} MB (peak {sampler.peak:,.0f}); slope over the second half {slope:+.2f} MB/min")
