@@ -117,6 +117,13 @@ def _exit(message: str, code: int) -> NoReturn:
     sys.exit(code)
 
 
+PLAIN_HELP = None
+"""Help and usage errors in click's plain text, not rich panels: rendering them with rich imports rich's markdown
+and syntax modules, 0.2 s of CPU that doubled ``trajlake --help`` (issue 16's goal is 0.3 s wall)."""
+HELP_WIDTH = {"max_content_width": 200}
+"""Help fills the terminal's width (COLUMNS), as rich's did; click alone stops at 80 columns."""
+
+
 def build_app() -> typer.Typer:
     app = typer.Typer(
         name="trajlake",
@@ -125,6 +132,8 @@ def build_app() -> typer.Typer:
         epilog=EXIT_CODES,
         no_args_is_help=True,
         pretty_exceptions_enable=False,
+        rich_markup_mode=PLAIN_HELP,
+        context_settings=HELP_WIDTH,
     )
 
     @app.callback()
@@ -146,7 +155,7 @@ class Summary(typer.core.TyperCommand):
 def commands_of(module: str) -> dict[str, Command]:
     """Name -> command of every command ``trajlake.commands.<module>`` registers, each --help ending with the exit
     codes."""
-    app = typer.Typer()
+    app = typer.Typer(rich_markup_mode=PLAIN_HELP, context_settings=HELP_WIDTH)
     importlib.import_module(f"trajlake.commands.{module}").register(app)
     _add_epilog(app)
     return dict(typer.main.get_group(app).commands)

@@ -67,7 +67,8 @@ def test_a_bad_log_level_is_refused_by_name():
 def test_every_help_ends_with_the_exit_codes(path: str):
     result = CliRunner().invoke(build_app(), [*path.split(), "--help"], env={"COLUMNS": "300"})
     assert result.exit_code == 0, result.output
-    assert "Exit codes: 0 done" in result.output and "2 bad flags or settings" in result.output
+    flat = " ".join(result.output.split())  # click's test runner wraps help at 80 columns
+    assert "Exit codes: 0 done" in flat and "2 bad flags or settings" in flat
 
 
 @pytest.mark.parametrize("path", sorted(all_commands()))
