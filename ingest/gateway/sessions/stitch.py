@@ -276,7 +276,7 @@ class Stitcher:
                 window_text = self._try_tail([messages[n] for n in window], window.index(k), tools, sampled_end,
                                              checked=False)
                 self._learn(shape, window_text == text)
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return self._encode(text)
 
     def _tail(self, conversation: list[dict], answer: int, tools: list | None, sampled_end: bool, *,
               checked: bool) -> str | None:
@@ -309,6 +309,12 @@ class Stitcher:
         if len(self._shapes) >= _SHAPES_MAX:
             self._shapes.clear()
         self._shapes[shape] = windowed
+
+    def _encode(self, text: str) -> list[int]:
+        backend = getattr(self.tokenizer, "backend_tokenizer", None) if getattr(self.tokenizer, "is_fast", False) else None
+        if backend is not None:  # the Rust tokenizer itself: the same ids without the Python wrapper's batching
+            return backend.encode(text, add_special_tokens=False).ids
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _ends_turn(self, token_id: int) -> bool:
         return self.tokenizer.convert_ids_to_tokens(int(token_id)) == self.end
