@@ -92,7 +92,13 @@ async def rollouts_at_rate(port: int, tag: str, turns: list[bytes], *, rollouts:
         if t:
             await done[(r, t - 1)]
         conn = pool.pop() if pool else await Connection.open(Target("127.0.0.1", port, "", {}, b""))
-        errors += await conn.exchange(targets[r][t]) != 200
+        try:
+            status = await conn.exchange(targets[r][t])
+        except (asyncio.IncompleteReadError, ConnectionError):  # an idle pooled connection the server closed
+            conn.close()
+            conn = await Connection.open(Target("127.0.0.1", port, "", {}, b""))
+            status = await conn.exchange(targets[r][t])
+        errors += status != 200
         latencies.append(time.perf_counter() - scheduled)
         pool.append(conn)
         done[(r, t)].set_result(None)
