@@ -1,9 +1,10 @@
 """The two servers of the session latency benchmark, each run as its own process by ``run.py``.
 
 ``engine``: a fast fake engine with one canned answer (a Hermes tool call and
-its token ids): chat calls get the prompt ids of the conversation (rendered
-once per length, then cached), completion calls echo the token-id prompt, so
-the engine costs about the same on either route. ``gateway``: the real gateway
+its token ids): chat calls get the prompt ids of the conversation, rendered
+through the chat template and tokenized on every call as a real engine does;
+completion calls echo the token-id prompt. So without sessions the engine
+renders, with sessions it does not: the bench measures both processes. ``gateway``: the real gateway
 app (``ingest.gateway``) with token sessions on or off, its events encoded
 and dropped (no Kafka: the bench measures the planner, not the broker).
 
@@ -33,7 +34,6 @@ def create_engine(model_dir: Path) -> Any:
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     sampled = [*tokenizer.encode(ANSWER, add_special_tokens=False), tokenizer.convert_tokens_to_ids(tokenizer.eos_token)]
-    prompts: dict[int, list[int]] = {}
     app = FastAPI()
 
     def head(kind: str, prompt_ids: list[int]) -> dict[str, Any]:
@@ -44,11 +44,9 @@ def create_engine(model_dir: Path) -> Any:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> dict[str, Any]:
         body = await request.json()
-        n = len(body["messages"])
-        if n not in prompts:
-            prompts[n] = list(tokenizer.apply_chat_template(body["messages"], tools=body.get("tools"), tokenize=True,
-                                                            add_generation_prompt=True, return_dict=False))
-        return {**head("chat.completion", prompts[n]), "prompt_token_ids": prompts[n], "choices": [{
+        prompt = list(tokenizer.apply_chat_template(body["messages"], tools=body.get("tools"), tokenize=True,
+                                                    add_generation_prompt=True, return_dict=False))
+        return {**head("chat.completion", prompt), "prompt_token_ids": prompt, "choices": [{
             "index": 0, "finish_reason": "tool_calls", "token_ids": sampled, "logprobs": None,
             "message": {"role": "assistant", "content": None, "tool_calls": [CALL]}}]}
 

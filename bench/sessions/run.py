@@ -31,7 +31,6 @@ from collections import Counter
 import tempfile
 import time
 import tracemalloc
-from array import array
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +48,7 @@ from devkit.split_engine import create_split_engine  # noqa: E402
 from devkit.tiny_model import build_tiny_model, default_model_dir  # noqa: E402
 from ingest.gateway import create_gateway_app  # noqa: E402
 from ingest.gateway.emitter import Emitter  # noqa: E402
-from ingest.gateway.sessions.state import Session, SessionStore  # noqa: E402
+from ingest.gateway.sessions.state import DIGEST_BYTES, Session, SessionStore, pack_ids  # noqa: E402
 from ingest.gateway.sessions.stitch import Stitcher  # noqa: E402
 from ingest.spool import Spool  # noqa: E402
 from pipelines.datasets.merging import Call, merge_calls  # noqa: E402
@@ -231,17 +230,20 @@ def plan_cost(model_dir: Path, turns: int) -> dict:
             "plan_at_last_turn_ms": round(times[-1] * 1e3, 3), "prompt_tokens_at_last_turn": len(prompt)}
 
 
-def session_memory(tokens: int, messages: int, live: int = 10_000) -> dict:
+def session_memory(tokens: int, messages: int, vocab: int, live: int = 10_000) -> dict:
+    """Memory of ``live`` sessions whose last prompt and answer hold ``tokens`` ids below ``vocab`` (tracemalloc)."""
+    ids = [7919 * n % vocab for n in range(tokens)]  # spread over the vocabulary, as a rollout's are
+    kinds = frozenset({("system", ("content",), 0), ("user", ("content",), 0), ("tool", ("content",), 0)})
     tracemalloc.start()
     before = tracemalloc.take_snapshot()
     store = SessionStore(max_bytes=1 << 40, ttl_s=3600)
     for k in range(live):
         store.put(("tenant", f"rollout-{k:06d}", 0, None), Session(
-            messages=tuple(bytes(20) for _ in range(messages)), context=bytes(20),
-            prompt_ids=array("i", range(tokens - 60)), sampled_ids=array("i", range(60))))
+            messages=bytes(DIGEST_BYTES * messages), context=bytes(20), prompt_ids=pack_ids(ids[:-60]),
+            sampled_ids=pack_ids(ids[-60:]), call_id=f"call-{k:026d}", raw=bytes(20), kinds=kinds))
     measured = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
     tracemalloc.stop()
-    return {"live_rollouts": live, "tokens_per_session": tokens, "measured_mib": round(measured / 2**20, 1),
+    return {"live_rollouts": live, "tokens_per_session": tokens, "vocab": vocab, "measured_mib": round(measured / 2**20, 1),
             "accounted_mib": round(store.bytes / 2**20, 1)}
 
 
@@ -260,7 +262,11 @@ def main() -> None:
             results[name] = run_arm(f"{engine}/v1", model_dir, Path(tmp) / name, sessions=sessions,
                                     references=references, rollouts=args.rollouts, turns=args.turns)
     results["planner"] = plan_cost(model_dir, args.turns)
-    results["memory"] = session_memory(results["planner"]["prompt_tokens_at_last_turn"], 2 * args.turns + 3)
+    from transformers import AutoTokenizer
+
+    tokens = results["planner"]["prompt_tokens_at_last_turn"]
+    results["memory"] = session_memory(tokens, 2 * args.turns + 3, len(AutoTokenizer.from_pretrained(model_dir)))
+    results["memory_4_byte_ids"] = session_memory(tokens, 2 * args.turns + 3, 151_936)  # a Qwen-sized vocabulary
     print(json.dumps(results, indent=2))
     write(recorder, results)
 
@@ -303,7 +309,8 @@ def write(recorder: Recorder, results: dict) -> None:
                f"{planner['plan_at_last_turn_ms']:.1f} ms at turn {results['turns']} "
                f"({planner['prompt_tokens_at_last_turn']:,}-token prompt); client p50 per call {on['latency_p50_ms']:.0f} ms "
                f"with sessions vs {off['latency_p50_ms']:.0f} ms without; session memory {memory['measured_mib']:.0f} MiB "
-               f"per {memory['live_rollouts']:,} live rollouts")
+               f"per {memory['live_rollouts']:,} live rollouts ({results['memory_4_byte_ids']['measured_mib']:.0f} MiB with "
+               f"a vocabulary over 65,536: 4-byte ids)")
     recorder.write(ratios=ratios, summary=summary, detail=results)
 
 

@@ -1,10 +1,11 @@
 """Per-rollout session state: the last call's messages (as digests), prompt ids and sampled ids.
 
 Bounded by bytes (least recently used evicted first) and by idle time (TTL).
-Ids are kept as 4-byte ``array('i')``; messages as 20-byte digests, so a
-session costs about 4 bytes per token of the rollout's last prompt and answer.
-The chat template's rendering of the last call is kept as its length and
-digest only, so the next call's prefix check need not render it again.
+Ids are kept as ``array('H')`` (2 bytes each) when they fit, as with
+vocabularies up to 65,536 (Llama 2, Mistral, the tiny model), else as
+``array('i')`` (4 bytes); messages as 20-byte digests joined in one ``bytes``.
+A session costs about 2 or 4 bytes per token of the rollout's last prompt and
+answer, plus 20 per message (bench/sessions measures it per 10k rollouts).
 A session lives in one gateway process: a restarted gateway, or a replica that
 did not see the previous call, has none and the call takes the plain route.
 """
@@ -15,38 +16,58 @@ import threading
 import time
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 SessionKey = tuple[str, str, int, str | None]
 """(tenant, rollout_id, attempt, span_id): a sub-agent with its own span keeps its own session."""
 
-_OVERHEAD_BYTES = 700
+DIGEST_BYTES = 20
+"""One message's structural digest (SHA-1)."""
+_OVERHEAD_BYTES = 600
 """Fixed cost of one session (objects, dict slot), measured with tracemalloc (bench/sessions)."""
-_RENDERED_BYTES = 150
-"""A kept rendering: its tuple, length and 20-byte digest objects (tracemalloc)."""
+
+
+def pack_ids(ids: Sequence[int]) -> array:
+    """Token ids as ``array('H')`` when every one fits in 2 bytes, else as ``array('i')``.
+
+    >>> pack_ids([1, 2]).typecode, pack_ids([1, 151_643]).typecode
+    ('H', 'i')
+    """
+    try:
+        return array("H", ids)
+    except OverflowError:
+        return array("i", ids)
 
 
 @dataclass(frozen=True, slots=True)
 class Session:
     """What the next call of a rollout must extend."""
 
-    messages: tuple[bytes, ...]
-    """Digests of the previous call's messages, then of the assistant message the gateway returned."""
+    messages: bytes
+    """Digests of the previous call's messages, then of the assistant message the gateway returned, joined
+    (``DIGEST_BYTES`` each)."""
     context: bytes
     """Digest of what else shapes the rendering (model, tools)."""
     prompt_ids: array
     sampled_ids: array
     call_id: str = ""
     """The call these ids belong to: the next call's prefix reference names it."""
-    rendered: tuple[int, bytes] | None = None
-    """Length and digest of the template's rendering of the previous call's messages with the generation prompt;
-    None when that call was not rendered here (the next call renders it)."""
+    raw: bytes = b""
+    """Digest of the previous call's messages as the client sent them: the next call compares its history with it
+    before digesting message by message."""
+    kinds: frozenset = frozenset()
+    """The kinds of the previous call's messages (an object shared between sessions)."""
+
+    @property
+    def count(self) -> int:
+        """Messages digested: the previous call's and its answer."""
+        return len(self.messages) // DIGEST_BYTES
 
     @property
     def nbytes(self) -> int:
-        return (_OVERHEAD_BYTES + 4 * (len(self.prompt_ids) + len(self.sampled_ids))
-                + 60 * len(self.messages) + len(self.call_id) + (_RENDERED_BYTES if self.rendered else 0))
+        return (_OVERHEAD_BYTES + self.prompt_ids.itemsize * len(self.prompt_ids)
+                + self.sampled_ids.itemsize * len(self.sampled_ids) + len(self.messages) + len(self.call_id))
 
 
 class SessionStore:

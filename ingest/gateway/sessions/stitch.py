@@ -7,16 +7,36 @@ the same model and tools. Its prompt is the previous prompt ids + the ids the
 engine sampled + the chat template's rendering of only what follows: the
 bridge after the assistant turn (e.g. ``\\n`` after ``<|im_end|>``, or
 ``<|im_end|>\\n`` when the answer was cut at ``max_tokens``), the new messages,
-the generation prompt. The template must be prefix-preserving for that step
-(checked on every call: the conversation rendered with and without the new
-messages); templates that rewrite history (e.g. strip earlier reasoning) fail
-the check and the call is **engine_rendered**, with the reason.
+the generation prompt. The template must be prefix-preserving for that step;
+templates that rewrite history (e.g. strip earlier reasoning) fail the check
+and the call is **engine_rendered**, with the reason.
 
-The rendering without the new messages is the previous call's rendering with
-the generation prompt: the session keeps its length and digest, so a call
-renders twice (history with the answer, the whole conversation); it renders
-the previous messages again only when that digest does not match (no kept
-rendering, or history the digests see as equal that renders otherwise).
+What a call costs (issue 13; bench/session_latency, 30-turn tool rollouts):
+rendering a whole conversation through Jinja grows with its length and was
+~90% of planning (4.3 ms p50 per call, two to three renders). Now:
+
+- **History compare.** The earlier messages are compared byte for byte (a
+  digest of their ``repr``) with what the client sent last time; only the
+  answer and the new messages get structural digests. A harness that
+  re-serialises its history differently (same meaning) takes the slow path:
+  every message's structural digest, as before.
+- **Render a window.** The template renders a short conversation: the first
+  message, the last user message, the message before the answer, the answer,
+  the new messages; the bridge and the new turns come from that. Whether the
+  window renders the new turns exactly as the whole conversation does, and
+  whether the template is prefix-preserving, is checked on the whole
+  conversation (rendered with and without the new messages, and the history
+  without the answer) once per **shape**: the model and tools, whether the
+  answer ended its turn, the kind (role and filled fields) of each window
+  message and where the window skips, the kinds of every message of the
+  conversation, and the parity of the answer's position. A new shape is always
+  checked in full; a shape that failed is checked again on every call; one
+  whose window renders otherwise is always rendered whole.
+
+The window assumes a template renders the new turns from the roles and fields
+of the history, not from the text of messages outside the window; a template
+that does (beyond the kinds above) may be checked on one rollout and differ on
+another. Templates of the Qwen, Llama 3 and Mistral families do not.
 """
 
 from __future__ import annotations
@@ -24,11 +44,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from ingest.gateway.sessions.state import Session, SessionKey, SessionStore
+from ingest.gateway.sessions.state import DIGEST_BYTES, Session, SessionKey, SessionStore, pack_ids
 from ingest.otlp.messages import loose_json
 from schemas.tool_parsers import ToolParser, resolve_parser
 
@@ -54,6 +73,10 @@ _HANDLED = frozenset({
 """Chat parameters mapped or dropped below; any other parameter sends the call the plain route."""
 
 
+_SHAPES_MAX = 4096
+"""Checked shapes kept per stitcher (a few per agent loop); past it the cache starts over and shapes are rechecked."""
+
+
 class _Multimodal(Exception):
     pass
 
@@ -67,7 +90,12 @@ class Plan:
     reason: str | None = None
     """The fallback reason of an engine-rendered call."""
     key: SessionKey | None = None
-    digests: tuple[bytes, ...] = ()
+    digests: bytes = b""
+    """Structural digests of this call's messages (``message_digest``), joined."""
+    raw: bytes = b""
+    """Digest of this call's messages as the client sent them: what the next call compares its history with first."""
+    kinds: frozenset = frozenset()
+    """The kinds of this call's messages (``_kind``)."""
     context: bytes = b""
     prompt_ids: list[int] = field(default_factory=list)
     upstream_body: dict[str, Any] | None = None
@@ -76,8 +104,6 @@ class Plan:
     """Parses the raw completion of a stitched call; None: the whole text is content."""
     previous: Session | None = None
     """The rollout's last call as this call found it: what its recorded prompt may reference."""
-    rendered: tuple[int, bytes] | None = None
-    """Length and digest of the template's rendering of this call's messages (generation prompt included)."""
 
     def record(self) -> dict[str, str]:
         """What the ``llm.request`` event says about how its prompt was made."""
@@ -106,9 +132,28 @@ def _text(content: Any) -> str:
     raise _Multimodal
 
 
-def _rendering(text: str) -> tuple[int, bytes]:
-    """What a session keeps of a rendering: its length and digest."""
-    return len(text), hashlib.sha1(text.encode()).digest()
+def _raw(messages: list[dict], known: int) -> tuple[bytes, bytes]:
+    """Digests of the first ``known`` messages and of all of them, as sent (their ``repr``: exact for JSON values)."""
+    digest = hashlib.sha1()
+    head = b""
+    for n, message in enumerate(messages):
+        if n == known:
+            head = digest.digest()
+        digest.update(repr(message).encode("utf-8", "surrogatepass"))
+    return head, digest.digest()
+
+
+def _kind(message: dict[str, Any]) -> tuple:
+    """What of a message may change how a template renders around it: its role, the fields it fills, its calls."""
+    filled = tuple(sorted(k for k, v in message.items() if k != "role" and v not in (None, "", [])))
+    return message.get("role"), filled, len(message.get("tool_calls") or ())
+
+
+def _window(messages: list[dict], answer: int) -> list[int]:
+    """The messages a window renders: the first, the last user message before the answer, the one before the
+    answer, the answer (at index ``answer``), the new ones."""
+    user = next((n for n in range(answer - 1, 0, -1) if messages[n].get("role") == "user"), 0)
+    return sorted({0, user, answer - 1}) + list(range(answer, len(messages)))
 
 
 def _context(body: dict[str, Any]) -> bytes:
@@ -141,19 +186,24 @@ class Stitcher:
         self.parser = resolve_parser(parser, template if isinstance(template, str) else None)
         self.end = tokenizer.eos_token
         """The string that ends an assistant turn in the template (``<|im_end|>`` in ChatML)."""
+        self._shapes: dict[tuple, bool] = {}
+        """Shapes checked on a whole conversation: True when their window renders the new turns exactly."""
+        self._kinds: dict[frozenset, frozenset] = {}
+        """Message-kind sets, one object each, shared by the sessions that hold them."""
 
     def plan(self, body: dict[str, Any], key: SessionKey | None) -> Plan:
         messages = body.get("messages") or []
+        session = self.store.get(key) if key is not None else None
         try:
-            digests = tuple(message_digest(m) for m in messages)
+            plan = self._compare(messages, session)
         except _Multimodal:
             return Plan("engine_rendered", "multimodal")
-        plan = Plan("engine_rendered", key=key, digests=digests, context=_context(body))
+        plan.key, plan.context = key, _context(body)
         if key is None:
             plan.reason = "unattached"
             return plan
-        session = plan.previous = self.store.get(key)
-        plan.reason = self._mismatch(session, plan, messages)
+        plan.previous = session
+        plan.reason = self._mismatch(session, plan)
         if plan.reason is not None:
             return plan
         parses = bool(body.get("tools")) and body.get("tool_choice") != "none"
@@ -163,7 +213,7 @@ class Stitcher:
         suffix = self._suffix(session, messages, body.get("tools"), plan)
         if suffix is None:
             return plan
-        prompt_ids = [*session.prompt_ids, *session.sampled_ids, *suffix]
+        prompt_ids = session.prompt_ids.tolist() + session.sampled_ids.tolist() + suffix
         upstream = completion_body(body, prompt_ids)
         if upstream is None:
             plan.reason = "unsupported_params"
@@ -172,9 +222,25 @@ class Stitcher:
         plan.parser = self.parser if parses else None
         return plan
 
-    def _mismatch(self, session: Session | None, plan: Plan, messages: list[dict]) -> str | None:
+    def _compare(self, messages: list[dict], session: Session | None) -> Plan:
+        """This call's digests; messages the client sent last time byte for byte take the session's."""
+        known = session.count - 1 if session is not None else 0  # the previous call's messages
+        head, raw = _raw(messages, known)
+        if session is not None and 0 < known < len(messages) and head == session.raw:
+            digests = session.messages[: len(session.messages) - DIGEST_BYTES]
+            digests += b"".join(message_digest(m) for m in messages[known:])
+            kinds = session.kinds.union(_kind(m) for m in messages[known:])
+        else:
+            digests = b"".join(message_digest(m) for m in messages)
+            kinds = frozenset(_kind(m) for m in messages)
+        if len(self._kinds) >= _SHAPES_MAX:
+            self._kinds.clear()
+        return Plan("engine_rendered", digests=digests, raw=raw, kinds=self._kinds.setdefault(kinds, kinds))
+
+    @staticmethod
+    def _mismatch(session: Session | None, plan: Plan) -> str | None:
         if session is None:
-            return "no_session" if any(m.get("role") == "assistant" for m in messages) else "first_call"
+            return "no_session" if any(kind[0] == "assistant" for kind in plan.kinds) else "first_call"
         if session.context != plan.context:
             return "context_changed"
         known = len(session.messages)
@@ -184,29 +250,70 @@ class Stitcher:
 
     def _suffix(self, session: Session, messages: list[dict], tools: list | None, plan: Plan) -> list[int] | None:
         """Ids of the bridge, the new messages and the generation prompt; None (reason set) when unsafe."""
-        k = len(session.messages) - 1  # the assistant message the gateway returned
-        try:
-            with_answer = self._render(messages[: k + 1], tools, generation=False)
-            full = self._render(messages, tools, generation=True)
-            kept = session.rendered
-            if kept is not None and _rendering(with_answer[: kept[0]]) == kept:
-                before = kept[0]
-            else:
-                rendered = self._render(messages[:k], tools, generation=True)
-                before = len(rendered) if with_answer.startswith(rendered) else -1
-        except Exception as exc:  # any template failure: the engine will say what is wrong
-            log.debug("event=session_template_error error=%r", exc)
-            plan.reason = "template_error"
-            return None
-        plan.rendered = _rendering(full)
-        answer = with_answer[before:]
-        end = answer.rfind(self.end) if self.end else -1
-        if before < 0 or not full.startswith(with_answer) or end < 0:
-            plan.reason = "template_not_prefix"
-            return None
+        k = session.count - 1  # the assistant message the gateway returned
         sampled_end = bool(session.sampled_ids) and self._ends_turn(session.sampled_ids[-1])
-        bridge = answer[end + len(self.end):] if sampled_end else answer[end:]
-        text = bridge + full[len(with_answer):]
+        window = _window(messages, k)
+        shape = None if len(window) == len(messages) else (
+            plan.context, sampled_end, k % 2, plan.kinds,
+            tuple((_kind(messages[n]), n - before > 1) for before, n in zip([-1, *window], window)))
+        windowed = self._shapes.get(shape) if shape is not None else False
+        text = None
+        if windowed:
+            text = self._try_tail([messages[n] for n in window], window.index(k), tools, sampled_end, checked=True)
+            if text is None:  # the shape's window no longer renders: render whole from now on
+                self._learn(shape, False)
+        if text is None:
+            try:
+                text = self._tail(messages, k, tools, sampled_end, checked=False)
+            except Exception as exc:  # any template failure: the engine will say what is wrong
+                log.debug("event=session_template_error error=%r", exc)
+                plan.reason = "template_error"
+                return None
+            if text is None:
+                plan.reason = "template_not_prefix"
+                return None
+            if shape is not None and windowed is None:
+                window_text = self._try_tail([messages[n] for n in window], window.index(k), tools, sampled_end,
+                                             checked=False)
+                self._learn(shape, window_text == text)
+        return self._encode(text)
+
+    def _tail(self, conversation: list[dict], answer: int, tools: list | None, sampled_end: bool, *,
+              checked: bool) -> str | None:
+        """The text after the answer's sampled ids (the bridge, the new turns, the generation prompt); None when the
+        template does not preserve the prefix. ``checked``: the shape passed the history check, skip it."""
+        with_answer = self._render(conversation[: answer + 1], tools, generation=False)
+        full = self._render(conversation, tools, generation=True)
+        start = 0
+        if not checked:
+            before = self._render(conversation[:answer], tools, generation=True)
+            if not with_answer.startswith(before):
+                return None
+            start = len(before)
+        end = with_answer.rfind(self.end, start) if self.end else -1
+        if end < 0 or not full.startswith(with_answer):
+            return None
+        bridge = with_answer[end + len(self.end):] if sampled_end else with_answer[end:]
+        return bridge + full[len(with_answer):]
+
+    def _try_tail(self, conversation: list[dict], answer: int, tools: list | None, sampled_end: bool, *,
+                  checked: bool) -> str | None:
+        """``_tail`` of a window; None when the window does not render (the whole conversation decides)."""
+        try:
+            return self._tail(conversation, answer, tools, sampled_end, checked=checked)
+        except Exception as exc:
+            log.debug("event=session_window_error error=%r", exc)
+            return None
+
+    def _learn(self, shape: tuple, windowed: bool) -> None:
+        if len(self._shapes) >= _SHAPES_MAX:
+            self._shapes.clear()
+        self._shapes[shape] = windowed
+
+    def _encode(self, text: str) -> list[int]:
+        backend = getattr(self.tokenizer, "backend_tokenizer", None) if getattr(self.tokenizer, "is_fast", False) else None
+        if backend is not None:  # the Rust tokenizer itself: the same ids without the Python wrapper's batching
+            return backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _ends_turn(self, token_id: int) -> bool:
@@ -224,7 +331,6 @@ class Stitcher:
             return
         answer = message_digest({"role": "assistant", "content": content, "tool_calls": tool_calls})
         self.store.put(plan.key, Session(
-            messages=(*plan.digests, answer), context=plan.context,
-            prompt_ids=array("i", prompt_ids), sampled_ids=array("i", sampled_ids), call_id=call_id,
-            rendered=plan.rendered,
+            messages=plan.digests + answer, context=plan.context, prompt_ids=pack_ids(prompt_ids),
+            sampled_ids=pack_ids(sampled_ids), call_id=call_id, raw=plan.raw, kinds=plan.kinds,
         ))

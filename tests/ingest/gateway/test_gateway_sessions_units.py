@@ -12,7 +12,7 @@ from ingest.gateway.sessions.stitch import Stitcher, completion_body, message_di
 
 
 def session(tokens: int) -> Session:
-    return Session(messages=(b"x" * 20,), context=b"c", prompt_ids=array("i", range(tokens)), sampled_ids=array("i"))
+    return Session(messages=b"x" * 20, context=b"c", prompt_ids=array("i", range(tokens)), sampled_ids=array("i"))
 
 
 class Clock:
@@ -142,7 +142,7 @@ def test_a_template_that_fails_on_the_new_turns_falls_back(tiny_model_dir):
     assert stitcher.plan({"model": "m", "messages": follow}, key).reason == "template_error"
 
 
-def test_the_kept_rendering_spares_a_render_and_one_that_no_longer_matches_is_rendered_again(tiny_model_dir):
+def test_a_checked_shape_renders_a_window_and_gives_the_ids_the_whole_conversation_gives(tiny_model_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -168,17 +168,50 @@ def test_the_kept_rendering_spares_a_render_and_one_that_no_longer_matches_is_re
     plan, messages = call([{"role": "user", "content": "add"}], 1)
     assert plan.reason == "first_call" and renders == []
     plan, messages = call(messages, 2)
-    assert plan.made == "stitched" and len(renders) == 3  # nothing kept yet: the history is rendered too
+    assert plan.made == "stitched" and len(renders) == 3  # the window would be the whole conversation
+    plan, messages = call(messages, 3)
+    assert plan.made == "stitched" and renders[:3] == [4, 5, 3] and len(renders) == 6  # new shape: whole + window
     kept = store.get(key)
-    plan, _ = call(messages, 3)
-    assert plan.made == "stitched" and renders == [len(messages) - 1, len(messages)]  # the kept rendering served
-    store.put(key, Session(kept.messages, kept.context, kept.prompt_ids, kept.sampled_ids))  # the same, none kept
-    uncached, messages = call(messages, 3)
-    assert uncached.prompt_ids == plan.prompt_ids and len(renders) == 3
+    plan, _ = call(messages, 4)
+    assert plan.made == "stitched" and renders == [3, 4]  # checked shape: the window only
+    store.put(key, kept)
+    whole = Stitcher(tok, store).plan({"model": "m", "messages": messages, "tools": tools}, key)
+    assert whole.made == "stitched" and whole.prompt_ids == plan.prompt_ids
 
-    # The same meaning, other text: the kept digest no longer matches, so the history is rendered again.
+    # The same meaning, other text: the history is compared message by message, and still extends the session.
+    store.put(key, kept)
     stale = [dict(m) for m in messages]
     stale[1]["tool_calls"] = [{**stale[1]["tool_calls"][0], "function": {"name": "f", "arguments": '{"a":1}'}}]
     assert message_digest(stale[1]) == message_digest(messages[1])
     plan, _ = call(stale, 4)
-    assert plan.made == "stitched" and len(renders) == 3
+    assert plan.made == "stitched" and plan.prompt_ids == whole.prompt_ids
+    store.put(key, kept)
+    stale[1]["tool_calls"] = [{**stale[1]["tool_calls"][0], "function": {"name": "f", "arguments": '{"a": 9}'}}]
+    assert call(stale, 4)[0].reason == "history_changed"
+
+
+def test_a_new_shape_is_checked_on_the_whole_conversation_even_when_its_window_passes(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    # Rewrites the message at index 5 (outside the last call's window) once the conversation ends with a user turn.
+    tok.chat_template = (
+        "{%- for m in messages -%}<|im_start|>{{ m.role }}\n"
+        "{%- if loop.index0 == 5 and messages[-1].role == 'user' -%}(earlier)"
+        "{%- else -%}{{ m.content or '' }}{%- for c in m.tool_calls or [] -%}<tool_call>{{ c.function.name }}"
+        "</tool_call>{%- endfor -%}{%- endif -%}<|im_end|>\n{%- endfor -%}"
+        "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}")
+    stitcher = Stitcher(tok, SessionStore(max_bytes=1 << 20, ttl_s=60), parser="hermes")
+    key = ("t", "r", 0, None)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    messages: list[dict] = [{"role": "system", "content": "s"}, {"role": "user", "content": "go"}]
+    made = []
+    for n, new in enumerate(["tool", "tool", "tool", "tool", "user"]):
+        plan = stitcher.plan({"model": "m", "messages": messages}, key)
+        made.append(plan.made if plan.made == "stitched" else plan.reason)
+        stitcher.remember(plan, prompt_ids=[1, 2], sampled_ids=tok.encode(f"step {n}") + [end], content=f"step {n}",
+                          tool_calls=None)
+        messages = [*messages, {"role": "assistant", "content": f"step {n}"}, {"role": new, "content": str(n)}]
+    plan = stitcher.plan({"model": "m", "messages": messages}, key)
+    assert made == ["first_call", "stitched", "stitched", "stitched", "stitched"]  # the tool turns' shapes: windowed
+    assert plan.reason == "template_not_prefix"
