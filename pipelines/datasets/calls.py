@@ -204,7 +204,7 @@ class OkCalls:
     ROWS_PER_READ = 65_536
 
     def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
-        self._reader = con.execute(OK_CALLS).fetch_record_batch(self.ROWS_PER_READ)
+        self._reader = con.execute(OK_CALLS).to_arrow_reader(self.ROWS_PER_READ)
         self._rest = self._reader.schema.empty_table()
 
     def take(self, rollout_ids: list[str]) -> tuple[pa.Table, pa.Table]:
