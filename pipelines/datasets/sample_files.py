@@ -17,7 +17,6 @@ import math
 import time
 import uuid
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import pyarrow as pa
@@ -36,11 +35,7 @@ FILE_BYTES = 16 * 1024 * 1024
 
 
 def write_version(lake: Lake, table: str, batches: Iterable[pa.RecordBatch], *, schema: pa.Schema) -> None:
-    """Replace ``table``'s rows with ``batches`` in one Delta commit (creating the table if absent).
-
-    Each batch is encoded on a writer thread while the next one is made
-    (Parquet encoding releases the GIL): at most one batch waits to be written.
-    """
+    """Replace ``table``'s rows with ``batches`` in one Delta commit (creating the table if absent)."""
     lake.write_uri(table)  # TableNotCatalogued before any file is written
     filesystem, root = arrow_filesystem(lake.root, lake.storage_options)
     folder = f"{root}/{table}"
@@ -48,34 +43,24 @@ def write_version(lake: Lake, table: str, batches: Iterable[pa.RecordBatch], *, 
     stem = uuid.uuid4()
     actions: list[AddAction] = []
     writer: _File | None = None
-    writing: Future[None] | None = None
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajlake-dataset-write") as pool:
-        try:
-            for batch in batches:
-                if writing is not None:
-                    writing.result()
-                if writer is None:
-                    writer = _File(filesystem, folder, f"part-{len(actions):05d}-{stem}-c000.zstd.parquet", schema)
-                writing = pool.submit(writer.write, batch)
-                writer.bytes_in += batch.nbytes  # counted here, not on the writer thread: it decides the rollover
-                if writer.bytes_in >= FILE_BYTES:
-                    writing.result()
-                    actions.append(writer.close())
-                    writer = None
-            if writing is not None:
-                writing.result()
-            if writer is not None:
+    try:
+        for batch in batches:
+            if writer is None:
+                writer = _File(filesystem, folder, f"part-{len(actions):05d}-{stem}-c000.zstd.parquet", schema)
+            writer.write(batch)
+            if writer.bytes_in >= FILE_BYTES:
                 actions.append(writer.close())
                 writer = None
-            _commit(lake, table, actions, schema)
-        except BaseException:
-            if writing is not None:
-                wait([writing])
-            if writer is not None:
-                writer.abandon()
-            for action in actions:
-                _delete(filesystem, f"{folder}/{action.path}")
-            raise
+        if writer is not None:
+            actions.append(writer.close())
+            writer = None
+        _commit(lake, table, actions, schema)
+    except BaseException:
+        if writer is not None:
+            writer.abandon()
+        for action in actions:
+            _delete(filesystem, f"{folder}/{action.path}")
+        raise
 
 
 def _delete(filesystem: Any, path: str) -> None:
@@ -115,6 +100,7 @@ class _File:
 
     def write(self, batch: pa.RecordBatch) -> None:
         self._writer.write_batch(batch, row_group_size=ROWS_PER_GROUP)
+        self.bytes_in += batch.nbytes
         self._rows += batch.num_rows
         for name in batch.schema.names:
             self._nulls[name] += batch.column(name).null_count
