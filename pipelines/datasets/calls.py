@@ -180,63 +180,30 @@ class DecodedFiles:
         return pa.concat_tables(pieces)
 
 
-OK_CALLS = """
-SELECT rollout_id, false AS is_link, call_id, seq, req_event_id, resp_event_id, NULL AS extends_call_id,
-       NULL AS extends_tokens
-FROM call_index WHERE status = 'ok'
-UNION ALL
-SELECT rollout_id, true, call_id, seq, req_event_id, resp_event_id, extends_call_id, extends_tokens
-FROM call_index WHERE call_row AND rollout_id IN (
-    SELECT rollout_id FROM call_index WHERE status = 'ok' AND extends_call_id IS NOT NULL)
-ORDER BY rollout_id, is_link, seq, req_event_id
-"""
-"""The ok calls, then (for rollouts whose ok calls carry prefix references) every call row, by rollout."""
-
-
-class OkCalls:
-    """``OK_CALLS`` read as one stream in rollout_id order and handed out batch by batch.
-
-    A query per batch scanned the whole call index each time (0.33 s of CPU
-    for the 16 batches of the 1,600-rollout bench lake, growing with batches
-    x calls); one ordered stream reads it once and holds one batch's rows.
-    """
-
-    ROWS_PER_READ = 65_536
-
-    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
-        self._reader = con.execute(OK_CALLS).to_arrow_reader(self.ROWS_PER_READ)
-        self._rest = self._reader.schema.empty_table()
-
-    def take(self, rollout_ids: list[str]) -> tuple[pa.Table, pa.Table]:
-        """(ok calls, prefix-reference rows) of ``rollout_ids`` (sorted, after every id taken before)."""
-        last = rollout_ids[-1]
-        pieces = [self._rest]
-        while pieces[-1].num_rows == 0 or pieces[-1]["rollout_id"][-1].as_py() <= last:
-            try:
-                pieces.append(pa.Table.from_batches([self._reader.read_next_batch()]))
-            except StopIteration:
-                break
-        rows = pa.concat_tables(pieces)
-        through = pc.sum(pc.less_equal(rows["rollout_id"], last)).as_py() or 0
-        rows, self._rest = rows.slice(0, through), rows.slice(through)
-        rows = rows.filter(pc.is_in(rows["rollout_id"], pa.array(rollout_ids, pa.string())))
-        calls = rows.filter(pc.invert(rows["is_link"])).select(
-            ["rollout_id", "call_id", "seq", "req_event_id", "resp_event_id"])
-        links = rows.filter(rows["is_link"]).select(
-            ["rollout_id", "call_id", "req_event_id", "resp_event_id", "extends_call_id", "extends_tokens"])
-        return calls, links
-
-
-def read_batch(calls: OkCalls, tables: TokenTables, rollout_ids: list[str]) -> BatchTokens:
+def read_batch(con: duckdb.DuckDBPyConnection, tables: TokenTables, rollout_ids: list[str]) -> BatchTokens:
     """Tokens of the ok calls of ``rollout_ids`` (sorted).
 
     The token tables are read with a plain rollout_id range filter; calls
-    are matched to token rows by event_id (a SQL join of the token tables
-    measured 2x slower).
+    are matched to token rows by event_id in Python (a SQL join of the token
+    tables measured 2x slower).
     """
-    ok, links = calls.take(rollout_ids)
+    con.register("batch_ids", pa.table({"rollout_id": pa.array(rollout_ids, pa.string())}))
+    try:
+        calls = con.execute(
+            """SELECT rollout_id, call_id, seq, req_event_id, resp_event_id FROM call_index
+               WHERE status = 'ok' AND rollout_id IN (SELECT rollout_id FROM batch_ids)
+               ORDER BY rollout_id, seq, req_event_id"""
+        ).to_arrow_table()
+        links = con.execute(
+            """SELECT rollout_id, call_id, req_event_id, resp_event_id, extends_call_id, extends_tokens
+               FROM call_index WHERE call_row AND rollout_id IN (
+                   SELECT rollout_id FROM call_index WHERE status = 'ok' AND extends_call_id IS NOT NULL
+                   AND rollout_id IN (SELECT rollout_id FROM batch_ids))"""
+        ).to_arrow_table()
+    finally:
+        con.unregister("batch_ids")
     first, last = rollout_ids[0], rollout_ids[-1]
-    return BatchTokens(ok, tables.requests.read(first, last), tables.responses.read(first, last), links)
+    return BatchTokens(calls, tables.requests.read(first, last), tables.responses.read(first, last), links)
 
 
 def read_ahead(
@@ -252,12 +219,11 @@ def read_ahead(
     current = next(batches, None)
     if current is None:
         return
-    calls = OkCalls(con)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajlake-token-read") as pool:
-        reading = pool.submit(read_batch, calls, tables, current)
+        reading = pool.submit(read_batch, con, tables, current)
         for following in batches:
             tokens = reading.result()
-            reading = pool.submit(read_batch, calls, tables, following)
+            reading = pool.submit(read_batch, con, tables, following)
             yield current, tokens
             del tokens
             current = following

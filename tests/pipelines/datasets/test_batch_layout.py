@@ -1,17 +1,11 @@
-"""The batch paths of the build against plain references: sample layout by array operations, ok calls by stream."""
+"""The build's batch layout of samples (array operations) against a plain per-sample fill."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from devkit.workload import WorkloadConfig, generate_rollouts
-from pipelines import BuildConfig, build_dataset, read_dataset
-from pipelines.datasets.calls import OkCalls
 from pipelines.datasets.merging import Call, Sample, merge_calls, sample_arrays
-from schemas.events import EVENT_ADAPTER
-from schemas.tables import TYPED_TABLES
-from store.event_rows import KafkaCoordinates, events_table, typed_tables
 
 
 def reference_fill(sample: Sample, *, observations: bool) -> tuple[list[int], list[int], list[float]]:
@@ -68,19 +62,3 @@ def test_the_batch_layout_equals_a_per_sample_fill(observations):
 def test_no_samples_lay_out_as_empty_columns():
     laid = sample_arrays([])
     assert laid.offsets.tolist() == [0] and len(laid.ids) == len(laid.mask) == len(laid.logprobs) == 0
-
-
-def test_ok_calls_streamed_in_small_reads_build_the_same_dataset(lake, monkeypatch):
-    config = WorkloadConfig(tasks=3, rollouts_per_task=4, seed=5)
-    events = {e["event_id"]: EVENT_ADAPTER.validate_python(e) for r in generate_rollouts(config) for e in r.events}
-    table = events_table(list(events.values()), [KafkaCoordinates("t", 0, i) for i in range(len(events))])
-    schemas = dict(TYPED_TABLES.values())
-    for name, rows in typed_tables(table).items():
-        lake.append(name, rows, schema=schemas[name])
-    whole = build_dataset(lake, "ds")
-    monkeypatch.setattr(OkCalls, "ROWS_PER_READ", 3)  # a rollout's calls split over several reads
-    small = build_dataset(lake, "ds", BuildConfig(batch_tokens=1))
-    assert small.content_hash == whole.content_hash
-    assert small.manifest["counts"] == whole.manifest["counts"]
-    rows_of = lambda v: read_dataset(lake, "ds", v).sort_by("sample_id").to_pylist()  # noqa: E731
-    assert rows_of(1) == rows_of(0)
