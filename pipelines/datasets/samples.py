@@ -16,15 +16,15 @@ import json
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipelines.datasets.calls import BatchTokens, TokenTables, iter_batches, read_ahead
 from pipelines.datasets.config import BuildConfig
-from pipelines.datasets.merging import MISMATCH_CLASSES, Call, Sample, merge_calls, tokenizer_decoders
+from pipelines.datasets.merging import MISMATCH_CLASSES, Call, Sample, merge_calls, sample_arrays, tokenizer_decoders
 from schemas.tables import SAMPLES
 from schemas.errors import DataError
 from store.prompts import StoredCall, full_prompts
@@ -123,24 +123,20 @@ class SampleStream:
                 self._progress(done, len(plan.rollout_ids))
 
     def _record_batch(self, rows: list[tuple[int, int, Sample]]) -> pa.RecordBatch:
-        """The rows as one record batch; token columns filled in place (one buffer per column, no copies)."""
+        """The rows as one record batch; token columns laid out by ``sample_arrays`` (one buffer per column)."""
         plan = self._plan
-        lengths = np.array([len(sample.tokens) for _, _, sample in rows], dtype=np.int64)
-        offsets = np.concatenate(([0], np.cumsum(lengths)))
-        ids = np.empty(offsets[-1], dtype=np.int32)
-        masks, logprobs = np.zeros(offsets[-1], dtype=np.int8), np.zeros(offsets[-1], dtype=np.float32)
-        trained = []
+        laid = sample_arrays([sample for _, _, sample in rows], observations=self._observations)
+        offsets = laid.offsets.tolist()
         for j, (i, k, sample) in enumerate(rows):
             row = slice(offsets[j], offsets[j + 1])
-            sample.fill(ids[row], masks[row], logprobs[row], observations=self._observations)
-            trained.append(sample.n_observed if self._observations else sample.n_trained)
             self.start_reasons[sample.start_reason] += 1
-            self._hash_row(plan.rollout_ids[i], k, sample, ids[row], masks[row], logprobs[row], i)
-        list_offsets = pa.array(offsets.astype(np.int32))
+            self._hash_row(plan.rollout_ids[i], k, sample, laid.ids[row], laid.mask[row], laid.logprobs[row], i)
+        list_offsets = pa.array(laid.offsets.astype(np.int32))
         rollout = [i for i, _, _ in rows]
+        lengths = np.diff(laid.offsets)
         self.n_samples += len(rows)
         self.n_tokens += int(lengths.sum())
-        self.n_trained_tokens += sum(trained)
+        self.n_trained_tokens += int(laid.marked.sum())
         return pa.RecordBatch.from_arrays(
             [
                 pa.array([f"{plan.rollout_ids[i]}/{k}" for i, k, _ in rows], pa.string()),
@@ -153,14 +149,14 @@ class SampleStream:
                 pa.array([s.call_ids for _, _, s in rows], pa.list_(pa.string())),
                 pa.array([s.policy_version or plan.policy_versions[i] for i, _, s in rows], pa.string()),
                 pa.array([s.tokenizer for _, _, s in rows], pa.string()),
-                pa.ListArray.from_arrays(list_offsets, pa.array(ids)),
-                pa.ListArray.from_arrays(list_offsets, pa.array(masks)),
-                pa.ListArray.from_arrays(list_offsets, pa.array(logprobs)),
+                pa.ListArray.from_arrays(list_offsets, pa.array(laid.ids)),
+                pa.ListArray.from_arrays(list_offsets, pa.array(laid.mask)),
+                pa.ListArray.from_arrays(list_offsets, pa.array(laid.logprobs)),
                 pa.array(plan.advantages[rollout], pa.float32()),
                 pa.array(plan.token_weights[rollout], pa.float32()),
                 pa.array(plan.rewards[rollout], pa.float64()),
                 pa.array(lengths, pa.int32()),
-                pa.array(trained, pa.int32()),
+                pa.array(laid.marked, pa.int32()),
             ],
             schema=SAMPLES,
         )
@@ -191,78 +187,89 @@ class CorruptTable(DataError):
 
 
 def calls_by_rollout(batch: BatchTokens) -> Iterator[tuple[str, list[Call]]]:
-    """Group a batch's calls (sorted by rollout, seq) into ``Call`` lists, tokens as numpy views."""
+    """Group a batch's calls (sorted by rollout, seq) into ``Call`` lists, tokens as numpy views.
+
+    Every call's token rows are found in one lookup per table (``pc.index_in`` on event_id) and its
+    scalars taken in one ``take`` per column; only the ``Call`` objects are made one by one.
+    """
     calls = batch.calls
     if calls.num_rows == 0:
         return
-    requests = _RowsById(batch.requests, scalars=("span_id", "tokenizer", "chat_template_hash"),
-                         lists=("prompt_token_ids",))
-    responses = _RowsById(batch.responses, scalars=("policy_version",), lists=("response_token_ids", "logprobs"))
+    requests, responses = _TokenRows(batch.requests), _TokenRows(batch.responses)
+    q, r = requests.find(calls["req_event_id"]), responses.find(calls["resp_event_id"])
+    prompts = requests.cells("prompt_token_ids", q)
+    spans, tokenizers, templates = (requests.scalars(name, q) for name in ("span_id", "tokenizer",
+                                                                              "chat_template_hash"))
+    answers, logprobs = responses.cells("response_token_ids", r), responses.cells("logprobs", r)
+    policies = responses.scalars("policy_version", r)
     rollout_ids, call_ids = calls["rollout_id"].to_pylist(), calls["call_id"].to_pylist()
-    req_ids, resp_ids = calls["req_event_id"].to_pylist(), calls["resp_event_id"].to_pylist()
-    linked = _links_by_rollout(batch.links)
+    resolved = _full_prompts(batch.links, requests, responses)
     start = 0
     for end in range(1, len(rollout_ids) + 1):
         if end == len(rollout_ids) or rollout_ids[end] != rollout_ids[start]:
-            links = linked.get(rollout_ids[start])
-            prompts = _full_prompts(links, requests, responses) if links else {}
-            group = []
-            for i in range(start, end):
-                q, r = requests.row(req_ids[i]), responses.row(resp_ids[i])
-                group.append(Call(call_id=call_ids[i], span_id=q["span_id"], tokenizer=q["tokenizer"],
-                                  chat_template_hash=q["chat_template_hash"],
-                                  prompt=prompts.get(call_ids[i], q["prompt_token_ids"]),
-                                  response=r["response_token_ids"], logprobs=r["logprobs"],
-                                  policy_version=r["policy_version"]))
-            yield rollout_ids[start], group
+            full = resolved.get(rollout_ids[start], {})
+            yield rollout_ids[start], [
+                Call(call_id=call_ids[i], span_id=spans[i], tokenizer=tokenizers[i], chat_template_hash=templates[i],
+                     prompt=full.get(call_ids[i], prompts[i]), response=answers[i], logprobs=logprobs[i],
+                     policy_version=policies[i])
+                for i in range(start, end)]
             start = end
 
 
-def _links_by_rollout(links: pa.Table) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    for row in links.to_pylist():
-        out.setdefault(row["rollout_id"], []).append(row)
+def _full_prompts(links: pa.Table, requests: _TokenRows, responses: _TokenRows) -> dict[str, dict[str, np.ndarray]]:
+    """rollout_id -> full prompt ids of its calls, prefix references resolved (``call_index`` checked that the
+    ok calls' chains resolve, on the token counts; a list that disagrees is a corrupt table)."""
+    if links.num_rows == 0:
+        return {}
+    prompts = requests.cells("prompt_token_ids", requests.find(links["req_event_id"]))
+    answers = responses.cells("response_token_ids", responses.find(links["resp_event_id"]))
+    by_rollout: dict[str, list[StoredCall]] = {}
+    for j, link in enumerate(links.select(["rollout_id", "call_id", "extends_call_id", "extends_tokens"]).to_pylist()):
+        by_rollout.setdefault(link["rollout_id"], []).append(
+            StoredCall(link["call_id"], prompts[j], answers[j], link["extends_call_id"], link["extends_tokens"]))
+    out = {}
+    for rollout_id, stored in by_rollout.items():
+        out[rollout_id], problems = full_prompts(stored)
+        if problems:
+            raise CorruptTable(
+                f"prefix references of calls {sorted(problems)} do not resolve on their token lists although the "
+                "token counts say they do: rebuild the typed tables from events (trajlake rebuild)")
     return out
 
 
-def _full_prompts(links: list[dict[str, Any]], requests: _RowsById, responses: _RowsById) -> dict[str, np.ndarray]:
-    """Full prompt ids of a rollout's calls, prefix references resolved (``call_index`` checked that the ok
-    calls' chains resolve, on the token counts; a list that disagrees is a corrupt table)."""
-    stored = [StoredCall(link["call_id"], requests.row(link["req_event_id"])["prompt_token_ids"],
-                         responses.row(link["resp_event_id"])["response_token_ids"] if link["resp_event_id"] else None,
-                         link["extends_call_id"], link["extends_tokens"]) for link in links]
-    prompts, problems = full_prompts(stored)
-    if problems:
-        raise CorruptTable(
-            f"prefix references of calls {sorted(problems)} do not resolve on their token lists although the "
-            "token counts say they do: rebuild the typed tables from events (trajlake rebuild)")
-    return prompts
-
-
-class _RowsById:
-    """A table's rows by event_id; list columns as zero-copy numpy slices of their own record batch.
+class _TokenRows:
+    """A batch's token table, looked up by event_id for many calls at once; list cells as zero-copy numpy views.
 
     No chunk is combined: a batch's rows come from several decoded files, and
-    combining them copied every token list once more.
+    combining them copied every token list once more. A missing event_id
+    (a null one, e.g. a link without a response) is row -1, whose cells are None.
     """
 
-    def __init__(self, table: pa.Table, *, scalars: tuple[str, ...], lists: tuple[str, ...]) -> None:
-        self._batches: list[dict[str, Callable[[int], object]]] = []
-        self._where: dict[str, tuple[int, int]] = {}
-        for b, batch in enumerate(table.to_batches()):
-            columns: dict[str, Callable[[int], object]] = {n: batch.column(n).to_pylist().__getitem__ for n in scalars}
-            columns.update({n: _list_views(batch.column(n)) for n in lists})
-            self._batches.append(columns)
-            self._where.update((event_id, (b, j)) for j, event_id in enumerate(batch.column("event_id").to_pylist()))
+    def __init__(self, table: pa.Table) -> None:
+        self._table = table
+        self._event_ids = table["event_id"].combine_chunks()
 
-    def row(self, event_id: str) -> dict[str, object]:
-        b, j = self._where[event_id]
-        return {name: value(j) for name, value in self._batches[b].items()}
+    def find(self, event_ids: pa.ChunkedArray) -> np.ndarray:
+        rows = pc.index_in(event_ids, value_set=self._event_ids)
+        return pc.fill_null(rows, -1).to_numpy().astype(np.int64)
 
+    def scalars(self, name: str, rows: np.ndarray) -> list[object]:
+        found = np.maximum(rows, 0)
+        values = self._table[name].take(pa.array(found)).to_pylist() if len(self._table) else [None] * len(rows)
+        return [v if row >= 0 else None for v, row in zip(values, rows.tolist())]
 
-def _list_views(array: pa.ListArray) -> Callable[[int], np.ndarray | None]:
-    """Row j of a list array as a zero-copy numpy slice (None when null)."""
-    offsets = array.offsets.to_numpy()
-    values = array.values.to_numpy(zero_copy_only=False)
-    valid = array.is_valid().to_numpy(zero_copy_only=False)
-    return lambda j: values[offsets[j] : offsets[j + 1]] if valid[j] else None
+    def cells(self, name: str, rows: np.ndarray) -> list[np.ndarray | None]:
+        out: list[np.ndarray | None] = [None] * len(rows)
+        first = 0
+        for chunk in self._table[name].chunks:
+            picked = np.flatnonzero((rows >= first) & (rows < first + len(chunk)))
+            if len(picked):
+                local = rows[picked] - first
+                offsets = chunk.offsets.to_numpy()
+                values = chunk.values.to_numpy(zero_copy_only=False)
+                valid = chunk.is_valid().to_numpy(zero_copy_only=False)[local].tolist()
+                for j, a, b, ok in zip(picked.tolist(), offsets[local].tolist(), offsets[local + 1].tolist(), valid):
+                    if ok:
+                        out[j] = values[a:b]
+            first += len(chunk)
+        return out
