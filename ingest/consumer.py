@@ -181,8 +181,17 @@ class _ClientLog:
         self._log.debug(msg, *args)
 
 
+DEBUG_CONTEXTS = "cgrp,fetch"
+"""librdkafka's debug contexts at TRAJLAKE_LOG_LEVEL=DEBUG: group joins, assignments, revokes, session timeouts
+and fetches, of which it logs nothing otherwise (how the soak told a member dropped from its group from one that
+polled nothing)."""
+
+
 def new_client(settings: Mapping[str, Any]) -> Consumer:
-    """A librdkafka consumer whose own log lines go to the ``ingest.consumer.librdkafka`` logger, at DEBUG."""
+    """A librdkafka consumer whose own log lines go to the ``ingest.consumer.librdkafka`` logger, at DEBUG (then
+    with ``DEBUG_CONTEXTS`` on)."""
+    if _ClientLog._log.isEnabledFor(logging.DEBUG):
+        settings = {"debug": DEBUG_CONTEXTS, **settings}
     return Consumer(dict(settings), logger=_ClientLog())
 
 

@@ -247,9 +247,9 @@ class _Loop:
         self.check = CheckInFlight(self.guard)
         self.resuming = False
         """The assignment changed: no records are taken until its markers are checked and sought."""
-        self.checked: tuple[list[int], dict[int, int | None], int] | None = None
-        """(partitions, resume offsets, dedupe ids) of the marker check in flight; None: none, or one of an
-        assignment that changed since (its result is dropped)."""
+        self.checked: list[int] | None = None
+        """The partitions of the marker check in flight; None: none, or one of an assignment that changed since
+        (its result is dropped)."""
         self.retry_at = 0.0
         self.pool = ThreadPoolExecutor(max_workers=len(tables.all), thread_name_prefix="commit")
 
@@ -300,16 +300,16 @@ class _Loop:
             return
         checked, self.checked = self.checked, None
         try:
-            problems = self.check.result()
+            done = self.check.result()
         except LogUnverifiable as exc:
             if checked is not None:
                 log.warning("cannot check the log against the lake yet, retrying: %s", exc)
                 self.retry_at = time.monotonic() + 1.0
             return
-        if checked is None:  # none started yet, or the assignment changed while it ran
+        if checked is None or done is None:  # none started yet, or the assignment changed while it ran
             self._check_markers()
             return
-        self._resume(*checked, problems or {})
+        self._resume(checked, *done)
 
     def _serve_group(self) -> None:
         """Poll while the partitions wait for their marker check, so the consumer answers rebalances (a member
@@ -373,14 +373,21 @@ class _Loop:
         self.consumer.refetch(exc.partitions)
 
     def _check_markers(self) -> None:
-        """Re-read the markers of the assigned partitions and start checking the log at them (``CheckInFlight``)."""
+        """Start the check of the assigned partitions on the check's thread (``CheckInFlight``): their markers and
+        what the lake holds at them are read there too, as the loop keeps polling. Those reads alone (every table's
+        log, the dedupe ids, quarantine) took 14-48 s per assignment on a loaded object store (soak), and a member
+        that does not poll that long holds up every rebalance of its group."""
         parts = self.consumer.partitions()
+        self.check.start(lambda: self._read_and_check(parts))
+        self.checked = parts
+
+    def _read_and_check(self, parts: list[int]) -> tuple[dict[int, int | None], int, dict[int, str]]:
+        """On the check's thread: (resume offsets, dedupe ids loaded, problems of the log at the markers)."""
         resume = resume_offsets(self.tables.all, parts)
         ids = self.seen.load(self.lake, topic=self.config.topic, partitions=parts)
         self.records.load({p: o or 0 for p, o in resume.items()},
                           rewound_ms={p: self.tables.events.rewound_at(p) for p in parts})
-        self.check.start(self._furthest_markers(parts))
-        self.checked = (parts, resume, ids)
+        return resume, ids, self.guard.check_markers(self._furthest_markers(parts))
 
     def _resume(self, parts: list[int], resume: dict[int, int | None], ids: int, problems: dict[int, str]) -> None:
         """The marker check is over: stop on a log that went backwards (or rewind, ``recover``), else seek."""

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError, OffsetOutOfRangeError
@@ -51,6 +52,8 @@ record of a 300-batch partition came back after 2.4-5.6 s (fetch wait 2 s). Each
 not there (a log that went backwards to before it) costs this long."""
 OFFSETS_TIMEOUT_S = 30.0
 """How long a ListOffsets may take: on that tansu, 0.4 s at 100 batches per partition, 4.5 s at 1,000."""
+
+Checked = TypeVar("Checked")
 
 Held = Callable[[int, int, bytes | None], bool]
 """(partition, offset, message value) -> whether the lake holds that very message at that offset."""
@@ -260,8 +263,9 @@ class LogGuard:
         self._read.pop(partition, None)
 
 
-class CheckInFlight:
-    """A ``LogGuard.check_markers`` run on its own thread, so that the loop keeps polling its consumer meanwhile.
+class CheckInFlight(Generic[Checked]):
+    """A check run on its own thread (reads of the lake, then ``LogGuard.check_markers``), so that the loop keeps
+    polling its consumer meanwhile.
 
     A check can take a minute on a slow broker (tansu on ``s3://`` right after a restart: two record reads of
     ``PROBE_TIMEOUT_S`` and a ListOffsets of ``OFFSETS_TIMEOUT_S``). A group member that does not poll for that
@@ -273,21 +277,21 @@ class CheckInFlight:
     def __init__(self, guard: LogGuard) -> None:
         self.guard = guard
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-check")
-        self._future: Future[dict[int, str]] | None = None
+        self._future: Future[Checked] | None = None
 
     @property
     def running(self) -> bool:
         return self._future is not None and not self._future.done()
 
-    def start(self, markers: Mapping[int, int | None]) -> None:
-        """Check ``markers`` in the background; only once the previous check has ended (one probe, one reader)."""
+    def start(self, check: Callable[[], Checked]) -> None:
+        """Run ``check`` in the background; only once the previous one has ended (one probe, one reader)."""
         if self.running:
             raise RuntimeError("a log check is already running")
         self.guard.probe.interrupted.clear()
-        self._future = self._pool.submit(self.guard.check_markers, markers)
+        self._future = self._pool.submit(check)
 
-    def result(self) -> dict[int, str] | None:
-        """The problems found (raises what the check raised: ``LogUnverifiable``), None while it runs."""
+    def result(self) -> Checked | None:
+        """What ``check`` returned (raises what it raised: ``LogUnverifiable``), None while it runs or if none ran."""
         if self._future is None or not self._future.done():
             return None
         future, self._future = self._future, None

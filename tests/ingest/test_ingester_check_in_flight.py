@@ -8,6 +8,7 @@ up each other's joins for minutes. Fakes for the consumer and the probe, a real 
 import threading
 
 from ingest.consumer import AssignmentFlag
+from ingest.dedupe import SeenEventIds
 from ingest.ingester import IngesterConfig, _Loop, _Tables
 from ingest.log_check import LogUnverifiable
 
@@ -75,6 +76,24 @@ def test_the_consumer_is_polled_while_the_markers_are_checked(lake):
     probe = Probe(lambda: polled_during_check.append(consumer.polled.wait(BOUND_S)))
     loop = run_loop(lake, consumer, probe, flag)
     assert polled_during_check == [True]
+    assert consumer.sought == {0: None, 1: None} and loop.stats.assignments == 1
+
+
+def test_the_consumer_is_polled_while_the_lake_is_read_for_a_new_assignment(lake, monkeypatch):
+    """The markers, dedupe ids and quarantine are read on the check's thread too: on a loaded object store those
+    reads took 14-48 s per assignment, and the loop did not poll meanwhile (soak, 30-minute run)."""
+    flag, stop = AssignmentFlag(), threading.Event()
+    consumer = Consumer([0, 1], flag, stop)
+    polled_during_reads = []
+    load = SeenEventIds.load
+
+    def slow_load(self, *args, **kwargs):
+        polled_during_reads.append(consumer.polled.wait(BOUND_S))
+        return load(self, *args, **kwargs)
+
+    monkeypatch.setattr(SeenEventIds, "load", slow_load)
+    loop = run_loop(lake, consumer, Probe(lambda: None, lambda: None), flag)  # the check's read, a later recheck's
+    assert polled_during_reads == [True]
     assert consumer.sought == {0: None, 1: None} and loop.stats.assignments == 1
 
 

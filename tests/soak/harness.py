@@ -44,7 +44,7 @@ from pathlib import Path
 
 import httpx
 
-from devkit.broker import EmbeddedBroker
+from devkit.broker import BrokerError, EmbeddedBroker
 from devkit.ports import free_port, wait_for_port
 from store.lake import Lake
 from store.storage import storage_options
@@ -64,6 +64,8 @@ log = logging.getLogger("soak")
 
 KEY, TENANT = "sk-soak", "soak"
 FAULT_KINDS = ("ingester_kill", "broker_kill", "gateway_kill", "store_freeze", "broker_down")
+BROKER_RESTART_S = 300.0
+"""How long a broker restart is retried (its object store too slow to answer, see ``Cluster.restart_broker``)."""
 ENGINE_APP_DIR = Path(__file__).resolve().parents[1] / "ingest" / "gateway"
 """Where ``gateway_fake_engine`` lives (the gateway tests' engine, run here as its own process)."""
 
@@ -253,9 +255,21 @@ class Cluster:
             self.frozen = False
 
     def restart_broker(self, *, down_s: float = 0.0) -> None:
+        """Kill the broker, keep it down ``down_s``, start it again. The start is retried while the object store
+        does not answer its storage check in time (moto at load average 25 did not): the fault is an outage of
+        ``down_s``, not a broker that never comes back, which would leave the rest of the run without one."""
         self.broker.kill()
         time.sleep(down_s)
-        self.broker.start(timeout_s=60)
+        deadline = time.monotonic() + BROKER_RESTART_S
+        while True:
+            try:
+                self.broker.start(timeout_s=60)
+                break
+            except BrokerError as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.info("soak: broker restart failed, retrying: %s", exc)
+                time.sleep(2.0)
         self.reaper.adopt()
 
     def stop(self) -> None:
