@@ -34,6 +34,7 @@ class LakeRecords:
         self.lake, self.topic, self.seen, self.max_event_bytes = lake, topic, seen, max_event_bytes
         self._quarantined: set[tuple[int, int]] = set()
         self._forgotten: set[tuple[str | None, str]] = set()
+        self._forgotten_rollouts: set[str] = set()
         self._rewound: dict[int, datetime] = {}
 
     def load(self, since: Mapping[int, int], *, rewound_ms: Mapping[int, int | None]) -> None:
@@ -50,13 +51,14 @@ class LakeRecords:
                 if o >= since[p]:
                     self._quarantined.add((p, o))
         self._forgotten = _forgotten(self.lake)
+        self._forgotten_rollouts = {rollout for _, rollout in self._forgotten}
 
     def quarantined(self, partition: int, offset: int) -> bool:
         """Whether ``quarantine`` holds the message at this offset (positions since the resume point are cached)."""
         return (partition, offset) in self._quarantined or self._rows_at(QUARANTINE_TABLE, partition, offset,
                                                                           ["kafka_offset"]).num_rows > 0
 
-    def has_at(self, partition: int, offset: int, value: bytes | None) -> bool:
+    def has_at(self, partition: int, offset: int, value: bytes | None, key: bytes | None = None) -> bool:
         """Whether the lake holds this very message at this offset: the newest ``events`` row there carries its
         event_id; without an events row there, ``holds`` decides (a duplicate, a quarantined or forgotten one)."""
         rows = self._rows_at(EVENTS_TABLE, partition, offset, ["event_id", "ingested_at"])
@@ -64,7 +66,7 @@ class LakeRecords:
             rows = rows.filter(pc.greater_equal(rows.column("ingested_at"), pa.scalar(self._rewound[partition],
                                                                                      rows.schema.field("ingested_at").type)))
         if rows.num_rows == 0:
-            return self.holds(partition, offset, value)
+            return self.holds(partition, offset, value, key)
         newest = rows.sort_by([("ingested_at", "descending")]).column("event_id")[0].as_py()
         try:
             return decode(value, max_bytes=self.max_event_bytes).event_id == newest
@@ -78,24 +80,27 @@ class LakeRecords:
             & (pc.field("kafka_offset") == offset)
         return self.lake.read(table, columns=columns, filter=at, prune_on=POSITION)
 
-    def holds(self, partition: int, offset: int, value: bytes | None) -> bool:
-        """Whether the lake holds (or deliberately forgot) the message read at ``partition``/``offset``."""
+    def holds(self, partition: int, offset: int, value: bytes | None, key: bytes | None = None) -> bool:
+        """Whether the lake holds (or deliberately forgot) the message read at ``partition``/``offset`` (``key``: its
+        Kafka key, the rollout id)."""
         try:
             event = decode(value, max_bytes=self.max_event_bytes)
         except InvalidEvent:
-            return self.quarantined(partition, offset) or self._forgotten_envelope(value)
+            return self.quarantined(partition, offset) or self._forgotten_envelope(value, key)
         key = (event.tenant, event.event_id)
         return self.seen.first_copy(key) is not None or self.forgotten(event.tenant, event.rollout_id) \
             or key in self.stored_keys([key])
 
-    def _forgotten_envelope(self, value: bytes | None) -> bool:
-        """An invalid message whose envelope names a forgotten (tenant, rollout_id): forget deleted its quarantine row."""
+    def _forgotten_envelope(self, value: bytes | None, key: bytes | None) -> bool:
+        """An invalid message whose envelope names a forgotten (tenant, rollout_id), or, without a readable envelope,
+        whose Kafka key names a forgotten rollout: forget deleted its quarantine row (it selects rejected messages
+        by either, ``store.forget``)."""
         try:
             envelope = json.loads(value or b"")
         except (ValueError, UnicodeDecodeError):
-            return False
+            envelope = None
         if not isinstance(envelope, dict) or not isinstance(envelope.get("rollout_id"), str):
-            return False
+            return key is not None and key.decode("utf-8", "replace") in self._forgotten_rollouts
         tenant = envelope.get("tenant")
         return self.forgotten(tenant if isinstance(tenant, str) else None, envelope["rollout_id"])
 

@@ -55,8 +55,10 @@ OFFSETS_TIMEOUT_S = 30.0
 
 Checked = TypeVar("Checked")
 
-Held = Callable[[int, int, bytes | None], bool]
-"""(partition, offset, message value) -> whether the lake holds that very message at that offset."""
+Read = tuple[int, bytes | None, bytes | None]
+"""A record the probe read: (offset, value, key)."""
+Held = Callable[[int, int, bytes | None, bytes | None], bool]
+"""(partition, offset, message value, message key) -> whether the lake holds that very message at that offset."""
 
 
 class LogWentBackwards(DataError):
@@ -110,8 +112,8 @@ class LogProbe:
             fetch_max_wait_ms=FETCH_MAX_WAIT_MS, max_partition_fetch_bytes=1024 * 1024,
         )
 
-    def read(self, offsets: Mapping[int, int | None]) -> dict[int, tuple[int, bytes | None] | None]:
-        """Partition -> (offset, value) of the first record at or after the wanted offset (None: the earliest);
+    def read(self, offsets: Mapping[int, int | None]) -> dict[int, Read | None]:
+        """Partition -> (offset, value, key) of the first record at or after the wanted offset (None: the earliest);
         None when none came back within the timeout.
 
         Raises ``LogUnverifiable`` when a record was not found and the broker does not answer for its partition.
@@ -119,7 +121,7 @@ class LogProbe:
         if not offsets:
             return {}
         tps = {p: TopicPartition(self.topic, p) for p in offsets}
-        found: dict[int, tuple[int, bytes | None] | None] = {}
+        found: dict[int, Read | None] = {}
         self._assign({p: o for p, o in offsets.items()}, tps)
         deadline = time.monotonic() + self.timeout_s
         while len(found) < len(offsets) and time.monotonic() < deadline and not self.interrupted.is_set():
@@ -132,7 +134,7 @@ class LogProbe:
                     found.setdefault(tp.partition, None)
             for tp, records in polled.items():
                 if records and tp.partition not in found:
-                    found[tp.partition] = (records[0].offset, records[0].value)
+                    found[tp.partition] = (records[0].offset, records[0].value, records[0].key)
             if answered < len(found) < len(offsets):
                 # drop the partitions answered (pausing them instead can stall the others' buffered fetches)
                 self._assign({p: o for p, o in offsets.items() if p not in found}, tps)
@@ -176,7 +178,7 @@ class LogProbe:
 class LogGuard:
     """Checks the log against the lake on assignment and against what was read before each commit.
 
-    ``lake_has(partition, offset, value)`` says whether the lake holds that very message at that offset
+    ``lake_has(partition, offset, value, key)`` says whether the lake holds that very message at that offset
     (``ingest.held.LakeRecords.has_at``).
     """
 
@@ -196,7 +198,7 @@ class LogGuard:
                 continue
             if record[0] != marker:
                 problems[p] = _gone(marker, record[0])
-            elif not self.lake_has(p, marker, record[1]):
+            elif not self.lake_has(p, marker, record[1], record[2]):
                 problems[p] = (f"marker {marker}, but the record at offset {marker} is not the one the lake holds "
                                "(topic recreated, or another cluster?)")
             else:
@@ -220,7 +222,7 @@ class LogGuard:
                                "it was read (log restarted or topic recreated under the ingester?)")
         return self._unanswered(offsets, got, problems)
 
-    def _unanswered(self, offsets: Mapping[int, int], got: Mapping[int, tuple[int, bytes | None] | None],
+    def _unanswered(self, offsets: Mapping[int, int], got: Mapping[int, Read | None],
                     problems: dict[int, str]) -> dict[int, str]:
         """For partitions whose record at the marker did not come back, tell a log that went backwards from a
         slow broker (tansu on object storage can answer a fetch with nothing, or out of range, for a while).
@@ -245,7 +247,7 @@ class LogGuard:
                 slow.append(p)
             elif first[0] > marker:
                 problems[p] = _gone(marker, first[0])
-            elif self.lake_has(p, first[0], first[1]):
+            elif self.lake_has(p, first[0], first[1], first[2]):
                 slow.append(p)
             else:
                 problems[p] = (f"marker {marker}, but the log holds no record at offset {marker} and its record at "

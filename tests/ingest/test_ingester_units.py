@@ -171,7 +171,7 @@ class FakeProbe:
         out = {}
         for p, wanted in offsets.items():
             at = min(self.log, default=None) if wanted is None else wanted
-            out[p] = None if at in self.silent or at not in self.log else (at, self.log[at])
+            out[p] = None if at in self.silent or at not in self.log else (at, self.log[at], None)
         return out
 
     def end_offsets(self, partitions):
@@ -182,7 +182,7 @@ def test_a_record_the_broker_does_not_serve_is_no_false_alarm():
     from ingest.log_check import LogGuard, LogUnverifiable
 
     lake = {0: b"a", 1: b"b", 2: b"c"}  # what the lake holds, per offset of partition 0
-    lake_has = lambda p, o, value: lake.get(o) == value  # noqa: E731
+    lake_has = lambda p, o, value, key: lake.get(o) == value  # noqa: E731
 
     same_log_slow = LogGuard(FakeProbe({0: b"a", 1: b"b", 2: b"c"}, silent={2}), topic="t", group="g",
                              lake_has=lake_has)

@@ -48,3 +48,21 @@ def test_what_the_lake_holds_is_read_from_files_a_forget_rewrote(lake: Lake) -> 
     at_zero = wire_event("rollout.started", {"policy_version": "p7"}, rollout="a1", seq=0, event_id=events[0].event_id)
     assert records.has_at(0, 0, json.dumps(at_zero).encode())
     assert not records.has_at(0, 0, json.dumps({**at_zero, "event_id": "another"}).encode())
+
+
+def test_a_rejected_message_that_only_its_key_names_counts_as_forgotten(lake: Lake) -> None:
+    """``forget --rollout R`` deletes a quarantined message that is not JSON by its Kafka key; sitting at a marker,
+    the next start's log check must see it as forgotten (not as a log that went backwards: exit 3)."""
+    write_events(lake, sample_rollout("a1", tenant="acme"))
+    not_json = pa.Table.from_pylist([{
+        "raw": b"\xff not json", "reason": "not JSON", "field": "", "event_id": None, "kafka_key": b"r9",
+        "kafka_topic": TOPIC, "kafka_partition": 0, "kafka_offset": 40,
+        "quarantined_at": datetime(2026, 1, 1, tzinfo=timezone.utc)}], schema=QUARANTINE)
+    lake.append(QUARANTINE_TABLE, not_json, schema=QUARANTINE)
+    forget(lake, ForgetRequest(rollouts=("r9",), reason="test"))
+    assert lake.read(QUARANTINE_TABLE).num_rows == 0
+
+    records = LakeRecords(lake, topic=TOPIC, seen=SeenEventIds(), max_event_bytes=1_000_000)
+    records.load({0: 40}, rewound_ms={})
+    assert records.has_at(0, 40, b"\xff not json", b"r9")
+    assert not records.has_at(0, 40, b"\xff not json", b"r8") and not records.has_at(0, 40, b"\xff not json")
