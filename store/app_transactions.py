@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
 from store.lake import Lake
