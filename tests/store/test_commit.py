@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pyarrow as pa
 import pytest
 
@@ -147,10 +149,15 @@ def test_a_replay_that_ends_below_a_marker_does_not_move_it_back(lake):
 
 def test_a_table_reopened_after_its_commit_budget_still_sees_every_marker_and_conflict(lake, monkeypatch):
     monkeypatch.setattr(store.commit, "REOPEN_AFTER_COMMITS", 2)
+    monkeypatch.setattr(store.commit, "DELTA_CHECKPOINT_INTERVAL", 2)
+    monkeypatch.setattr(store.commit, "REOPEN_MAX_LOG_ENTRIES", 0)
     t = table(lake)
     t.load([0])
-    for i in range(5):  # reopened before the 3rd and the 5th commit
+    reopened = []
+    monkeypatch.setattr(t, "_reopen", lambda real=t._reopen: reopened.append(t._table.version()) or real())
+    for i in range(5):  # checkpoints at versions 2 and 4; reopened there, before the 3rd and the 5th commit
         assert t.commit(rows(0, [i]), {0: i}, refresh_offsets=0) == 1
+    assert reopened == [2, 4]
     assert offsets(lake) == [(0, i) for i in range(5)]
     assert lake.marker("quarantine", marker_app_id("g", "t", 0)) == 4
     other = table(lake)  # another owner moves the marker: the reopened snapshot must see it
@@ -158,3 +165,14 @@ def test_a_table_reopened_after_its_commit_budget_still_sees_every_marker_and_co
     other.commit(rows(0, [5]), {0: 5}, refresh_offsets=0)
     with pytest.raises(OffsetConflict):
         t.commit(rows(0, [5, 6]), {0: 6}, refresh_offsets=0)
+
+
+def test_commits_write_a_checkpoint_at_every_interval_one_table_at_a_time(lake, monkeypatch):
+    monkeypatch.setattr(store.commit, "DELTA_CHECKPOINT_INTERVAL", 3)
+    t = table(lake)
+    t.load([0])
+    for i in range(7):
+        t.commit(rows(0, [i]), {0: i}, refresh_offsets=0)
+    log = Path(lake.uri("quarantine")) / "_delta_log"
+    assert sorted(p.name.split(".")[0] for p in log.glob("*.checkpoint.parquet")) == [f"{v:020d}" for v in (3, 6)]
+    assert lake.marker("quarantine", marker_app_id("g", "t", 0)) == 6

@@ -1,0 +1,63 @@
+"""A Delta table's app transaction versions (the ingester's markers), kept up to date from the new log entries.
+
+deltalake 1.6.6's ``DeltaTable.transaction_version`` replays the whole log since the last checkpoint on
+every call (up to 100 commit JSONs), reading every entry at once: on a local lake each read is a task on
+tokio's blocking pool, which grows to the most reads ever in flight and keeps its threads while they are
+reused within 10 s. Measured on a table 95 commits past its checkpoint: one call took the process from 4
+to 63 threads; the ingester made 4 such calls per table per commit cycle, 9 tables side by side, and held
+80-306 threads (bench/ingest/README.md, memory). Here each version is read that way once per app id, and
+afterwards only the commits since are read, one after another (one entry per table per commit cycle).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from deltalake import DeltaTable
+
+from store.lake import Lake
+from store.storage import arrow_filesystem
+
+
+class AppTransactions:
+    """App id -> latest transaction version of one table, replayed forward commit by commit."""
+
+    def __init__(self, lake: Lake, table: str) -> None:
+        filesystem, root = arrow_filesystem(lake.root, lake.storage_options)
+        self._filesystem = filesystem
+        self._log = f"{root.rstrip('/')}/{table}/_delta_log"
+        self._versions: dict[str, int | None] = {}
+        self._through: int | None = None
+        """Table version the versions above are current through."""
+
+    def versions(self, delta: DeltaTable, app_ids: Iterable[str]) -> dict[str, int | None]:
+        """The latest version of each app id in ``delta``'s snapshot (None: never committed)."""
+        current = delta.version()
+        if self._through is not None and not self._replay(self._through, current):
+            self._versions.clear()  # entries gone (forget drops old log entries) or table replaced: read afresh
+        self._through = current
+        for app_id in app_ids:
+            if app_id not in self._versions:
+                self._versions[app_id] = delta.transaction_version(app_id)
+        return {app_id: self._versions[app_id] for app_id in app_ids}
+
+    def _replay(self, through: int, current: int) -> bool:
+        """Apply the ``txn`` actions of commits ``through + 1 .. current``; False when one cannot be read."""
+        if current < through:
+            return False
+        for version in range(through + 1, current + 1):
+            entry = self._entry(version)
+            if entry is None:
+                return False
+            for line in entry.splitlines():
+                if b'"txn"' in line and (txn := json.loads(line).get("txn")) and txn.get("appId") in self._versions:
+                    self._versions[txn["appId"]] = int(txn["version"])
+        return True
+
+    def _entry(self, version: int) -> bytes | None:
+        try:
+            with self._filesystem.open_input_stream(f"{self._log}/{version:020d}.json") as stream:
+                return stream.read()
+        except FileNotFoundError:
+            return None

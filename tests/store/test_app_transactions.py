@@ -1,0 +1,42 @@
+import pyarrow as pa
+import pytest
+from deltalake import CommitProperties, Transaction, write_deltalake
+
+from store.app_transactions import AppTransactions
+from store.storage import arrow_filesystem
+
+
+def commit(lake, txns: dict[str, int]) -> None:
+    write_deltalake(lake.uri("t"), pa.table({"a": [1]}), mode="append", storage_options=dict(lake.storage_options),
+                    commit_properties=CommitProperties(app_transactions=[Transaction(app_id=a, version=v)
+                                                                         for a, v in txns.items()]))
+
+
+def test_versions_follow_the_new_log_entries_as_deltas_own_replay_does(lake):
+    commit(lake, {"a": 1})
+    txns = AppTransactions(lake, "t")
+    assert txns.versions(lake.table("t"), ["a", "b"]) == {"a": 1, "b": None}
+    commit(lake, {"b": 5})
+    commit(lake, {"a": 2, "c": 9})
+    delta = lake.table("t")
+    assert txns.versions(delta, ["a", "b", "c"]) == {"a": 2, "b": 5, "c": 9}
+    assert {a: delta.transaction_version(a) for a in "abc"} == {"a": 2, "b": 5, "c": 9}
+
+
+@pytest.fixture(params=["local", "s3"])
+def any_lake(request):
+    return request.getfixturevalue("lake" if request.param == "local" else "s3_lake")
+
+
+def test_log_entries_gone_are_read_again_from_the_checkpoint(any_lake):
+    lake = any_lake
+    commit(lake, {"a": 1})
+    txns = AppTransactions(lake, "t")
+    txns.versions(lake.table("t"), ["a"])
+    commit(lake, {"a": 2})
+    commit(lake, {"a": 3})
+    delta = lake.table("t")
+    delta.create_checkpoint()
+    filesystem, root = arrow_filesystem(lake.root, lake.storage_options)
+    filesystem.delete_file(f"{root}/t/_delta_log/{1:020d}.json")  # as forget drops entries older than its delete
+    assert txns.versions(delta, ["a"]) == {"a": 3}
