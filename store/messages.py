@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from store.reference_chains import follow_references
+
 UNRESOLVED_REASONS = ("missing_call", "beyond_prefix", "cycle")
 """Why a call's full messages cannot be rebuilt: the referenced call is not in the rollout (not ingested yet, or
 forgotten); ``extends_messages`` is longer than that call's full messages; the chain loops."""
@@ -57,23 +59,8 @@ def full_messages(calls: Iterable[StoredMessages]) -> tuple[dict[str, FullMessag
     """
     by_id = {c.call_id: c for c in calls}
     done: dict[str, FullMessages] = {}
-    problems: dict[str, str] = {}
-    for call_id in by_id:
-        chain: list[StoredMessages] = []
-        at: str | None = call_id
-        reason = None
-        while at is not None and at not in done and at not in problems:
-            call = by_id.get(at)
-            if call is None or call in chain:
-                reason = "missing_call" if call is None else "cycle"
-                break
-            chain.append(call)
-            at = call.extends_call_id if call.references else None
-        reason = reason or (problems.get(at) if at is not None else None)
-        for call in reversed(chain):
-            reason = reason or _extend(call, done)
-            if reason is not None:
-                problems[call.call_id] = reason
+    problems = follow_references(by_id, lambda c: c.extends_call_id if c.references else None,
+                                 lambda c: _extend(c, done), done)
     return done, problems
 
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from store.reference_chains import follow_references
+
 UNRESOLVED_REASONS = ("missing_call", "beyond_prefix", "no_ids", "cycle")
 """Why a call's full prompt cannot be rebuilt: the referenced call is not in the rollout (not ingested yet, or
 forgotten); ``extends_tokens`` is longer than that call's prompt + response; a call of the chain has no prompt
@@ -48,42 +50,12 @@ def full_prompts(calls: Iterable[StoredCall]) -> tuple[dict[str, np.ndarray], di
     """
     by_id = {c.call_id: c for c in calls}
     prompts: dict[str, np.ndarray] = {}
-    problems: dict[str, str] = {}
-    for call_id in by_id:
-        _resolve(call_id, by_id, prompts, problems)
+    problems = follow_references(by_id, lambda c: c.extends_call_id if c.extends_tokens is not None else None,
+                                 lambda c: _extend(c, by_id, prompts), prompts)
     return prompts, problems
 
 
-def _resolve(call_id: str, by_id: dict[str, StoredCall], prompts: dict[str, np.ndarray],
-             problems: dict[str, str]) -> None:
-    chain: list[StoredCall] = []  # walked back from call_id to a resolved call or a root
-    seen: set[str] = set()
-    at: str | None = call_id
-    reason = None
-    while at is not None and at not in prompts and at not in problems:
-        call = by_id.get(at)
-        if call is None:
-            reason = "missing_call"
-            break
-        if at in seen:
-            reason = "cycle"
-            break
-        seen.add(at)
-        chain.append(call)
-        at = call.extends_call_id if call.extends_tokens is not None else None  # None: a messages-only reference
-    if reason is None and at is not None and at in problems:
-        reason = problems[at]
-    if reason is not None:
-        problems.update((c.call_id, reason) for c in chain)
-        return
-    for call in reversed(chain):
-        reason = _extend(call, by_id, prompts, problems)
-        if reason is not None:
-            problems[call.call_id] = reason
-
-
-def _extend(call: StoredCall, by_id: dict[str, StoredCall], prompts: dict[str, np.ndarray],
-            problems: dict[str, str]) -> str | None:
+def _extend(call: StoredCall, by_id: dict[str, StoredCall], prompts: dict[str, np.ndarray]) -> str | None:
     """Put ``call``'s full prompt in ``prompts`` (its reference resolved before); else the reason."""
     if call.prompt is None:
         return "no_ids"
@@ -91,8 +63,6 @@ def _extend(call: StoredCall, by_id: dict[str, StoredCall], prompts: dict[str, n
     if call.extends_call_id is None or call.extends_tokens is None:
         prompts[call.call_id] = own
         return None
-    if call.extends_call_id in problems:
-        return problems[call.extends_call_id]
     before = by_id[call.extends_call_id]
     response = np.asarray(before.response if before.response is not None else (), dtype=np.int32)
     shared = prompts[call.extends_call_id]
