@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 
 from ingest.ingester import IngesterConfig, IngestStats, OnProgress
 from schemas.tables import EVENTS_TABLE, QUARANTINE_TABLE
+from store.app_transactions import AppTransactions
 from store.commit import marker_app_id
 from store.lake import Lake
 
@@ -103,6 +104,9 @@ class LakeCollector(Collector):
         self.lake = Lake(config.lake)
         self._consumer: KafkaConsumer | None = None
         self._quarantine: tuple[int | None, dict[str, int]] = (None, {})
+        self._markers = {t: AppTransactions(self.lake, t) for t in _PROGRESS_TABLES}
+        """The group's markers per progress table, read from the log entries since the last scrape (as the
+        ingester's commits read them: ``store.app_transactions``)."""
 
     def collect(self) -> Iterator[Metric]:
         yield from self._lag()
@@ -125,10 +129,11 @@ class LakeCollector(Collector):
                                 "messages on the topic past the group's Delta markers", labels=["partition"])
         committed = GaugeMetricFamily("trajlake_ingester_committed_offset",
                                       "next offset to ingest, per the Delta markers", labels=["partition"])
-        tables = [self.lake.table(t) for t in _PROGRESS_TABLES if self.lake.exists(t)]
+        apps = {p: marker_app_id(c.group, c.topic, p) for p in ends}
+        versions = [self._markers[t].versions(self.lake.table(t), apps.values())
+                    for t in _PROGRESS_TABLES if self.lake.exists(t)]
         for partition, end in sorted(ends.items()):
-            marks = [t.transaction_version(marker_app_id(c.group, c.topic, partition)) for t in tables]
-            marks = [m for m in marks if m is not None]
+            marks = [v[apps[partition]] for v in versions if v[apps[partition]] is not None]
             next_offset = max(marks) + 1 if marks else 0
             committed.add_metric([str(partition)], next_offset)
             lag.add_metric([str(partition)], max(end - next_offset, 0))
