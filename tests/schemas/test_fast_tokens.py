@@ -76,6 +76,26 @@ def test_whitespace_inside_token_arrays_reads_the_same():
         assert columnar_rows([value]).equals(pydantic_rows([value]))
 
 
+NUMBER_SPELLINGS = [
+    (b"[1, 2]", b"[-0, 2]"), (b"[-0.5, -0.25]", b"[-0, 1]"), (b"[-0.5, -0.25]", b"[1E2, 0e0]"),
+    (b"[-0.5, -0.25]", b"[12345678901234567, -1e-320]"), (b"[-0.5, -0.25]", b"[-0.5,-2.5e-1]"),
+    (b"[1, 2]", b"[1, 2.5]"), (b"[1, 2]", b"[1, 2e0]"), (b"[-0.5, -0.25]", b"[-0.5, 1e999]"),
+    (b"[-0.5, -0.25]", b"[-0.5, 18446744073709551616]"), (b"[1, 2]", b"[1, 9223372036854775808]"),
+    (b"[1, 2]", b"[[1], 2]"), (b"[1, 2]", b"[[], 2]"), (b"[-0.5, -0.25]", b"[[-0.5], []]"),
+    (b"[1, 2]", b'["[1", 2]'),
+]
+
+
+@pytest.mark.parametrize("sent", [new for _, new in NUMBER_SPELLINGS])
+def test_number_spellings_and_nesting_give_the_contracts_rows_and_reasons(sent):
+    """Integer and float spellings simdjson reads, ints past 64 bits, and nested arrays (which simdjson's
+    ``as_buffer`` would flatten): the same rows or quarantine reasons as the contract."""
+    old = next(o for o, n in NUMBER_SPELLINGS if n == sent)
+    value = json.dumps(response([1, 2], [-0.5, -0.25])).encode().replace(old, sent)
+    assert sent in value
+    assert batch_outcome([value]) == contract_outcome([value])
+
+
 INVALID = [
     request([-1]), request([2**31]), request([10**30]), request([1.0]), request([1e2]), request(["1"]),
     request([None]), request([[1]]), request({}), request("1,2"), request([True]), request([0, -5]),
