@@ -15,7 +15,7 @@ from test_fast_decode import STAMP, batch_outcome, contract_outcome, coordinates
 from test_wire_contract import event
 
 from devkit.workload import WorkloadConfig, generate_events
-from schemas.fast_tokens import decode_batch_columnar
+from schemas.fast_tokens import _cut_arrays, decode_batch_columnar
 from store.event_rows import events_table, typed_tables
 
 
@@ -94,6 +94,46 @@ def test_number_spellings_and_nesting_give_the_contracts_rows_and_reasons(sent):
     value = json.dumps(response([1, 2], [-0.5, -0.25])).encode().replace(old, sent)
     assert sent in value
     assert batch_outcome([value]) == contract_outcome([value])
+
+
+def _with(raw: dict, **payload) -> dict:
+    raw["payload"].update(payload)
+    return raw
+
+
+KEYS_ELSEWHERE = [
+    _with(request([1, 2]), messages=[{"role": "user", "content": "x", "prompt_token_ids": [9, 9]}]),
+    _with(request(None), params={"prompt_token_ids": [1, 2]}),
+    _with(request([1, 2]), params={"logprobs": [-1.0]}),
+    _with(request([1, 2]), params={"logprobs": True, "top_logprobs": 2}),
+    _with(response([1, 2], [-0.5, -0.25]), tool_calls=[{"id": "t", "logprobs": [-3.0]}]),
+    _with(response([1, 2], None), tool_calls=[{"id": "t", "logprobs": [-3.0, -1.0]}]),
+    _with(response(None, None), usage={"response_token_ids": [4]}),
+    _with(response([1, 2], [-0.5, -0.25]), text="\u0000cut logprobs"),
+    _with(response([1], "\u0000cut logprobs"), tool_calls=[{"id": "t", "logprobs": [-3.0]}]),  # a sentinel sent
+    _with(response([1, 2], [-0.5, -0.25]), text='"logprobs":[1]'),
+    _with(request([[1], [2]])),
+    _with(request(["]", 1])),
+]
+
+
+@pytest.mark.parametrize("raw", KEYS_ELSEWHERE, ids=lambda r: json.dumps(r["payload"])[:70])
+def test_token_keys_elsewhere_in_the_event_read_the_same(raw):
+    """Token arrays are cut out of the bytes before msgspec reads the rest (``_cut_arrays``); a key that also
+    appears elsewhere (messages, params, tool_calls, a string), or a cut that is not a flat array, must give
+    the contract's rows and reasons all the same."""
+    values = []
+    for i, separators in enumerate([(",", ":"), (", ", ": ")]):
+        raw["event_id"] = f"e-{i}"
+        values.append(json.dumps(raw, separators=separators).encode())
+    assert batch_outcome(values) == contract_outcome(values)
+
+
+def test_workload_token_arrays_are_cut_out_before_msgspec():
+    """The fast path this guards is the one taken: compact workload events have their token arrays cut."""
+    events = list(generate_events(WorkloadConfig(tasks=1, rollouts_per_task=2, seed=3)))
+    llm = [json.dumps(e, separators=(",", ":")).encode() for e in events if e["type"].startswith("llm.")]
+    assert llm and all(_cut_arrays(v)[1] for v in llm)
 
 
 INVALID = [
