@@ -96,7 +96,7 @@ class Batch:
         """Validate, dedupe and convert the records, in offset order per partition.
 
         The whole batch goes through the msgspec fast path first, token arrays
-        parsed straight into Arrow (``schemas.fast_tokens``; with redaction rules,
+        parsed straight into flat columns (``schemas.fast_tokens``; with redaction rules,
         ``schemas.fast``); each record it refuses takes ``schemas.fast`` alone, then
         ``decode_event``, which accepts it or names the problem.
         ``replayed_through`` is the ``events`` marker per partition: records at or

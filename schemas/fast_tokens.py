@@ -168,7 +168,7 @@ def decode_batch_columnar(values: Sequence[bytes | None], *, max_bytes: int = MA
     for row, raw in enumerate(values):
         event, cuts = None, {}
         if raw is not None and len(raw) <= max_bytes:
-            doc, cuts = _cut_arrays(raw)
+            doc, cuts = _cut_arrays(raw) if len(raw) >= _CUT_MIN_BYTES else (raw, {})
             event = _decode(doc)
             if cuts and not _cuts_in_place(event, cuts):
                 event, cuts = _decode(raw), {}
@@ -190,6 +190,10 @@ def _decode(raw: bytes) -> Any:
         return None
 
 
+_CUT_MIN_BYTES = 8 * 1024
+"""Smaller events are decoded whole: there the cut's few Python steps cost what msgspec's scan of the arrays does
+(workload events, 0.5-24 KB: the same decode CPU within noise cutting all, none, or those >= 8 KB); 17 KB
+``large`` events: columnar decode 149 -> 125 us/event (CPU min of 9, load ~18)."""
 _CUT_KEYS = {name: b'"%s":[' % name.encode() for name in ("prompt_token_ids", "response_token_ids", "logprobs")}
 _CUTS_BY_TYPE = {b'request"': ("prompt_token_ids",), b'response"': ("response_token_ids", "logprobs")}
 _LLM_TYPE = b'"type":"llm.'

@@ -15,8 +15,17 @@ from test_fast_decode import STAMP, batch_outcome, contract_outcome, coordinates
 from test_wire_contract import event
 
 from devkit.workload import WorkloadConfig, generate_events
+from schemas import fast_tokens
 from schemas.fast_tokens import _cut_arrays, decode_batch_columnar
 from store.event_rows import events_table, typed_tables
+
+
+@pytest.fixture(autouse=True, params=["arrays cut out", "small events whole"])
+def cut_threshold(request, monkeypatch):
+    """Every test runs with the token arrays of every event cut out before msgspec (``_cut_arrays``), and with
+    the module's size threshold (the small test events then decoded whole)."""
+    if request.param == "arrays cut out":
+        monkeypatch.setattr(fast_tokens, "_CUT_MIN_BYTES", 0)
 
 
 def columnar_rows(values: list[bytes]):
