@@ -6,7 +6,9 @@ lists (~13-25 us): the largest cost per event left. Here the LLM payloads'
 token fields are read as ``msgspec.Raw`` (msgspec still checks that they are
 well-formed JSON, no Python objects made); simdjson parses each slice into a
 C array, and the batch's arrays become one flat NumPy column per field with
-a length per row. ``TokenColumns.pick`` turns the rows a batch keeps into
+a length per row (events of 8 KB or more have their arrays cut out of the
+bytes first, so that msgspec does not scan them: ``_cut_arrays``).
+``TokenColumns.pick`` turns the rows a batch keeps into
 Arrow ``list<int32>`` / ``list<float32>`` columns with one gather (none when
 every row is kept).
 
@@ -19,11 +21,10 @@ these checks is refused here (None) and takes the per-event path
 or names the problem. ``tests/schemas/test_fast_tokens.py`` holds this path
 to the contract's rows and verdicts.
 
-Measured (bench/ingest/stages.py, 6.6k workload events, load ~15 on 2 cores,
-CPU min of 5-7 alternating runs): the ingester's batch decode 68 -> 56 us/event;
-774 ``large`` events (~3,000 ids each) 231 -> 198. Parsing the batch's ids:
-``np.fromstring`` over the joined slices ~35 ns/id, simdjson ~16-20 (logprobs:
-Arrow's string-to-double cast ~58 ns/id, simdjson ~29).
+Measured (``Batch.decode``, this path against the one before it in one process, CPU min / median of 7
+alternating runs, load ~15 on 2 cores): 6.6k workload events 75 / 88 -> 66 / 72 us/event; 774 ``large``
+events (~3,000 ids each) 230 / 264 -> 175 / 209. Parsing ids: ``np.fromstring`` over the batch's joined
+slices ~35 ns/id, simdjson per event ~16-20 (logprobs: Arrow's string-to-double cast ~58, simdjson ~29).
 """
 
 from __future__ import annotations
