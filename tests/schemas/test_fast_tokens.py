@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
 import pytest
 from test_fast_decode import STAMP, batch_outcome, contract_outcome, coordinates, pydantic_rows
 from test_wire_contract import event
@@ -17,6 +18,7 @@ from test_wire_contract import event
 from devkit.workload import WorkloadConfig, generate_events
 from schemas import fast_tokens
 from schemas.fast_tokens import _cut_arrays, decode_batch_columnar
+from schemas.tables import LOGPROBS, TOKENS
 from store.event_rows import events_table, typed_tables
 
 
@@ -173,3 +175,14 @@ def test_a_batch_mixing_valid_and_invalid_token_fields_gives_the_contracts_rows_
     rows, reasons = batch_outcome(values)
     assert (rows, reasons) == contract_outcome(values)
     assert len(reasons) == len(INVALID) and len(rows) == 2 * len(VALID)
+
+
+def test_pick_mixes_batch_rows_and_the_lists_of_events_decoded_one_by_one():
+    """The batch's rows in any order, and events the contract decoded one by one (their own lists)."""
+    values = [json.dumps(raw).encode() for raw in (response([1, 2], [-0.5, -0.25]), request([3]), request(None))]
+    tokens = decode_batch_columnar(values).tokens
+    ids, logprobs = tokens.pick([2, ([7, 8], [-1.0, -2.0]), 0, (None, None), 1, ([], None)])
+    assert ids.to_pylist() == [None, [7, 8], [1, 2], None, [3], []]
+    assert logprobs.to_pylist() == [None, [-1.0, -2.0], [-0.5, -0.25], None, None, None]
+    assert (ids.type, logprobs.type) == (TOKENS, LOGPROBS)
+    assert tokens.pick([]) == (pa.array([], TOKENS), pa.array([], LOGPROBS))
