@@ -96,14 +96,16 @@ class Batch:
         """Validate, dedupe and convert the records, in offset order per partition.
 
         The whole batch goes through the msgspec fast path first, token arrays
-        parsed straight into Arrow (``schemas.fast_tokens``; with redaction rules,
+        parsed straight into flat columns (``schemas.fast_tokens``; with redaction rules,
         ``schemas.fast``); each record it refuses takes ``schemas.fast`` alone, then
         ``decode_event``, which accepts it or names the problem.
         ``replayed_through`` is the ``events`` marker per partition: records at or
         below it were decided before and are checked against ``seen``, not added to it.
         """
         events: list[Event | FastEvent] = []
-        where: list[KafkaCoordinates] = []
+        where: list = []
+        """Per kept event, its record: a ``Record`` has the topic, partition and offset of a ``KafkaCoordinates``
+        (one object less per event)."""
         rejected: list[Rejected] = []
         last: dict[int, int] = {}
         duplicates = key_mismatches = 0
@@ -115,14 +117,15 @@ class Batch:
         sources: list[int | tuple[list[int] | None, list[float] | None]] = []
         """Per kept event, where its tokens are: its row in ``columnar.tokens``, or its own lists."""
         for row, (r, event) in enumerate(zip(self.records, first)):
-            at = KafkaCoordinates(r.topic, r.partition, r.offset)
-            last[r.partition] = max(r.offset, last.get(r.partition, -1))
+            if r.offset > last.get(r.partition, -1):
+                last[r.partition] = r.offset
             in_columns = event is not None and columnar is not None
             if event is None:
                 try:
                     event = decode(r.value, max_bytes=max_event_bytes, fast_tried=columnar is None)
                 except InvalidEvent as exc:
                     exc = producer_rejection(r.value) or exc
+                    at = KafkaCoordinates(r.topic, r.partition, r.offset)
                     rejected.append(_rejected(r.value, r.key, at, exc, max_event_bytes, redactor))
                     continue
             key = (event.tenant, event.event_id)
@@ -144,7 +147,7 @@ class Batch:
             if not replay and (r.key is None or r.key != event.rollout_id.encode()):
                 key_mismatches += 1
             events.append(event if redactor is None else redactor.redact(event))
-            where.append(at)
+            where.append(r)
             sources.append(row if in_columns else _token_lists(event))
         tokens = columnar.tokens.pick(sources) if columnar is not None else None
         return DecodedBatch(events_table(events, where, tokens=tokens), rejected, last, duplicates, unheld,

@@ -10,13 +10,24 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
 import pytest
 from test_fast_decode import STAMP, batch_outcome, contract_outcome, coordinates, pydantic_rows
 from test_wire_contract import event
 
 from devkit.workload import WorkloadConfig, generate_events
-from schemas.fast_tokens import decode_batch_columnar
+from schemas import fast_tokens
+from schemas.fast_tokens import _cut_arrays, decode_batch_columnar
+from schemas.tables import LOGPROBS, TOKENS
 from store.event_rows import events_table, typed_tables
+
+
+@pytest.fixture(autouse=True, params=["arrays cut out", "small events whole"])
+def cut_threshold(request, monkeypatch):
+    """Every test runs with the token arrays of every event cut out before msgspec (``_cut_arrays``), and with
+    the module's size threshold (the small test events then decoded whole)."""
+    if request.param == "arrays cut out":
+        monkeypatch.setattr(fast_tokens, "_CUT_MIN_BYTES", 0)
 
 
 def columnar_rows(values: list[bytes]):
@@ -76,6 +87,66 @@ def test_whitespace_inside_token_arrays_reads_the_same():
         assert columnar_rows([value]).equals(pydantic_rows([value]))
 
 
+NUMBER_SPELLINGS = [
+    (b"[1, 2]", b"[-0, 2]"), (b"[-0.5, -0.25]", b"[-0, 1]"), (b"[-0.5, -0.25]", b"[1E2, 0e0]"),
+    (b"[-0.5, -0.25]", b"[12345678901234567, -1e-320]"), (b"[-0.5, -0.25]", b"[-0.5,-2.5e-1]"),
+    (b"[1, 2]", b"[1, 2.5]"), (b"[1, 2]", b"[1, 2e0]"), (b"[-0.5, -0.25]", b"[-0.5, 1e999]"),
+    (b"[-0.5, -0.25]", b"[-0.5, 18446744073709551616]"), (b"[1, 2]", b"[1, 9223372036854775808]"),
+    (b"[1, 2]", b"[[1], 2]"), (b"[1, 2]", b"[[], 2]"), (b"[-0.5, -0.25]", b"[[-0.5], []]"),
+    (b"[1, 2]", b'["[1", 2]'),
+]
+
+
+@pytest.mark.parametrize("sent", [new for _, new in NUMBER_SPELLINGS])
+def test_number_spellings_and_nesting_give_the_contracts_rows_and_reasons(sent):
+    """Integer and float spellings simdjson reads, ints past 64 bits, and nested arrays (which simdjson's
+    ``as_buffer`` would flatten): the same rows or quarantine reasons as the contract."""
+    old = next(o for o, n in NUMBER_SPELLINGS if n == sent)
+    value = json.dumps(response([1, 2], [-0.5, -0.25])).encode().replace(old, sent)
+    assert sent in value
+    assert batch_outcome([value]) == contract_outcome([value])
+
+
+def _with(raw: dict, **payload) -> dict:
+    raw["payload"].update(payload)
+    return raw
+
+
+KEYS_ELSEWHERE = [
+    _with(request([1, 2]), messages=[{"role": "user", "content": "x", "prompt_token_ids": [9, 9]}]),
+    _with(request(None), params={"prompt_token_ids": [1, 2]}),
+    _with(request([1, 2]), params={"logprobs": [-1.0]}),
+    _with(request([1, 2]), params={"logprobs": True, "top_logprobs": 2}),
+    _with(response([1, 2], [-0.5, -0.25]), tool_calls=[{"id": "t", "logprobs": [-3.0]}]),
+    _with(response([1, 2], None), tool_calls=[{"id": "t", "logprobs": [-3.0, -1.0]}]),
+    _with(response(None, None), usage={"response_token_ids": [4]}),
+    _with(response([1, 2], [-0.5, -0.25]), text="\u0000cut logprobs"),
+    _with(response([1], "\u0000cut logprobs"), tool_calls=[{"id": "t", "logprobs": [-3.0]}]),  # a sentinel sent
+    _with(response([1, 2], [-0.5, -0.25]), text='"logprobs":[1]'),
+    _with(request([[1], [2]])),
+    _with(request(["]", 1])),
+]
+
+
+@pytest.mark.parametrize("raw", KEYS_ELSEWHERE, ids=lambda r: json.dumps(r["payload"])[:70])
+def test_token_keys_elsewhere_in_the_event_read_the_same(raw):
+    """Token arrays are cut out of the bytes before msgspec reads the rest (``_cut_arrays``); a key that also
+    appears elsewhere (messages, params, tool_calls, a string), or a cut that is not a flat array, must give
+    the contract's rows and reasons all the same."""
+    values = []
+    for i, separators in enumerate([(",", ":"), (", ", ": ")]):
+        raw["event_id"] = f"e-{i}"
+        values.append(json.dumps(raw, separators=separators).encode())
+    assert batch_outcome(values) == contract_outcome(values)
+
+
+def test_workload_token_arrays_are_cut_out_before_msgspec():
+    """The fast path this guards is the one taken: compact workload events have their token arrays cut."""
+    events = list(generate_events(WorkloadConfig(tasks=1, rollouts_per_task=2, seed=3)))
+    llm = [json.dumps(e, separators=(",", ":")).encode() for e in events if e["type"].startswith("llm.")]
+    assert llm and all(_cut_arrays(v)[1] for v in llm)
+
+
 INVALID = [
     request([-1]), request([2**31]), request([10**30]), request([1.0]), request([1e2]), request(["1"]),
     request([None]), request([[1]]), request({}), request("1,2"), request([True]), request([0, -5]),
@@ -104,3 +175,14 @@ def test_a_batch_mixing_valid_and_invalid_token_fields_gives_the_contracts_rows_
     rows, reasons = batch_outcome(values)
     assert (rows, reasons) == contract_outcome(values)
     assert len(reasons) == len(INVALID) and len(rows) == 2 * len(VALID)
+
+
+def test_pick_mixes_batch_rows_and_the_lists_of_events_decoded_one_by_one():
+    """The batch's rows in any order, and events the contract decoded one by one (their own lists)."""
+    values = [json.dumps(raw).encode() for raw in (response([1, 2], [-0.5, -0.25]), request([3]), request(None))]
+    tokens = decode_batch_columnar(values).tokens
+    ids, logprobs = tokens.pick([2, ([7, 8], [-1.0, -2.0]), 0, (None, None), 1, ([], None)])
+    assert ids.to_pylist() == [None, [7, 8], [1, 2], None, [3], []]
+    assert logprobs.to_pylist() == [None, [-1.0, -2.0], [-0.5, -0.25], None, None, None]
+    assert (ids.type, logprobs.type) == (TOKENS, LOGPROBS)
+    assert tokens.pick([]) == (pa.array([], TOKENS), pa.array([], LOGPROBS))
