@@ -25,7 +25,7 @@ CATALOG_PREFIXES = ("duckdb_", "pragma_", "pg_", "sqlite_", "information_schema"
 """Tables and functions whose answer depends on the views that exist."""
 CATALOG_FUNCTIONS = frozenset({"query", "query_table"})
 """Table functions that read a view named by a string."""
-_VIEW_HEAD = re.compile(r"^\s*(?:--[^\n]*\n\s*)*CREATE\s+(?:OR\s+REPLACE\s+)?VIEW\s+\S+\s+AS\s+", re.IGNORECASE)
+_VIEW_HEAD = re.compile(r"^\s*(?:--[^\n]*\n\s*)*CREATE\s+(?:OR\s+REPLACE\s+)?VIEW\s+(\S+)\s+AS\s+", re.IGNORECASE)
 
 
 def table_names(sql: str) -> frozenset[str] | None:
@@ -91,7 +91,17 @@ def views_read_by(sql: str, joined: Mapping[str, str]) -> frozenset[str] | None:
     return frozenset(needed)
 
 
+def created_view(statement: str) -> tuple[str, str] | None:
+    """(name, query) of a ``CREATE VIEW name AS query`` statement (comment lines before it allowed); None otherwise.
+
+    >>> created_view("-- view\\nCREATE VIEW v AS SELECT 1")
+    ('v', 'SELECT 1')
+    """
+    head = _VIEW_HEAD.match(statement)
+    return None if head is None else (head.group(1), statement[head.end():])
+
+
 @functools.lru_cache(maxsize=64)
 def _view_reads(statement: str) -> frozenset[str] | None:
-    head = _VIEW_HEAD.match(statement)
-    return None if head is None else table_names(statement[head.end():])
+    view = created_view(statement)
+    return None if view is None else table_names(view[1])
