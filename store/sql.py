@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 import duckdb
 
 from schemas.errors import NotFound, TrajlakeError
+from schemas.table_names import ADDED_COLUMNS, INGESTED_TABLE_NAMES
 from store.lake import Lake, list_tables
 from store.query_reads import created_view, views_read_by
 from store.storage import duckdb_secret, store_problem
@@ -188,8 +189,8 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, views: Collectio
     try:
         for name, path in found.items():
             attach_table(con, lake.uri(path), name)
-        if views is None or views:  # a query that reads no view (SELECT 1) loads neither the catalogue nor Arrow
-            from schemas.tables import INGESTED_TABLES
+        if views is None or set(views) & (set(INGESTED_TABLE_NAMES) - set(found)):  # an ingested table not written
+            from schemas.tables import INGESTED_TABLES  # yet is read: only then load the catalogue's Arrow schemas
 
             for name, schema in INGESTED_TABLES.items():
                 if name not in found and (views is None or name in views):
@@ -226,16 +227,18 @@ def create_table_view(con: duckdb.DuckDBPyConnection, name: str, source: str) ->
     """``CREATE VIEW name AS SELECT * FROM source``; an ingested table written before a nullable column
     joined the catalogue (e.g. llm_requests.extends_call_id in tests/fixtures/lake-v1) gets it as NULL,
     so the joined views and readers see one set of columns on old and new lakes."""
-    import pyarrow as pa
-
-    from schemas.tables import ADDED_COLUMNS, INGESTED_TABLES  # Arrow schemas: imported by a query that reads a table
-
     con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM {source}')
     if name not in ADDED_COLUMNS:  # DESCRIBE costs ~5 ms a table: only where a column was added since
         return
+    have = {row[0] for row in con.execute(f'DESCRIBE "{name}"').fetchall()}
+    if set(ADDED_COLUMNS[name]) <= have:  # a current table: neither the catalogue's Arrow schemas nor Arrow load
+        return
+    import pyarrow as pa
+
+    from schemas.tables import INGESTED_TABLES
+
     null_types = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float64(): "DOUBLE",
                   pa.bool_(): "BOOLEAN"}
-    have = {row[0] for row in con.execute(f'DESCRIBE "{name}"').fetchall()}
     missing = [f for f in INGESTED_TABLES[name] if f.name not in have and f.type in null_types]
     if missing:
         nulls = ", ".join(f'NULL::{null_types[f.type]} AS "{f.name}"' for f in missing)

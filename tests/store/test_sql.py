@@ -369,3 +369,9 @@ def test_the_catalogue_lists_the_joined_views_of_views_sql_in_order():
     from schemas.tables import VIEWS
 
     assert JOINED_VIEWS == tuple(VIEWS)
+
+
+def test_the_light_list_of_ingested_tables_is_the_catalogues():
+    from schemas.table_names import INGESTED_TABLE_NAMES
+
+    assert sorted(INGESTED_TABLE_NAMES) == sorted(INGESTED_TABLES)
