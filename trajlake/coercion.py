@@ -59,7 +59,7 @@ def _plain_value(descriptor: TypeDescriptor, value: Any, ctx: Context) -> Any:
     info, annotation = descriptor.parameter_info, descriptor.annotation
     if info.parser is not None:
         return _TYPER
-    if annotation is str and isinstance(value, str):
+    if annotation is str and type(value) is str:
         return value
     if isinstance(annotation, type) and issubclass(annotation, Enum):
         try:

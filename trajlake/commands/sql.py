@@ -19,7 +19,7 @@ from store.text import excerpt
 from trajlake.options import LAKE_OPTION
 from trajlake.plain_settings import PlainSqlSettings, plain_sql_settings
 
-if TYPE_CHECKING:  # a one-row answer loads no Arrow, no pydantic and no rich table (issue 16: < 0.5 s start-up)
+if TYPE_CHECKING:  # a one-row answer loads neither Arrow nor pydantic (issue 16: < 0.5 s, start-up included)
     import pyarrow as pa
 
     from store.sql_rows import Rows
