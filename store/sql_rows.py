@@ -46,7 +46,7 @@ def rows_at_most(executed: duckdb.DuckDBPyConnection, max_rows: int | None) -> R
     if all(_plain(t) for t in types):
         values = executed.fetchall() if max_rows is None else executed.fetchmany(max_rows)
         return Rows(columns, [t.id in NUMBER_TYPES for t in types], values)
-    return _from_arrow(arrow_at_most(executed, max_rows))
+    return rows_from_arrow(arrow_at_most(executed, max_rows))
 
 
 def _plain(duck_type: Any) -> bool:
@@ -55,7 +55,8 @@ def _plain(duck_type: Any) -> bool:
     return duck_type.id in PLAIN_TYPES
 
 
-def _from_arrow(table: pa.Table) -> Rows:
+def rows_from_arrow(table: pa.Table) -> Rows:
+    """An Arrow answer (``store.sql.run_query``'s) as ``Rows``."""
     import pyarrow as pa
 
     numeric = [pa.types.is_integer(f.type) or pa.types.is_floating(f.type) for f in table.schema]
