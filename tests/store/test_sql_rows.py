@@ -12,12 +12,14 @@ from store.sql import arrow_at_most, query_lake
 from store.sql_rows import PLAIN_TYPES, Rows, rows_at_most
 
 PLAIN = {
-    "integers": "SELECT 1::TINYINT a, -2::SMALLINT b, 3 c, 2::BIGINT ** 40 d, 255::UTINYINT e, 18446744073709551615::UBIGINT f",
+    "integers": "SELECT 1::TINYINT a, -2::SMALLINT b, 3 c, 2::BIGINT ** 40 d, 255::UTINYINT e, "
+                "18446744073709551615::UBIGINT f",
     "floats": "SELECT 0.1::FLOAT a, 'nan'::DOUBLE b, -0.0::DOUBLE c, 'inf'::FLOAT d, 1e300 e",
     "text": "SELECT 'x' a, '' b, NULL::VARCHAR c, 'é\n\t' d, 'a'::BLOB e, true f, NULL g",
     "decimals": "SELECT 1.5::DECIMAL(4, 2) a, 123456789012345678.5::DECIMAL(38, 1) b",
     "times": "SELECT DATE '2026-01-01' a, TIME '01:02:03.5' b, TIMESTAMP '2026-01-01 00:00:01.25' c",
-    "nested": "SELECT [1, 2] a, []::INTEGER[] b, [[0.5, NULL]] c, {'x': DATE '2026-01-01', 'y': ['a']} d, NULL::INT[] e",
+    "nested": "SELECT [1, 2] a, []::INTEGER[] b, [[0.5, NULL]] c, {'x': DATE '2026-01-01', 'y': ['a']} d, "
+              "NULL::INT[] e",
     "rows": "SELECT range AS i, range::VARCHAR AS s FROM range(7)",
     "explain": "EXPLAIN SELECT 1",
 }
