@@ -27,6 +27,19 @@ RUNS_TABLE = "runs"
 FORGET_AUDIT_TABLE = "forget_audit"
 LAKE_IDENTITY_TABLE = "lake_identity"
 
+INGESTED_TABLE_NAMES: tuple[str, ...] = (EVENTS_TABLE, QUARANTINE_TABLE, ROLLOUT_STARTS_TABLE, ROLLOUT_ENDS_TABLE,
+                                        LLM_REQUESTS_TABLE, LLM_RESPONSES_TABLE, TOOL_CALLS_TABLE, TOOL_RESULTS_TABLE,
+                                        REWARDS_TABLE)
+"""The names of ``schemas.tables.INGESTED_TABLES``: every table the ingester writes."""
+
+ADDED_COLUMNS: dict[str, tuple[str, ...]] = {
+    LLM_REQUESTS_TABLE: ("extends_call_id", "extends_tokens", "extends_messages", "extends_tools"),
+}
+"""Nullable columns added to an ingested table after lakes were written without them (tests/fixtures/lake-v1):
+the ingester adds them to such a table when it opens it, and SQL reads them as NULL until then
+(``store.sql.create_table_view``); add a column here (and to the table's schema in ``schemas.tables``) when you
+add one to an ingested table."""
+
 DATASETS_FOLDER = "datasets"
 DATASETS_PREFIX = f"{DATASETS_FOLDER}/"
 

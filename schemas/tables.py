@@ -233,12 +233,7 @@ TYPED_TABLES: dict[str, tuple[str, pa.Schema]] = {
 }
 """Event type -> (table name, schema) of the typed table it lands in."""
 
-ADDED_COLUMNS: dict[str, tuple[str, ...]] = {
-    LLM_REQUESTS_TABLE: ("extends_call_id", "extends_tokens", "extends_messages", "extends_tools"),
-}
-"""Nullable columns added to an ingested table after lakes were written without them (tests/fixtures/lake-v1):
-the ingester adds them to such a table when it opens it, and SQL reads them as NULL until then
-(``store.sql.create_table_view``); add a column here when you add one to an ingested table."""
+# Columns added to an ingested table since lakes were written without them: ``schemas.table_names.ADDED_COLUMNS``.
 
 INGESTED_TABLES: dict[str, pa.Schema] = {
     EVENTS_TABLE: EVENTS,

@@ -31,16 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-import pyarrow.fs as pafs
-
 from schemas.errors import NotFound
-from schemas.tables import CATALOGUE, catalogued
 from store.storage import StoreUnreachable, arrow_filesystem, is_local, storage_options, store_problem
 
-if TYPE_CHECKING:  # deltalake and Arrow's compute and dataset modules load when a table is opened or scanned:
-    import pyarrow.compute as pc  # a DuckDB query over the lake (``store.sql``) needs none of them
+if TYPE_CHECKING:  # deltalake, Arrow and the catalogue's Arrow schemas load when a table is opened, scanned or
+    import pyarrow as pa  # written: a DuckDB query over a local lake (``store.sql``, ``trajlake sql``) needs none
+    import pyarrow.compute as pc
     import pyarrow.dataset as ds
+    import pyarrow.fs as pafs
     from deltalake import DeltaTable
 
 
@@ -73,6 +71,8 @@ class Lake:
 
     def write_uri(self, table: str) -> str:
         """Location of a table this process writes; ``TableNotCatalogued`` unless ``schemas.tables`` lists it."""
+        from schemas.tables import catalogued
+
         if not catalogued(table):
             raise TableNotCatalogued(table)
         return self.uri(table)
@@ -108,7 +108,10 @@ class Lake:
         ``prune_on`` names columns whose per-file min/max from the Delta log
         become each file's guarantee, so ``get_fragments(filter=)`` skips files.
         """
+        import pyarrow as pa
         import pyarrow.dataset as ds
+
+        from schemas.tables import CATALOGUE
 
         delta = self.table(table, version=version) if isinstance(table, str) else table
         schema = table_schema(delta)
@@ -140,6 +143,8 @@ class Lake:
 
         >>> Lake("./lake").scan("events", columns=["event_id"], filter=pc.field("tenant") == "acme")  # doctest: +SKIP
         """
+        import pyarrow as pa
+
         dataset = self.dataset(table, version=version, prune_on=prune_on if filter is not None else ())
         schema = dataset.schema if columns is None else pa.schema([dataset.schema.field(c) for c in columns])
         if filter is None:
@@ -198,6 +203,8 @@ class Lake:
 
 def plain_type(data_type: pa.DataType) -> pa.DataType:
     """``data_type`` with view and large layouts replaced by the plain ones (string, binary, list)."""
+    import pyarrow as pa
+
     if pa.types.is_string_view(data_type) or pa.types.is_large_string(data_type):
         return pa.string()
     if pa.types.is_binary_view(data_type) or pa.types.is_large_binary(data_type):
@@ -218,6 +225,8 @@ def plain_field(f: pa.Field) -> pa.Field:
 
 def table_schema(delta: DeltaTable) -> pa.Schema:
     """The table's schema as the catalogue writes it: Delta's logical types in plain Arrow types."""
+    import pyarrow as pa
+
     if delta.metadata().partition_columns:
         raise ValueError(f"partitioned table {delta.table_uri!r}: trajlake reads unpartitioned tables only")
     return pa.schema([plain_field(f) for f in pa.schema(delta.schema().to_arrow())])
@@ -262,6 +271,7 @@ def _file_guarantees(delta: DeltaTable, columns: Sequence[str]) -> dict[str, pc.
     """File name -> ``min <= column <= max`` for ``columns`` without nulls in that file (Delta's add stats)."""
     if not columns:
         return {}
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     actions = pa.table(delta.get_add_actions(flatten=True))
@@ -282,6 +292,8 @@ def _filtered_batches(dataset: ds.Dataset, columns: list[str] | None, filter: pc
                       batch_rows: int) -> Iterator[pa.RecordBatch]:
     """Batches matching ``filter``, file by file (skipping files whose guarantee excludes it), so a
     rewritten file can be filtered after its cast."""
+    import pyarrow as pa
+
     for fragment in dataset.get_fragments(filter=filter):
         try:
             table = fragment.to_table(schema=dataset.schema, columns=columns, filter=filter)
@@ -308,6 +320,8 @@ def list_tables(lake: Lake) -> list[str]:
         )
     if problem := store_problem(lake.root, lake.storage_options):
         raise StoreUnreachable(problem)
+    import pyarrow.fs as pafs
+
     filesystem, prefix = arrow_filesystem(lake.root, lake.storage_options)
     names: list[str] = []
     for parent in ("", *_child_dirs(filesystem, prefix)):
@@ -319,6 +333,8 @@ def list_tables(lake: Lake) -> list[str]:
 
 
 def _child_dirs(filesystem: pafs.FileSystem, path: str) -> list[str]:
+    import pyarrow.fs as pafs
+
     selector = pafs.FileSelector(path, allow_not_found=True)
     return [
         info.base_name for info in filesystem.get_file_info(selector)

@@ -12,7 +12,6 @@ SELECT (an error then reads as it always did).
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from collections.abc import Mapping
@@ -25,22 +24,24 @@ CATALOG_PREFIXES = ("duckdb_", "pragma_", "pg_", "sqlite_", "information_schema"
 """Tables and functions whose answer depends on the views that exist."""
 CATALOG_FUNCTIONS = frozenset({"query", "query_table"})
 """Table functions that read a view named by a string."""
-_VIEW_HEAD = re.compile(r"^\s*(?:--[^\n]*\n\s*)*CREATE\s+(?:OR\s+REPLACE\s+)?VIEW\s+\S+\s+AS\s+", re.IGNORECASE)
+_VIEW_HEAD = re.compile(r"^\s*(?:--[^\n]*\n\s*)*CREATE\s+(?:OR\s+REPLACE\s+)?VIEW\s+(\S+)\s+AS\s+", re.IGNORECASE)
 
 
-def table_names(sql: str) -> frozenset[str] | None:
+def table_names(sql: str, *, parser: duckdb.DuckDBPyConnection | None = None) -> frozenset[str] | None:
     """The lower-case names one SELECT reads as tables (CTE names included); None when that cannot be told.
+    ``parser``: a connection opened with ``PARSER_CONFIG`` to parse on (default: a new one).
 
     >>> sorted(table_names("WITH r AS (SELECT * FROM Rollouts) SELECT * FROM r JOIN llm_calls USING (rollout_id)"))
     ['llm_calls', 'r', 'rollouts']
     >>> table_names("SELECT 1"), table_names("SHOW TABLES"), table_names("EXPLAIN SELECT 1")
     (frozenset(), None, None)
     """
-    con = duckdb.connect(":memory:", config=PARSER_CONFIG)
+    con = parser or duckdb.connect(":memory:", config=PARSER_CONFIG)
     try:
         (text,) = con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()
     finally:
-        con.close()
+        if parser is None:
+            con.close()
     tree = json.loads(text)
     if tree.get("error") or len(tree.get("statements", ())) != 1:
         return None
@@ -73,25 +74,46 @@ def views_read_by(sql: str, joined: Mapping[str, str]) -> frozenset[str] | None:
     >>> sorted(views_read_by("SELECT count(*) FROM v", {"v": "CREATE VIEW v AS SELECT * FROM a JOIN b USING (k)"}))
     ['a', 'b', 'v']
     """
-    names = table_names(sql)
-    if names is None:
-        return None
-    needed: set[str] = set()
-    pending = list(names)
-    while pending:
-        name = pending.pop()
-        if name in needed:
-            continue
-        needed.add(name)
-        if name in joined:
-            reads = _view_reads(joined[name])
-            if reads is None:
-                return None
-            pending.extend(reads)
-    return frozenset(needed)
+    parser = duckdb.connect(":memory:", config=PARSER_CONFIG)  # one for the statement and the views it reads: a
+    try:  # connection costs ~20 ms of CPU, and `rollouts` reads three joined views
+        names = table_names(sql, parser=parser)
+        if names is None:
+            return None
+        needed: set[str] = set()
+        pending = list(names)
+        while pending:
+            name = pending.pop()
+            if name in needed:
+                continue
+            needed.add(name)
+            if name in joined:
+                reads = _view_reads(joined[name], parser)
+                if reads is None:
+                    return None
+                pending.extend(reads)
+        return frozenset(needed)
+    finally:
+        parser.close()
 
 
-@functools.lru_cache(maxsize=64)
-def _view_reads(statement: str) -> frozenset[str] | None:
+def created_view(statement: str) -> tuple[str, str] | None:
+    """(name, query) of a ``CREATE VIEW name AS query`` statement (comment lines before it allowed); None otherwise.
+
+    >>> created_view("-- view\\nCREATE VIEW v AS SELECT 1")
+    ('v', 'SELECT 1')
+    """
     head = _VIEW_HEAD.match(statement)
-    return None if head is None else table_names(statement[head.end():])
+    return None if head is None else (head.group(1), statement[head.end():])
+
+
+_VIEW_READS: dict[str, frozenset[str] | None] = {}
+"""``CREATE VIEW`` statement -> the names it reads: views.sql's few statements, each parsed once per process."""
+
+
+def _view_reads(statement: str, parser: duckdb.DuckDBPyConnection) -> frozenset[str] | None:
+    if statement not in _VIEW_READS:
+        if len(_VIEW_READS) >= 64:
+            _VIEW_READS.clear()
+        view = created_view(statement)
+        _VIEW_READS[statement] = None if view is None else table_names(view[1], parser=parser)
+    return _VIEW_READS[statement]

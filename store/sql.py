@@ -29,25 +29,26 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import duckdb
-import pyarrow as pa
 
 from schemas.errors import NotFound, TrajlakeError
-from schemas.tables import ADDED_COLUMNS, INGESTED_TABLES, VIEWS
+from schemas.table_names import ADDED_COLUMNS, INGESTED_TABLE_NAMES
 from store.lake import Lake, list_tables
-from store.query_reads import views_read_by
+from store.query_reads import created_view, views_read_by
 from store.storage import duckdb_secret, store_problem
 
+if TYPE_CHECKING:  # Arrow (and the catalogue's Arrow schemas) load when a query reads a table or returns Arrow:
+    import pyarrow as pa  # ``trajlake sql "SELECT 1"`` needs neither (issue 16: pyarrow is 0.2 s of start-up)
+
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 VIEWS_SQL = Path(__file__).with_name("views.sql")
-JOINED_VIEWS: tuple[str, ...] = tuple(VIEWS)
-"""Views defined in ``views.sql``, in creation order."""
 
 READ_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
 EXPORT_FORMATS: tuple[str, ...] = ("csv", "json", "parquet")
@@ -188,9 +189,12 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, views: Collectio
     try:
         for name, path in found.items():
             attach_table(con, lake.uri(path), name)
-        for name, schema in INGESTED_TABLES.items():
-            if name not in found and (views is None or name in views):
-                con.register(name, schema.empty_table())
+        if views is None or set(views) & (set(INGESTED_TABLE_NAMES) - set(found)):  # an ingested table not written
+            from schemas.tables import INGESTED_TABLES  # yet is read: only then load the catalogue's Arrow schemas
+
+            for name, schema in INGESTED_TABLES.items():
+                if name not in found and (views is None or name in views):
+                    con.register(name, schema.empty_table())
         for name, statement in zip(JOINED_VIEWS, joined_view_statements()):
             if views is not None and name not in views:
                 continue
@@ -219,10 +223,6 @@ def attach_table(con: duckdb.DuckDBPyConnection, uri: str, name: str) -> None:
     create_table_view(con, name, f'"{catalog}"')
 
 
-_NULL_TYPES = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float64(): "DOUBLE",
-               pa.bool_(): "BOOLEAN"}
-
-
 def create_table_view(con: duckdb.DuckDBPyConnection, name: str, source: str) -> None:
     """``CREATE VIEW name AS SELECT * FROM source``; an ingested table written before a nullable column
     joined the catalogue (e.g. llm_requests.extends_call_id in tests/fixtures/lake-v1) gets it as NULL,
@@ -231,15 +231,37 @@ def create_table_view(con: duckdb.DuckDBPyConnection, name: str, source: str) ->
     if name not in ADDED_COLUMNS:  # DESCRIBE costs ~5 ms a table: only where a column was added since
         return
     have = {row[0] for row in con.execute(f'DESCRIBE "{name}"').fetchall()}
-    missing = [f for f in INGESTED_TABLES[name] if f.name not in have and f.type in _NULL_TYPES]
+    if set(ADDED_COLUMNS[name]) <= have:  # a current table: neither the catalogue's Arrow schemas nor Arrow load
+        return
+    import pyarrow as pa
+
+    from schemas.tables import INGESTED_TABLES
+
+    null_types = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float64(): "DOUBLE",
+                  pa.bool_(): "BOOLEAN"}
+    missing = [f for f in INGESTED_TABLES[name] if f.name not in have and f.type in null_types]
     if missing:
-        nulls = ", ".join(f'NULL::{_NULL_TYPES[f.type]} AS "{f.name}"' for f in missing)
+        nulls = ", ".join(f'NULL::{null_types[f.type]} AS "{f.name}"' for f in missing)
         con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT *, {nulls} FROM {source}')
 
 
 def joined_view_statements() -> list[str]:
     text = VIEWS_SQL.read_text(encoding="utf-8")
     return [part.strip() for part in text.split("-- view\n")[1:] if part.strip()]
+
+
+def _joined_view_names() -> tuple[str, ...]:
+    names = []
+    for statement in joined_view_statements():
+        if (view := created_view(statement)) is None:
+            raise RuntimeError(f"{VIEWS_SQL}: every statement after a `-- view` line must be CREATE VIEW name AS ...; "
+                               f"got {statement[:60]!r}")
+        names.append(view[0])
+    return tuple(names)
+
+
+JOINED_VIEWS: tuple[str, ...] = _joined_view_names()
+"""Views defined in ``views.sql``, in creation order (the catalogue's ``schemas.tables.VIEWS`` lists the same)."""
 
 
 def lock_down(con: duckdb.DuckDBPyConnection, lake: Lake) -> None:
@@ -265,20 +287,28 @@ def run_query(lake: Lake, sql: str, *, max_rows: int | None = None) -> pa.Table:
     >>> run_query(Lake("./lake"), "SELECT count(*) AS n FROM llm_calls").to_pylist()  # doctest: +SKIP
     [{'n': 12}]
     """
+    check_max_rows(max_rows)
+    return query_lake(lake, sql, lambda con: arrow_at_most(con, max_rows))
+
+
+def query_lake(lake: Lake, sql: str, fetch: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+    """``run_query`` with the answer taken by ``fetch`` from the connection that executed ``sql`` (e.g.
+    ``store.sql_rows.rows_at_most``: Python rows, no Arrow); raises what ``run_query`` raises."""
     check_lake(lake)
     views = views_read_by(sql, dict(zip(JOINED_VIEWS, joined_view_statements())))
     try:
-        return _run_on_views(lake, sql, views, max_rows)
+        return _run_on_views(lake, sql, views, fetch)
     except QueryError:
         if views is None:
             raise
-    return _run_on_views(lake, sql, None, max_rows)
+    return _run_on_views(lake, sql, None, fetch)
 
 
-def _run_on_views(lake: Lake, sql: str, views: Collection[str] | None, max_rows: int | None) -> pa.Table:
+def _run_on_views(lake: Lake, sql: str, views: Collection[str] | None,
+                  fetch: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
     con = connect(lake, views=views, sandbox=True)
     try:
-        return run_read_only(con, sql, max_rows=max_rows)
+        return read_only(con, sql, fetch)
     finally:
         con.close()
 
@@ -290,14 +320,30 @@ def run_read_only(con: duckdb.DuckDBPyConnection, sql: str, *, max_rows: int | N
     learn whether there were more). Raises ``QueryError`` with DuckDB's
     message and a hint, ``WriteRefused`` for any other statement kind.
     """
+    check_max_rows(max_rows)
+    return read_only(con, sql, lambda executed: arrow_at_most(executed, max_rows))
+
+
+def check_max_rows(max_rows: int | None) -> None:
+    """``ValueError`` unless ``max_rows`` is None or >= 0."""
     if max_rows is not None and max_rows < 0:
         raise ValueError("max_rows must be >= 0")
+
+
+def read_only(con: duckdb.DuckDBPyConnection, sql: str, fetch: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+    """Run one SELECT/EXPLAIN statement on ``con`` and return what ``fetch`` takes from the executed connection;
+    raises as ``run_read_only`` does (DuckDB's errors while fetching included)."""
     _check_read_only(con, sql)
     try:
-        batch_rows = 100_000 if max_rows is None else max(1, min(max_rows, 100_000))
-        return _read_at_most(con.execute(sql).to_arrow_reader(batch_rows), max_rows)
+        return fetch(con.execute(sql))
     except duckdb.Error as e:
         raise QueryError(str(e).strip(), hint=_hint(con, e)) from None
+
+
+def arrow_at_most(executed: duckdb.DuckDBPyConnection, max_rows: int | None) -> pa.Table:
+    """The first ``max_rows`` rows (None: all) of an executed statement, as Arrow."""
+    batch_rows = 100_000 if max_rows is None else max(1, min(max_rows, 100_000))
+    return _read_at_most(executed.to_arrow_reader(batch_rows), max_rows)
 
 
 def check_lake(lake: Lake) -> None:
@@ -328,6 +374,8 @@ def _check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
 
 
 def _read_at_most(reader: pa.RecordBatchReader, max_rows: int | None) -> pa.Table:
+    import pyarrow as pa
+
     batches: list[pa.RecordBatch] = []
     n = 0
     for batch in reader:
@@ -403,6 +451,7 @@ def export(table: pa.Table, path: str | Path, *, format: str) -> None:
 
 
 def _timestamps_as_text(table: pa.Table) -> pa.Table:
+    import pyarrow as pa
     import pyarrow.compute as pc  # not at import: a query's start-up does not need the compute kernels
 
     for i, field in enumerate(table.schema):

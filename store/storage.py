@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-import pyarrow.fs as pafs
-
 from schemas.errors import EXIT_BAD_SETTINGS, Unreachable
+
+if TYPE_CHECKING:  # pyarrow loads when a filesystem is built: a local ``trajlake sql`` never needs one
+    import pyarrow.fs as pafs
 
 _OBJECT_STORE_PREFIXES = ("AWS_", "AZURE_", "GOOGLE_")
 CREDENTIAL_CHAIN = "TRAJLAKE_AWS_CREDENTIAL_CHAIN"
@@ -108,6 +110,8 @@ def arrow_filesystem(root: str, options: Mapping[str, str]) -> tuple[pafs.FileSy
     >>> arrow_filesystem("/tmp/lake", {})[1]
     '/tmp/lake'
     """
+    import pyarrow.fs as pafs
+
     if is_local(root):
         return pafs.LocalFileSystem(), root.removeprefix("file://")
     if not root.startswith(("s3://", "s3a://")):
@@ -165,6 +169,8 @@ def store_problem(root: str, options: Mapping[str, str]) -> str | None:
     """
     if is_local(root) or not root.startswith(("s3://", "s3a://")):
         return None
+    import pyarrow.fs as pafs
+
     endpoint = s3_endpoint(options) or "the AWS default endpoint"
     filesystem, path = arrow_filesystem(root, options)
     bucket = path.split("/", 1)[0]

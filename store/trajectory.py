@@ -28,14 +28,12 @@ from schemas.table_names import (
     ROLLOUTS_VIEW,
     TOOL_STEPS_VIEW,
 )
+from store.text import EXCERPT_CHARS, excerpt
 
 if TYPE_CHECKING:  # the step models import without DuckDB or deltalake (the CLI's --help stays light)
     import duckdb
 
     from store.lake import Lake
-
-EXCERPT_CHARS = 200
-"""Default length of text excerpts (prompt, response, tool arguments and results)."""
 
 
 class _Model(BaseModel):
@@ -289,15 +287,3 @@ def _last_message(messages_json: str | None) -> str | None:
     last = messages[-1]
     content = last.get("content") if isinstance(last, dict) else last
     return content if isinstance(content, str) else json.dumps(content)
-
-
-def excerpt(text: str | None, chars: int = EXCERPT_CHARS) -> str | None:
-    """``text`` cut to ``chars`` characters with an ellipsis, whitespace runs folded; None for 0.
-
-    >>> excerpt("a  long\\ntext", 6)
-    'a lon…'
-    """
-    if text is None or chars <= 0:
-        return None
-    folded = " ".join(text.split())
-    return folded if len(folded) <= chars else folded[: chars - 1] + "…"

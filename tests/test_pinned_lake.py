@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 
 from pipelines.datasets.registry import list_versions, read_dataset
 from pipelines.lineage.trace import lineage
-from schemas.tables import ADDED_COLUMNS, CATALOGUE, INGESTED_TABLES, TYPED_TABLES, catalogued, dataset_table
+from schemas.table_names import ADDED_COLUMNS
+from schemas.tables import CATALOGUE, INGESTED_TABLES, TYPED_TABLES, catalogued, dataset_table
 from store.commit import MarkedTable, resume_offsets
 from store.forget import forgotten_dataset_versions
 from store.identity import lake_id

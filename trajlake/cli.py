@@ -19,6 +19,7 @@ import typer
 import typer.core
 
 from schemas.errors import SettingsInvalid
+from trajlake.coercion import convert_plainly
 from trajlake.commands import COMMANDS
 from trajlake.options import EXIT_CODES
 from trajlake.signals import exit_cleanly_on_stop_signals, runs_until_stopped
@@ -67,6 +68,7 @@ class Shell(typer.core.TyperGroup):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
+        convert_plainly()
         for name, entry in COMMANDS.items():
             self.commands.setdefault(name, Summary(name, short_help=entry.summary))
 

@@ -21,6 +21,7 @@ from pydantic_settings import SettingsError as SettingsSourceError
 
 from schemas.errors import SettingsInvalid
 from schemas.options import CommonOptions
+from trajlake.plain_settings import SQL_MAX_ROWS, open_lake
 
 if TYPE_CHECKING:  # pyarrow and deltalake load when a command opens the lake, not at start-up
     from store.lake import Lake
@@ -76,10 +77,14 @@ class CommonSettings(ShellSettings, CommonOptions):
 
         ``CredentialsMissing`` (exit 2) for an S3 lake without keys (see ``store.storage``).
         """
-        from store.lake import Lake
-        from store.storage import storage_options
+        return open_lake(self.lake, self.object_store)
 
-        return Lake(self.lake, storage_options(self.lake, self.object_store))
+
+class SqlSettings(CommonSettings):
+    """Settings of ``trajlake sql`` (read without pydantic when plainly valid: ``trajlake.plain_settings``)."""
+
+    sql_max_rows: int = SQL_MAX_ROWS
+    """Rows the table format prints when --max-rows is not given (TRAJLAKE_SQL_MAX_ROWS)."""
 
 
 S = TypeVar("S", bound=BaseSettings)

@@ -1,8 +1,9 @@
 """CLI start-up (issue 16): ``trajlake --help`` and a one-row ``trajlake sql`` against ``import typer``.
 
 Every round runs each command once as a fresh process, interleaved so that load drift hits all of them:
-``python -c pass``, ``python -c "import typer"`` (the floor of any Typer CLI, the ratios' baseline), the
-import floors of the two commands (``FLOORS``: the third-party modules each cannot run without),
+``python -c pass``, ``python -c "import typer"`` (the floor of any Typer CLI, the ratios' baseline),
+``python -c "import duckdb"`` (the engine alone), the import floors of the two commands (``FLOORS``: the
+third-party modules each cannot run without),
 ``trajlake --help``, ``trajlake sql --help`` and ``trajlake sql --lake LAKE "SELECT 1"``; one warm-up round
 first (bytecode, page cache). Per command: median wall and CPU (user + sys) seconds and peak RSS over the
 rounds; the ratios divide each round's trajlake CPU time by that round's ``import typer`` (CPU, because on a
@@ -37,10 +38,10 @@ GOALS_S = {"help": 0.3, "sql_select_1": 0.5}
 """Wall-time goals of issue 16 (start-up included, quiet machine)."""
 FLOORS = {
     "help": "import typer",  # help is click's plain text (trajlake.cli.PLAIN_HELP): Typer and click alone
-    "sql_select_1": "import typer, typer._adapters, pydantic_settings, rich.table, pyarrow, duckdb",
+    "sql_select_1": "import typer, rich.table, duckdb",
 }
-"""What each command cannot do without: the third-party imports alone (typer._adapters: Typer converts
-option values with pydantic; the settings are pydantic-settings; results are Arrow, from DuckDB)."""
+"""What each command cannot do without: the third-party imports alone (a one-row answer is DuckDB's rows printed
+as a rich table; no pydantic: trajlake.coercion and trajlake.plain_settings, no Arrow: store.sql_rows)."""
 
 
 def commands(lake: Path) -> dict[str, list[str]]:
@@ -48,6 +49,7 @@ def commands(lake: Path) -> dict[str, list[str]]:
     return {
         "python": [sys.executable, "-c", "pass"],
         "import_typer": [sys.executable, "-c", "import typer"],
+        "import_duckdb": [sys.executable, "-c", "import duckdb"],
         **{f"floor_{key}": [sys.executable, "-c", imports] for key, imports in FLOORS.items()},
         "help": [trajlake, "--help"],
         "sql_help": [trajlake, "sql", "--help"],
@@ -129,7 +131,8 @@ def main() -> int:
                 f"{median['floor_' + key]['wall_s']:.2f} s wall / {median['floor_' + key]['cpu_s']:.2f} s CPU)"
                 for key, label in (("help", "--help"), ("sql_select_1", "sql \"SELECT 1\""))]
     summary = (f"{'; '.join(verdicts)}; import typer {median['import_typer']['wall_s']:.2f} s wall / "
-               f"{median['import_typer']['cpu_s']:.2f} s CPU, python {median['python']['cpu_s']:.2f} s CPU; "
+               f"{median['import_typer']['cpu_s']:.2f} s CPU, import duckdb {median['import_duckdb']['wall_s']:.2f} s "
+               f"wall / {median['import_duckdb']['cpu_s']:.2f} s CPU, python {median['python']['cpu_s']:.2f} s CPU; "
                f"median of {args.rounds}, load {min(loads)}-{max(loads)}")
     result = recorder.write(
         ratios=ratios, summary=summary, peak_rss_mb={"trajlake --help": median["help"]["rss_mb"],

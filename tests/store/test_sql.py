@@ -362,3 +362,16 @@ def test_json_export_writes_one_object_per_line(calls, tmp_path):
 def test_export_refuses_unknown_formats(calls, tmp_path):
     with pytest.raises(ValueError, match="unknown format 'xml'"):
         export(calls, tmp_path / "out.xml", format="xml")
+
+
+def test_the_catalogue_lists_the_joined_views_of_views_sql_in_order():
+    """``JOINED_VIEWS`` is read from views.sql (no Arrow schemas at import); the catalogue names the same views."""
+    from schemas.tables import VIEWS
+
+    assert JOINED_VIEWS == tuple(VIEWS)
+
+
+def test_the_light_list_of_ingested_tables_is_the_catalogues():
+    from schemas.table_names import INGESTED_TABLE_NAMES
+
+    assert sorted(INGESTED_TABLE_NAMES) == sorted(INGESTED_TABLES)

@@ -87,6 +87,36 @@ def test_the_root_help_imports_no_command_no_pydantic_and_no_rich():
 
 
 def test_the_probe_sees_what_a_command_loads(tmp_path):
-    found = heavy_loaded_by([["--help"], ["sql", "--lake", str(tmp_path), "SELECT 1"]])
+    found = heavy_loaded_by([["--help"], ["sql", "--lake", str(tmp_path), "SELECT 1"],
+                             ["sql", "--lake", str(tmp_path), "SELECT now() AS t"]])
     assert found["--help"] == []
-    assert {"duckdb", "pyarrow"} <= set(found[f"sql --lake {tmp_path} SELECT 1"])
+    assert found[f"sql --lake {tmp_path} SELECT 1"] == ["duckdb"]
+    assert "pyarrow" in found[f"sql --lake {tmp_path} SELECT now() AS t"]  # a time zone: Arrow (store.sql_rows)
+
+
+SQL_SELECT_1 = """
+import json, sys
+sys.argv = ["trajlake", "sql", "--lake", sys.argv[1], "--max-rows", "5", "SELECT 1 AS one"]
+from trajlake.cli import main
+try:
+    main()
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_a_one_row_sql_answer_loads_no_arrow_no_pydantic_and_no_lake_library(tmp_path):
+    """``trajlake sql "SELECT 1"`` (issue 16: < 0.5 s, start-up included) loads DuckDB and rich's table only: no
+    pyarrow or numpy (``store.sql_rows``), no pydantic or pydantic-settings (``trajlake.plain_settings``, and
+    ``trajlake.coercion`` instead of Typer's pydantic adapters), no deltalake, no catalogue of Arrow schemas."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")}
+    done = subprocess.run([sys.executable, "-c", SQL_SELECT_1, str(tmp_path)], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "one" in done.stdout and "1 row" in done.stdout
+    modules = set(json.loads(done.stdout.splitlines()[-1]))
+    top = {m.partition(".")[0] for m in modules}
+    assert "duckdb" in top
+    assert top & {"pyarrow", "numpy", "pydantic", "pydantic_settings", "pydantic_core", "deltalake", "polars"} == set()
+    assert {"schemas.tables", "trajlake.settings", "typer._adapters", "store.trajectory"} & modules == set()

@@ -248,3 +248,12 @@ def test_rollout_show_unknown_and_ambiguous_ids_fail_cleanly(run, sample_lake):
     write_events(sample_lake, sample_rollout("r1", tenant="other")[:1])
     failed(run("rollout", "show", "r1"), "tenants default, other", "--tenant")
     assert "rollout.finished" in ok(run("rollout", "show", "r1", "--tenant", "default"))
+
+
+def test_sql_answers_on_an_s3_lake(app, s3_lake):
+    """The one-row path (no Arrow on a local lake) reads an object-store lake too: its tables and a bare SELECT."""
+    write_events(s3_lake, sample_rollout("r1"))
+    runner = CliRunner(env={"TRAJLAKE_LAKE": s3_lake.root, "COLUMNS": "200", "TRAJLAKE_SQL_MAX_ROWS": None})
+    assert "1 row" in ok(runner.invoke(app, ["sql", "SELECT 41 + 1 AS answer"]))
+    out = ok(runner.invoke(app, ["sql", "SELECT rollout_id, n_llm_calls FROM rollouts"]))
+    assert "r1" in out and "1 row" in out

@@ -50,6 +50,7 @@ def show(console: Console, result: Any) -> None:
     from trajlake.commands.datasets import render_manifest
     from trajlake.commands.lineage import render as render_lineage
     from trajlake.commands.scheduler import render_runs
+    from store.sql_rows import rows_from_arrow
     from trajlake.commands.sql import print_table
     from trajlake.commands.train import checkpoint_summary
     from trajlake.commands.workbench import render_comparison
@@ -69,7 +70,7 @@ def show(console: Console, result: Any) -> None:
     elif isinstance(result, dict) and result and all(isinstance(v, pa.Table) for v in result.values()):
         for question, answer in result.items():
             console.print(f"[bold]{question}[/]")
-            print_table(answer)
+            print_table(rows_from_arrow(answer))
     else:
         table = Table(show_header=False, box=None)
         for key, value in dict(result).items():

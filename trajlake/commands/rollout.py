@@ -22,8 +22,8 @@ from store.trajectory import (
     Trajectory,
     load_trajectory,
 )
-from trajlake.commands.sql import LAKE_OPTION, SqlSettings, cell, utc_text
-from trajlake.settings import load
+from trajlake.commands.sql import LAKE_OPTION, cell, utc_text
+from trajlake.settings import SqlSettings, load
 
 STATUS_STYLE = {"succeeded": "green", "failed": "red", "truncated": "yellow", "cancelled": "yellow", "running": "cyan"}
 

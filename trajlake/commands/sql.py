@@ -13,28 +13,29 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich import box
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from schemas.errors import InputError
-from store.trajectory import excerpt
+from store.text import excerpt
 from trajlake.options import LAKE_OPTION
-from trajlake.settings import CommonSettings, load
+from trajlake.plain_settings import PlainSqlSettings, plain_sql_settings
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # a one-row answer loads neither Arrow nor pydantic (issue 16: < 0.5 s, start-up included)
     import pyarrow as pa
+
+    from store.sql_rows import Rows
+    from trajlake.settings import SqlSettings
 
 CELL_CHARS = 60
 """Longest cell text in the table format; longer values end in an ellipsis."""
 
 
-class SqlSettings(CommonSettings):
-    """Settings of ``trajlake sql``."""
+def sql_settings(lake: str | None) -> PlainSqlSettings | SqlSettings:
+    """``SqlSettings`` (flags on top of TRAJLAKE_*), read without pydantic when the environment allows."""
+    if (plain := plain_sql_settings(lake=lake)) is not None:
+        return plain
+    from trajlake.settings import SqlSettings, load
 
-    sql_max_rows: int = 100
-    """Rows the table format prints when --max-rows is not given (TRAJLAKE_SQL_MAX_ROWS)."""
+    return load(SqlSettings, lake=lake)
 
 
 class OutputFormat(str, Enum):
@@ -52,9 +53,10 @@ def sql(
     max_rows: int | None = typer.Option(None, "--max-rows", "-n", min=0, help="Stop after N rows (default: TRAJLAKE_SQL_MAX_ROWS=100 for table, all for files)."),
 ) -> None:
     """Run SQL over every lake table (views: trajlake tables) and print or export the result."""
-    from store.sql import run_query
+    from store.sql import query_lake, run_query
+    from store.sql_rows import rows_at_most
 
-    settings = load(SqlSettings, lake=lake)
+    settings = sql_settings(lake)
     if query == "-":
         query = sys.stdin.read()
     if format is OutputFormat.table and output is not None:
@@ -62,20 +64,25 @@ def sql(
     if format is OutputFormat.parquet and output is None:
         raise InputError("--format parquet needs --output FILE")
     limit = settings.sql_max_rows if format is OutputFormat.table and max_rows is None else max_rows
-    result = run_query(settings.open_lake(), query, max_rows=None if limit is None else limit + 1)
-    more = limit is not None and result.num_rows > limit
-    if more:
-        result = result.slice(0, limit)
-    if format is OutputFormat.table:
-        print_table(result, more=more)
+    fetch = None if limit is None else limit + 1
+    if format is OutputFormat.table:  # Python rows: Arrow only for the types that need it (store.sql_rows)
+        rows = query_lake(settings.open_lake(), query, lambda executed: rows_at_most(executed, fetch))
+        more = limit is not None and len(rows.values) > limit
+        print_table(rows.head(limit) if more else rows, more=more)
     else:
-        write_result(result, format.value, output)
+        result = run_query(settings.open_lake(), query, max_rows=fetch)
+        more = limit is not None and result.num_rows > limit
+        write_result(result.slice(0, limit) if more else result, format.value, output)
     if more:
+        from rich.console import Console
+
         Console(stderr=True).print(f"[yellow]stopped after {limit} rows[/]: raise --max-rows to see more")
 
 
 def write_result(result: pa.Table, fmt: str, output: Path | None) -> None:
     """Export to ``output``, or through a temporary file to stdout."""
+    from rich.console import Console
+
     from store.sql import export
 
     if output is not None:
@@ -94,32 +101,34 @@ def write_result(result: pa.Table, fmt: str, output: Path | None) -> None:
         sys.stdout.flush()
 
 
-def print_table(result: pa.Table, *, more: bool = False) -> None:
+def print_table(result: Rows, *, more: bool = False) -> None:
     """A rich table; one block per record when the columns would not fit the terminal."""
-    import pyarrow as pa
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
 
     console = Console()
-    if result.column_names == ["explain_key", "explain_value"]:  # EXPLAIN: the plan text, uncut
-        for plan in result.column("explain_value").to_pylist():
+    if result.columns == ["explain_key", "explain_value"]:  # EXPLAIN: the plan text, uncut
+        for _, plan in result.values:
             console.print(Text(plan))
         return
-    rows = [[cell(v) for v in row.values()] for row in result.to_pylist()]
-    if _table_width(result.column_names, rows) > console.width:
-        width = max(len(name) for name in result.column_names)
+    rows = [[cell(v) for v in row] for row in result.values]
+    if _table_width(result.columns, rows) > console.width:
+        width = max(len(name) for name in result.columns)
         for i, row in enumerate(rows, 1):
             console.rule(f"row {i}", align="left", style="dim")
-            for name, text in zip(result.column_names, row):
+            for name, text in zip(result.columns, row):
                 console.print(Text.assemble((name.ljust(width), "bold"), "  ", text))
     else:
         table = Table(box=box.SIMPLE_HEAVY, show_edge=False)
-        for field in result.schema:
-            numeric = pa.types.is_integer(field.type) or pa.types.is_floating(field.type)
-            table.add_column(field.name, justify="right" if numeric else "left", overflow="fold")
+        for name, numeric in zip(result.columns, result.numeric):
+            table.add_column(name, justify="right" if numeric else "left", overflow="fold")
         for row in rows:
             table.add_row(*(Text(text) for text in row))
         console.print(table)
-    plural = "" if result.num_rows == 1 else "s"
-    console.print(f"[dim]{result.num_rows}{'+' if more else ''} row{plural}[/]")
+    plural = "" if len(result.values) == 1 else "s"
+    console.print(f"[dim]{len(result.values)}{'+' if more else ''} row{plural}[/]")
 
 
 def _table_width(names: list[str], rows: list[list[str]]) -> int:
@@ -164,9 +173,14 @@ def tables(
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines, one object per view."),
 ) -> None:
     """List the views `trajlake sql` can query, with row counts and Delta versions."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
     from store.sql import describe_views
 
-    settings = load(SqlSettings, lake=lake)
+    settings = sql_settings(lake)
     views = describe_views(settings.open_lake())
     if as_json:
         for v in views:
