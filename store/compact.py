@@ -14,6 +14,14 @@ commit has removed, so a file an ingester has written but not yet committed
 survives. Keep ``vacuum_retention`` longer than your longest query or
 training read (the Delta default, 7 days) so readers of an older snapshot do
 not lose files.
+
+The rewritten files take the ingester's Parquet settings
+(``store.commit.WRITER_PROPERTIES``: zstd(1), no dictionary pages, no
+statistics on free text). delta-rs's default (dictionary pages) made a
+200-rollout workload lake (events, llm_requests, llm_responses: 8.1M ids)
+*grow* from 18.7 to 27.0 MB when compacted, with 2.1 CPU s; with these
+settings 18.8 MB and 0.8 CPU s, and DuckDB's sum of every prompt id 0.24 s vs
+0.27 s: dictionary indices hide from zstd the repeats it finds in raw ids.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from datetime import timedelta
 
 from deltalake.exceptions import CommitFailedError
 
+from store.commit import WRITER_PROPERTIES
 from store.lake import Lake, list_tables
 
 log = logging.getLogger(__name__)
@@ -92,7 +101,8 @@ def _optimize(lake: Lake, name: str) -> tuple[dict, tuple[str, ...]]:
         columns = {f.name for f in table.schema().fields}
         z_order = tuple(c for c in Z_ORDER_COLUMNS if c in columns)
         try:
-            metrics = table.optimize.z_order(list(z_order)) if z_order else table.optimize.compact()
+            metrics = (table.optimize.z_order(list(z_order), writer_properties=WRITER_PROPERTIES) if z_order
+                       else table.optimize.compact(writer_properties=WRITER_PROPERTIES))
             return metrics, z_order
         except CommitFailedError as exc:
             if attempt == OPTIMIZE_RETRIES:
