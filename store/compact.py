@@ -14,6 +14,19 @@ commit has removed, so a file an ingester has written but not yet committed
 survives. Keep ``vacuum_retention`` longer than your longest query or
 training read (the Delta default, 7 days) so readers of an older snapshot do
 not lose files.
+
+The rewritten files take the ingester's Parquet settings (zstd(1), no
+statistics on free text, ``store.commit.writer_properties``) with dictionary
+pages for scalar columns only (``COMPACT_WRITER_PROPERTIES``). delta-rs's
+default (dictionary pages everywhere) made a 200-rollout workload lake
+(events, llm_requests, llm_responses: 8.1M ids) *grow* from 18.7 to 27.0 MB
+when compacted, with 2.1 CPU s; with these settings 18.9 MB, 1.4 CPU s:
+dictionary indices hide from zstd the repeats it finds in raw token ids. On the SQL
+benchmark's generator (4,800 rollouts, 103k calls, 122.6 MB ingested) the
+compacted lake is 57.4 MB with these settings, 71.7 MB with delta-rs's
+default and 55.3 MB without any dictionary; without them the scalar
+questions through the views took a median 1.2x longer (1.02-1.71x, load ~20),
+with them 0.90-1.20x delta-rs's default.
 """
 
 from __future__ import annotations
@@ -25,6 +38,10 @@ from datetime import timedelta
 
 from deltalake.exceptions import CommitFailedError
 
+import pyarrow as pa
+
+from schemas.tables import CATALOGUE
+from store.commit import FREE_TEXT_COLUMNS, writer_properties
 from store.lake import Lake, list_tables
 
 log = logging.getLogger(__name__)
@@ -32,6 +49,10 @@ log = logging.getLogger(__name__)
 Z_ORDER_COLUMNS = ("task_id", "rollout_id")
 DEFAULT_VACUUM_RETENTION = timedelta(days=7)
 OPTIMIZE_RETRIES = 5
+DICTIONARY_COLUMNS = frozenset(
+    f.name for table in CATALOGUE.values() for f in table.schema if not pa.types.is_nested(f.type)) - FREE_TEXT_COLUMNS
+"""Scalar columns of the catalogue: dictionary pages in compacted files (see the module doc)."""
+COMPACT_WRITER_PROPERTIES = writer_properties(dictionary_columns=DICTIONARY_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -92,7 +113,8 @@ def _optimize(lake: Lake, name: str) -> tuple[dict, tuple[str, ...]]:
         columns = {f.name for f in table.schema().fields}
         z_order = tuple(c for c in Z_ORDER_COLUMNS if c in columns)
         try:
-            metrics = table.optimize.z_order(list(z_order)) if z_order else table.optimize.compact()
+            metrics = (table.optimize.z_order(list(z_order), writer_properties=COMPACT_WRITER_PROPERTIES) if z_order
+                       else table.optimize.compact(writer_properties=COMPACT_WRITER_PROPERTIES))
             return metrics, z_order
         except CommitFailedError as exc:
             if attempt == OPTIMIZE_RETRIES:

@@ -10,9 +10,10 @@ rollouts (the official ``openai`` client, a calculator agent) through each;
 every recorded call merged per rollout (``pipelines.datasets.merging``, full
 prompts resolved from references by ``store.prompts``). Bytes per rollout:
 Kafka = the events' key + value bytes as the gateway produced them; lake =
-the Parquet data (column chunks) of every ingested table, written from those events with
-the ingester's rows and Parquet settings (``store.event_rows``,
-``store.commit.WRITER_PROPERTIES``), one commit per turn (``lake_bytes``). Also: latency
+every ingested table written from those events with the ingester's rows and
+Parquet settings (``store.event_rows``, ``store.commit.WRITER_PROPERTIES``),
+one commit per turn: Parquet data (column chunks), footers and ``_delta_log``,
+as ingested and after ``trajlake compact`` (``lake_bytes``). Also: latency
 per call (client-observed, sequential) through each gateway; the time the
 session planner takes per call (the hot-path work sessions add); session
 memory per 10k live rollouts at the measured prompt sizes (tracemalloc).
@@ -31,6 +32,7 @@ from collections import Counter
 import tempfile
 import time
 import tracemalloc
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +57,9 @@ from pipelines.datasets.merging import Call, merge_calls  # noqa: E402
 from schemas.events import EVENT_ADAPTER  # noqa: E402
 from schemas.tables import INGESTED_TABLES  # noqa: E402
 from store.commit import WRITER_PROPERTIES  # noqa: E402
+from store.compact import compact  # noqa: E402
 from store.event_rows import KafkaCoordinates, events_table, typed_tables  # noqa: E402
+from store.lake import Lake  # noqa: E402
 from store.prompts import StoredCall, full_prompts  # noqa: E402
 from trajlake.background import serve_in_thread  # noqa: E402
 from trajlake.commands.gateway import GatewaySettings  # noqa: E402
@@ -132,15 +136,19 @@ def kafka_bytes(sink: ListSink) -> dict:
             "parts": parts}
 
 
-def lake_bytes(sink: ListSink, root: Path) -> dict:
-    """Parquet data bytes (column chunks, compressed; file footers left out: they depend on how many
-    rollouts share a commit, not on prompts) of the ingested tables, written from the sink's events as the
-    ingester writes them; also by ``table.column``.
+def lake_bytes(sink: ListSink, root: Path, *, rollouts: int) -> dict:
+    """The ingested tables' bytes per rollout, written from the sink's events as the ingester writes them,
+    as the ingester leaves the lake and again after ``trajlake compact`` (``store.compact``, vacuumed at
+    once: what the nightly compact leaves): Parquet data (column chunks, compressed), Parquet footers
+    (each file's bytes outside its column chunks: schema, statistics, page index) and ``_delta_log``
+    bytes, per table and by ``table.column``.
 
     One commit per turn, holding that turn's calls of every rollout: the ingester commits what arrived
     in the last moments, and a rollout's turns arrive seconds apart, so its calls land in different
-    files. (One commit of everything would let zstd find each prompt's history in the row before it:
-    a best case no deployment sees.)
+    files, where zstd cannot see the history a full prompt repeats. Compaction z-orders by task and
+    rollout: a rollout's calls then share pages, and zstd finds that history itself. Footers and log
+    entries are per file and per commit: per rollout they shrink as more rollouts share a commit
+    (``lake_commits``, ``lake_files`` give the counts to scale them).
     """
     events = [EVENT_ADAPTER.validate_json(v) for _, v in sink.records]
     turns: dict[int, list] = {}
@@ -154,14 +162,40 @@ def lake_bytes(sink: ListSink, root: Path) -> dict:
         for name, table in {"events": rows, **typed_tables(rows)}.items():
             write_deltalake(str(root / name), table.cast(INGESTED_TABLES[name]), mode="append",
                             writer_properties=WRITER_PROPERTIES)
+    ingested = lake_figures(root, rollouts, prefix="lake_")
+    compact(Lake(str(root)), vacuum_retention=timedelta(0))
+    return {**ingested, **lake_figures(root, rollouts, prefix="lake_compacted_"), "lake_commits": len(turns)}
+
+
+def lake_figures(root: Path, rollouts: int, *, prefix: str) -> dict:
+    """Bytes per rollout of the lake under ``root`` as it is now (every Parquet file there is live)."""
     parts: Counter[str] = Counter()
-    for f in root.rglob("*.parquet"):
-        meta = pq.ParquetFile(f).metadata
-        for chunk in (meta.row_group(g).column(c) for g in range(meta.num_row_groups) for c in range(meta.num_columns)):
-            parts[f"{f.parent.name}.{chunk.path_in_schema.split('.')[0]}"] += chunk.total_compressed_size
-    return {"total": sum(parts.values()), "llm_requests_prompt_ids": parts["llm_requests.prompt_token_ids"],
-            "messages": parts["llm_requests.messages"] + parts["llm_requests.tools"],
-            "parts": parts}
+    files = 0
+    for table in sorted(p for p in root.iterdir() if p.is_dir()):
+        for f in table.glob("*.parquet"):
+            meta = pq.ParquetFile(f).metadata
+            chunks = [meta.row_group(g).column(c) for g in range(meta.num_row_groups) for c in range(meta.num_columns)]
+            for chunk in chunks:
+                parts[f"{table.name}.{chunk.path_in_schema.split('.')[0]}"] += chunk.total_compressed_size
+            parts[f"{table.name}.(footers)"] += f.stat().st_size - sum(c.total_compressed_size for c in chunks)
+            files += 1
+        parts[f"{table.name}.(_delta_log)"] = sum(f.stat().st_size for f in (table / "_delta_log").rglob("*") if f.is_file())
+
+    def per_rollout(select) -> int:
+        return round(sum(size for name, size in parts.items() if select(name)) / rollouts)
+
+    tables = sorted({name.split(".")[0] for name in parts})
+    return {
+        f"{prefix}all_bytes_per_rollout": per_rollout(lambda n: True),
+        f"{prefix}bytes_per_rollout": per_rollout(lambda n: "(" not in n),
+        f"{prefix}footer_bytes_per_rollout": per_rollout(lambda n: n.endswith("(footers)")),
+        f"{prefix}log_bytes_per_rollout": per_rollout(lambda n: n.endswith("(_delta_log)")),
+        f"{prefix}prompt_id_bytes_per_rollout": per_rollout(lambda n: n == "llm_requests.prompt_token_ids"),
+        f"{prefix}message_bytes_per_rollout": per_rollout(lambda n: n in ("llm_requests.messages", "llm_requests.tools")),
+        f"{prefix}files": files,
+        f"{prefix}tables_per_rollout": {t: per_rollout(lambda n, t=t: n.startswith(f"{t}.")) for t in tables},
+        f"{prefix}largest_parts_per_rollout": largest(parts, rollouts, 10),
+    }
 
 
 def largest(parts: Counter[str], rollouts: int, n: int = 6) -> dict[str, int]:
@@ -190,15 +224,12 @@ def run_arm(engine_url: str, model_dir: Path, workdir: Path, *, sessions: bool, 
            "samples_per_rollout": round(sum(counts) / len(counts), 3),
            "single_sample_share": round(sum(c == 1 for c in counts) / len(counts), 3),
            "latency_p50_ms": round(statistics.median(latencies) * 1e3, 2)}
-    kafka, lake = kafka_bytes(sink), lake_bytes(sink, workdir / "lake")
+    kafka = kafka_bytes(sink)
     out["kafka_bytes_per_rollout"] = round(kafka["total"] / len(counts))
     out["kafka_token_id_bytes_per_rollout"] = round(kafka["token_ids"] / len(counts))
     out["kafka_message_bytes_per_rollout"] = round(kafka["messages"] / len(counts))
-    out["lake_bytes_per_rollout"] = round(lake["total"] / len(counts))
-    out["lake_prompt_id_bytes_per_rollout"] = round(lake["llm_requests_prompt_ids"] / len(counts))
-    out["lake_message_bytes_per_rollout"] = round(lake["messages"] / len(counts))
     out["kafka_largest_parts_per_rollout"] = largest(kafka["parts"], len(counts))
-    out["lake_largest_parts_per_rollout"] = largest(lake["parts"], len(counts))
+    out.update(lake_bytes(sink, workdir / "lake", rollouts=len(counts)))
     return out
 
 
@@ -286,8 +317,14 @@ def write(recorder: Recorder, results: dict) -> None:
               [round(off["samples_per_rollout"] / on["samples_per_rollout"], 2)]),
         Ratio("kafka_bytes", "Kafka bytes per rollout, full events / references", [fewer("kafka_bytes_per_rollout")],
               goal=10.0),
-        Ratio("lake_bytes", "lake bytes per rollout, full events / references", [fewer("lake_bytes_per_rollout")],
-              goal=10.0),
+        Ratio("lake_bytes", "lake data bytes (column chunks) per rollout as ingested, full events / references",
+              [fewer("lake_bytes_per_rollout")], goal=10.0),
+        Ratio("lake_file_bytes", "lake bytes per rollout as ingested (data + Parquet footers + _delta_log), "
+              "full events / references", [fewer("lake_all_bytes_per_rollout")]),
+        Ratio("lake_compacted_bytes", "lake bytes per rollout after compact (data + Parquet footers + _delta_log), "
+              "full events / references", [fewer("lake_compacted_all_bytes_per_rollout")], goal=10.0),
+        Ratio("lake_compacted_data_bytes", "lake data bytes (column chunks) per rollout after compact, "
+              "full events / references", [fewer("lake_compacted_bytes_per_rollout")]),
         Ratio("kafka_token_id_bytes", "Kafka token-id bytes per rollout, full prompts / prefix references",
               [fewer("kafka_token_id_bytes_per_rollout")], goal=10.0),
         Ratio("lake_prompt_id_bytes", "lake prompt-id bytes (llm_requests) per rollout, full prompts / references",
@@ -298,13 +335,21 @@ def write(recorder: Recorder, results: dict) -> None:
               [fewer("lake_message_bytes_per_rollout")]),
     ]
     left = ", ".join(f"{name} {size / 1e3:.1f}" for name, size in list(on["kafka_largest_parts_per_rollout"].items())[:4])
+    left_lake = ", ".join(f"{name} {size / 1e3:.1f}" for name, size in list(
+        (n, b) for n, b in on["lake_compacted_largest_parts_per_rollout"].items() if "(" not in n)[:3])
     summary = (f"with sessions {on['samples_per_rollout']:.2f} samples per rollout "
                f"({on['single_sample_share']:.0%} single-sample; without {off['samples_per_rollout']:.2f}); "
                f"per rollout with references vs full events: Kafka {kb(on, full, 'kafka_bytes_per_rollout')} "
                f"(token ids {kb(on, full, 'kafka_token_id_bytes_per_rollout')}, messages + tools "
                f"{kb(on, full, 'kafka_message_bytes_per_rollout')}), lake {kb(on, full, 'lake_bytes_per_rollout')} "
                f"(prompt ids {kb(on, full, 'lake_prompt_id_bytes_per_rollout')}, messages + tools "
-               f"{kb(on, full, 'lake_message_bytes_per_rollout')}); what is left on Kafka is mostly per call "
+               f"{kb(on, full, 'lake_message_bytes_per_rollout')}; Parquet footers "
+               f"{kb(on, full, 'lake_footer_bytes_per_rollout')}, _delta_log {kb(on, full, 'lake_log_bytes_per_rollout')}: "
+               f"per file and per commit, here {on['lake_files']} files in {on['lake_commits']} commits of "
+               f"{on['rollouts']} rollouts), after compact {kb(on, full, 'lake_compacted_bytes_per_rollout')} "
+               f"(footers {kb(on, full, 'lake_compacted_footer_bytes_per_rollout')}, _delta_log "
+               f"{kb(on, full, 'lake_compacted_log_bytes_per_rollout')}; largest data with references: {left_lake}); "
+               f"what is left on Kafka is mostly per call "
                f"(KB per rollout: {left}); planning p50 {planner['plan_p50_ms']:.1f} ms, "
                f"{planner['plan_at_last_turn_ms']:.1f} ms at turn {results['turns']} "
                f"({planner['prompt_tokens_at_last_turn']:,}-token prompt); client p50 per call {on['latency_p50_ms']:.0f} ms "

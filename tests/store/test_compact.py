@@ -7,6 +7,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import write_deltalake
 
@@ -78,6 +79,19 @@ def test_compaction_during_ingestion_loses_nothing_and_keeps_markers(lake: Lake)
     operations = [h["operation"] for h in reversed(lake.table("events").history())]
     first_optimize = operations.index("OPTIMIZE")
     assert "WRITE" in operations[first_optimize:]  # the two really overlapped
+
+
+def test_compacted_files_keep_token_ids_plain_and_scalars_in_dictionaries(lake: Lake) -> None:
+    """Not delta-rs's default (dictionary pages everywhere, which made token columns larger)."""
+    append_batches(lake, "events", 0, 3)
+    compact(lake, tables=["events"], vacuum_retention=timedelta(0))
+    [file] = parquet_files(lake, "events")
+    meta = pq.ParquetFile(file).metadata
+    chunks = {meta.row_group(0).column(c).path_in_schema: meta.row_group(0).column(c) for c in range(meta.num_columns)}
+    token_ids, rollout_id = chunks["token_ids.list.element"], chunks["rollout_id"]
+    assert token_ids.compression == rollout_id.compression == "ZSTD"
+    assert not token_ids.has_dictionary_page and "RLE_DICTIONARY" not in token_ids.encodings
+    assert rollout_id.has_dictionary_page
 
 
 def test_default_retention_keeps_removed_files_for_older_readers(lake: Lake) -> None:
