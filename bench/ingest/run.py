@@ -136,7 +136,8 @@ class RssSampler:
             self.python_blocks.append(sys.getallocatedblocks())
             self.threads.append(threading_native_count())
             if self.by_region:
-                self.regions.append(resident_by_region_mb())
+                self.regions.append(resident_by_region_mb() | {"python_arenas": python_arenas_mb(),
+                                                               "glibc_mmapped": glibc_mmapped_mb()})
             if self._stop.wait(self.every_s):
                 return
 
@@ -213,6 +214,32 @@ class _Mallinfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
                 ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
                  "keepcost")]
+
+
+def glibc_mmapped_mb() -> float:
+    """MB in glibc's blocks served by their own mmap (large ones: part of ``other_anon``)."""
+    info = ctypes.CDLL(None).mallinfo2
+    info.restype = _Mallinfo2
+    return round(info().hblkhd / 2**20, 1)
+
+
+def python_arenas_mb() -> float:
+    """MB in Python's small-object arenas (1 MiB mmaps, part of ``other_anon``): ``sys._debugmallocstats``, which
+    writes to the C-level stderr, read back through a temporary file."""
+    with tempfile.TemporaryFile() as out:
+        saved = os.dup(2)
+        os.dup2(out.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    for line in text.splitlines():
+        if line.startswith("# arenas allocated current"):
+            return float(line.split("=")[1].strip().replace(",", ""))  # 1 MiB each
+    return float("nan")
 
 
 def glibc_malloc_mb() -> tuple[float, float]:

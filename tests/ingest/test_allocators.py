@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+from ingest import allocators
+
 PROBE = """
 import json, os, sys
 {before}
@@ -26,7 +28,7 @@ def probe(before: str = "", **env: str) -> dict:
 
 def test_applied_before_the_libraries_load():
     got = probe()
-    assert got == {"late": [], "pool": "system", "jemalloc": "tcache:false,dirty_decay_ms:0,muzzy_decay_ms:0"}
+    assert got == {"late": [], "pool": "system", "jemalloc": allocators.ENVIRONMENT["_RJEM_MALLOC_CONF"]}
 
 
 def test_too_late_once_arrow_is_loaded_and_left_unset():
@@ -37,3 +39,14 @@ def test_too_late_once_arrow_is_loaded_and_left_unset():
 
 def test_an_operators_setting_wins():
     assert probe(ARROW_DEFAULT_MEMORY_POOL="mimalloc")["pool"] == "mimalloc"
+
+
+def test_free_memory_trim_runs_at_most_every_interval():
+    calls = []
+    due, not_yet = allocators.FreeMemoryTrim(every_s=0.0), allocators.FreeMemoryTrim(every_s=3600.0)
+    for trim in (due, not_yet):
+        if trim._trim is None:  # not glibc: nothing to trim
+            return
+        trim._trim = lambda pad, trim=trim: calls.append((trim, pad))
+    due(), due(), not_yet()
+    assert calls == [(due, 0), (due, 0)]
