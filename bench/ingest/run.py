@@ -31,12 +31,15 @@ over rounds), its peak RSS while it ran (sampled) and the process's peak.
     .venv/bin/python bench/ingest/run.py --tasks 40 --rounds 5 --workloads full_prompt
 
 ``--soak-minutes N`` instead runs the ingester alone for N minutes against a
-producer process sending fresh workload events at ``--soak-rate`` events/s and
-reports its RSS every 10 s (with Arrow's pool, glibc malloc's bytes in use and
-kept free, Python's allocated blocks and the thread count: delta-rs's tokio pool
-grows with the file operations in flight), RSS at each minute and the slopes
-(MB per minute, least squares, after the first minute and over the second half)
-in ``bench/ingest/soak.json``.
+producer process sending fresh workload events at ``--soak-rate`` events/s, with
+the allocator settings ``trajlake ingest`` applies (``ingest.allocators``; the
+process restarts itself with them; ``--soak-allocators default`` for the
+libraries' own), and reports its RSS every 10 s (with Arrow's pool, glibc
+malloc's bytes in use and kept free, Python's allocated blocks, the thread count:
+delta-rs's tokio pool grows with the file operations in flight, and resident MB
+by kind of mapping), RSS at each minute and the slopes (MB per minute, least
+squares, after the first minute, after minute 2 and over the second half) in
+``bench/ingest/soak.json``.
 
 Writes bench/ingest/results.json (format: ``bench.results``).
 """
