@@ -5,7 +5,7 @@ below); only what is between them is rewritten. One row per benchmark, from
 its results.json (``bench.results`` format): each ratio's median over the
 run's rounds with their range, its goal and verdict, the benchmark's summary
 and peak RSS, and when it was measured with the machine's load average beside
-it. A benchmark whose results.json predates that format keeps the row the
+it; other files in the format in the same folder (a soak's) get a row each. A benchmark whose results.json predates that format keeps the row the
 table already has for it (a note says so).
 
     .venv/bin/python -m bench.report            # rewrite the table in README.md
@@ -62,6 +62,12 @@ def existing_rows(block: str) -> dict[str, str]:
     return {m.group(1): line for line in block.splitlines() if (m := re.match(r"\|\s*`([\w-]+)`\s*\|", line))}
 
 
+def side_results(name: str) -> list[dict[str, Any]]:
+    """A benchmark's other files in the format beside its results.json (``bench/ingest/soak.json``), one row each."""
+    main = results_path(name)
+    return [r for path in sorted(main.parent.glob("*.json")) if path != main and (r := load(path)) is not None]
+
+
 def table(current: str) -> tuple[str, list[str]]:
     """The new table text and notes about benchmarks left as they were."""
     kept = existing_rows(current)
@@ -70,6 +76,7 @@ def table(current: str) -> tuple[str, list[str]]:
         result = load(results_path(name))
         if result is not None:
             rows.append(row(result))
+            rows += [row(side) for side in side_results(name)]
         elif name in kept:
             rows.append(kept[name])
             notes.append(f"{name}: results.json is not in the bench.results format yet; its row is kept as it was")

@@ -9,19 +9,27 @@ offset) decides exactly as the first pass did. Ids are scoped to their tenant:
 one tenant sending another's event ids first cannot make the other's events
 vanish.
 
-Memory bound: at most ``max_ids`` ids (default 1,000,000, about 380 MB of
-Python objects with 36-character ids: ~380 B per id, measured), oldest evicted first. At assignment the ids
+Memory bound: at most ``max_ids`` ids (default 1,000,000), oldest evicted first. At assignment the ids
 of the newest ``max_ids`` events of the assigned partitions (by ingestion time,
 then offset) are loaded from the ``events`` table. A retry that arrives more
 than ``max_ids`` events after its original (on the assigned partitions), or on
 another partition owned by another ingester, is not caught.
+
+Layout: 28 B per id (a 16-byte digest of the key, partition, offset) in a ring of ``max_ids`` entries
+in arrival order, and a 4-byte slot table at most half full that finds them (open addressing, linear
+probing), so the oldest id is evicted in place: ~38 B per id measured, ~36 MB at 1,000,000 ids, mapped
+as ids arrive (the ordered dict of tuples and id strings it replaced: ~380 B per id). The digest is two
+64-bit SipHash values of the key (Python's string hash, keyed per process by its random hash seed), so no
+chosen event ids can crowd one slot; exact up to a 128-bit collision: with 10^6 ids remembered, 10^12
+lookups meet one with probability ~10^-21. CPU: ~3 us per new id on this 2-core machine (the ordered
+dict: ~1.4 us), against ~100 us to decode an event.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -35,6 +43,63 @@ EventKey = tuple[str, str]
 Position = tuple[int, int]
 """(partition, offset) of a message."""
 
+_LOW_64 = (1 << 64) - 1
+
+
+class _IdRing:
+    """Up to ``size`` digests with their positions, in arrival order, and the table that finds them.
+
+    ``slots[s]`` is 0 (empty) or 1 + the ring index of an entry whose home slot is ``low & mask``; the
+    entries of a probe run sit between their home and the next empty slot. Arrays from ``np.zeros``:
+    pages are mapped as they are first written, so memory follows the ids actually remembered.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size, self.count, self.next = size, 0, 0
+        self.mask = (1 << max(3, (2 * size - 1).bit_length())) - 1  # >= 2 * size slots: at most half full
+        self.slots = memoryview(np.zeros(self.mask + 1, np.uint32))
+        self.high, self.low = memoryview(np.zeros(size, np.uint64)), memoryview(np.zeros(size, np.uint64))
+        self.partitions, self.offsets = memoryview(np.zeros(size, np.int32)), memoryview(np.zeros(size, np.int64))
+
+    def find(self, high: int, low: int) -> int:
+        """The ring index of this digest, or -1."""
+        slots, mask, highs, lows = self.slots, self.mask, self.high, self.low
+        s = low & mask
+        while (entry := slots[s]) != 0:
+            if lows[entry - 1] == low and highs[entry - 1] == high:
+                return entry - 1
+            s = (s + 1) & mask
+        return -1
+
+    def add(self, high: int, low: int, partition: int, offset: int) -> None:
+        """Remember a digest ``find`` does not know; the oldest entry makes room when the ring is full."""
+        i = self.next
+        if self.count == self.size:
+            self._unlink(i)
+        else:
+            self.count += 1
+        self.high[i], self.low[i], self.partitions[i], self.offsets[i] = high, low, partition, offset
+        slots, mask = self.slots, self.mask
+        s = low & mask
+        while slots[s] != 0:
+            s = (s + 1) & mask
+        slots[s] = i + 1
+        self.next = (i + 1) % self.size
+
+    def _unlink(self, i: int) -> None:
+        """Empty ring entry ``i``'s slot, moving the rest of its probe run back (no tombstones)."""
+        slots, mask, lows = self.slots, self.mask, self.low
+        hole = lows[i] & mask
+        while slots[hole] != i + 1:
+            hole = (hole + 1) & mask
+        s = hole
+        while (entry := slots[s := (s + 1) & mask]) != 0:
+            home = lows[entry - 1] & mask
+            stays = hole < home <= s if hole <= s else (home > hole or home <= s)
+            if not stays:  # its home is at or before the hole: move it there
+                slots[hole], hole = entry, s
+        slots[hole] = 0
+
 
 class SeenEventIds:
     """Bounded map (tenant, event_id) -> (partition, offset) of its first copy."""
@@ -43,33 +108,39 @@ class SeenEventIds:
         if max_ids < 1:
             raise ValueError(f"max_ids must be >= 1, got {max_ids}")
         self.max_ids = max_ids
-        self._first: OrderedDict[EventKey, Position] = OrderedDict()
+        self._ring = _IdRing(max_ids)
 
     def __len__(self) -> int:
-        return len(self._first)
+        return self._ring.count
+
+    @staticmethod
+    def _digest(key: EventKey) -> tuple[int, int]:
+        tenant, event_id = key
+        text = f"{len(tenant)}:{tenant}{event_id}"
+        return hash(text + "\x1f") & _LOW_64, hash(text) & _LOW_64
 
     def first_copy(self, key: EventKey) -> Position | None:
         """Where the first copy of ``key`` sits, if it is remembered."""
-        return self._first.get(key)
+        ring = self._ring
+        i = ring.find(*self._digest(key))
+        return None if i < 0 else (ring.partitions[i], ring.offsets[i])
 
     def is_duplicate(self, key: EventKey, partition: int, offset: int) -> bool:
         """True when an earlier copy of ``key`` sits at another position; records first copies."""
-        first = self._first.get(key)
-        if first is None:
-            self._remember(key, (partition, offset))
+        ring = self._ring
+        high, low = self._digest(key)
+        i = ring.find(high, low)
+        if i < 0:
+            ring.add(high, low, partition, offset)
             return False
-        return first != (partition, offset)
-
-    def _remember(self, key: EventKey, where: Position) -> None:
-        self._first[key] = where
-        if len(self._first) > self.max_ids:
-            self._first.popitem(last=False)
+        return ring.partitions[i] != partition or ring.offsets[i] != offset
 
     def load(self, lake: Lake, *, topic: str, partitions: Iterable[int]) -> int:
         """Forget everything, then remember the newest stored events of these partitions."""
-        self._first.clear()
+        ring = _IdRing(self.max_ids)
         parts = list(partitions)
         if not parts or not lake.exists(EVENTS_TABLE):
+            self._ring = ring
             return 0
         stored = lake.read(
             EVENTS_TABLE, columns=["tenant", "event_id", "kafka_partition", "kafka_offset", "ingested_at"],
@@ -78,8 +149,11 @@ class SeenEventIds:
         newest = _newest(stored, self.max_ids)
         columns = (newest.column(c).to_pylist() for c in ("tenant", "event_id", "kafka_partition", "kafka_offset"))
         for tenant, event_id, p, o in zip(*columns):
-            self._first.setdefault((tenant, event_id), (p, o))
-        return len(self._first)
+            high, low = self._digest((tenant, event_id))
+            if ring.find(high, low) < 0:
+                ring.add(high, low, p, o)
+        self._ring = ring
+        return ring.count
 
 
 def _newest(stored: pa.Table, limit: int) -> pa.Table:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 from pydantic import ConfigDict
 
+from ingest.allocators import FreeMemoryTrim
 from ingest.batch import Batch, DecodedBatch
 from ingest.consumer import FETCH_MAX_WAIT_MS, AssignmentFlag, IngestConsumer, OutOfRange, open_consumer
 from ingest.dead_letters import DeadLetters
@@ -252,6 +253,7 @@ class _Loop:
         (its result is dropped)."""
         self.retry_at = 0.0
         self.pool = ThreadPoolExecutor(max_workers=len(tables.all), thread_name_prefix="commit")
+        self.trim_free_memory = FreeMemoryTrim()
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set() and not self._idle_too_long():
@@ -459,6 +461,7 @@ class _Loop:
         self.stats.last_commit_s = time.perf_counter() - started
         self.stats.commit_retries = sum(t.retries for t in self.tables.all)
         self.batch.clear()
+        self.trim_free_memory()
         self.last_activity = time.monotonic()  # a long commit is not idleness
         self.consumer.report_progress(decoded.last_offsets)
         self._report()

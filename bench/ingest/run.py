@@ -31,12 +31,15 @@ over rounds), its peak RSS while it ran (sampled) and the process's peak.
     .venv/bin/python bench/ingest/run.py --tasks 40 --rounds 5 --workloads full_prompt
 
 ``--soak-minutes N`` instead runs the ingester alone for N minutes against a
-producer process sending fresh workload events at ``--soak-rate`` events/s and
-reports its RSS every 10 s (with Arrow's pool, glibc malloc's bytes in use and
-kept free, Python's allocated blocks and the thread count: delta-rs's tokio pool
-grows with the file operations in flight), RSS at each minute and the slopes
-(MB per minute, least squares, after the first minute and over the second half)
-in ``bench/ingest/soak.json``.
+producer process sending fresh workload events at ``--soak-rate`` events/s, with
+the allocator settings ``trajlake ingest`` applies (``ingest.allocators``; the
+process restarts itself with them; ``--soak-allocators default`` for the
+libraries' own), and reports its RSS every 10 s (with Arrow's pool, glibc
+malloc's bytes in use and kept free, Python's allocated blocks, the thread count:
+delta-rs's tokio pool grows with the file operations in flight, and resident MB
+by kind of mapping), RSS at each minute and the slopes (MB per minute, least
+squares, after the first minute, after minute 2 and over the second half) in
+``bench/ingest/soak.json``.
 
 Writes bench/ingest/results.json (format: ``bench.results``).
 """
@@ -46,6 +49,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -55,6 +59,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -64,6 +69,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.results import Ratio, Recorder, peak_rss_mb  # noqa: E402
 from devkit.broker import EmbeddedBroker  # noqa: E402
+from ingest import allocators  # noqa: E402
 from devkit.workload import WorkloadConfig, generate_events  # noqa: E402
 from ingest.consumer import FETCH_MAX_WAIT_MS, AssignmentFlag, Record, open_consumer  # noqa: E402
 from ingest.ingester import IngesterConfig, IngestStats, run_ingester  # noqa: E402
@@ -113,11 +119,14 @@ class Run:
 class RssSampler:
     """Samples this process's resident set (VmRSS, MB) every ``every_s`` seconds in a thread; also what
     Arrow's memory pool holds (``arrow``) and glibc malloc's bytes in use and free in its arenas (``malloc``),
-    to tell Arrow buffers, live objects and memory an allocator keeps from each other."""
+    to tell Arrow buffers, live objects and memory an allocator keeps from each other; ``by_region``: also resident
+    MB by kind of mapping (``resident_by_region_mb``, a read of /proc/self/smaps: for the soak's slow samples)."""
 
-    def __init__(self, every_s: float) -> None:
+    def __init__(self, every_s: float, *, by_region: bool = False) -> None:
         self.every_s, self.samples, self.arrow, self.malloc, self.python_blocks = every_s, [], [], [], []
+        self.by_region = by_region
         self.threads: list[int] = []
+        self.regions: list[dict[str, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._started = time.monotonic()
@@ -129,6 +138,9 @@ class RssSampler:
             self.malloc.append(glibc_malloc_mb())
             self.python_blocks.append(sys.getallocatedblocks())
             self.threads.append(threading_native_count())
+            if self.by_region:
+                self.regions.append(resident_by_region_mb() | {"python_arenas": python_arenas_mb(),
+                                                               "glibc_mmapped": glibc_mmapped_mb()})
             if self._stop.wait(self.every_s):
                 return
 
@@ -157,10 +169,80 @@ def threading_native_count() -> int:
     return len(list(Path("/proc/self/task").iterdir()))
 
 
+GLIBC_HEAP_MB = 64
+"""A glibc thread arena's heap: a 64 MiB-aligned mapping of at most 64 MiB (its unused tail is ``---p``)."""
+
+
+def resident_by_region_mb() -> dict[str, float]:
+    """Resident MB by kind of mapping (``/proc/self/smaps``): ``files`` (libraries, mapped files), ``main_heap``
+    (glibc's brk heap), ``glibc_arenas`` (its thread arenas' heaps), ``stacks`` (thread stacks: a mapping right
+    after a guard page; the main stack too) and ``other_anon`` (the rest: jemalloc's and mimalloc's extents,
+    Python's arenas, glibc's large mmapped blocks)."""
+    maps: list[tuple[int, int, str, str]] = []
+    rss: list[int] = []
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(maxsplit=5)
+        if "-" in head[0] and not head[0].endswith(":"):
+            start, end = (int(x, 16) for x in head[0].split("-"))
+            maps.append((start, end, head[1], head[5] if len(head) > 5 else ""))
+            rss.append(0)
+        elif head[0] == "Rss:":
+            rss[-1] = int(head[1])
+    out = dict.fromkeys(("files", "main_heap", "glibc_arenas", "stacks", "other_anon"), 0.0)
+    arena = GLIBC_HEAP_MB << 20
+    for i, (start, end, perms, path) in enumerate(maps):
+        before = maps[i - 1] if i else None
+        after = maps[i + 1] if i + 1 < len(maps) else None
+        if path == "[heap]":
+            kind = "main_heap"
+        elif path == "[stack]":
+            kind = "stacks"
+        elif path and not path.startswith("["):
+            kind = "files"
+        elif path or perms.startswith("---"):
+            continue
+        elif before and before[2].startswith("---") and not before[3] and before[1] == start \
+                and before[1] - before[0] <= 64 << 10:
+            kind = "stacks"
+        elif start % arena == 0 and (end - start == arena or (
+                after and after[2].startswith("---") and after[0] == end and after[1] - start == arena)):
+            kind = "glibc_arenas"
+        else:
+            kind = "other_anon"
+        out[kind] += rss[i] / 1024
+    return {k: round(v, 1) for k, v in out.items()}
+
+
 class _Mallinfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
                 ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
                  "keepcost")]
+
+
+def glibc_mmapped_mb() -> float:
+    """MB in glibc's blocks served by their own mmap (large ones: part of ``other_anon``)."""
+    info = ctypes.CDLL(None).mallinfo2
+    info.restype = _Mallinfo2
+    return round(info().hblkhd / 2**20, 1)
+
+
+def python_arenas_mb() -> float:
+    """MB in Python's small-object arenas (1 MiB mmaps, part of ``other_anon``): ``sys._debugmallocstats``, which
+    writes to the C-level stderr, read back through a temporary file."""
+    with tempfile.TemporaryFile() as out:
+        saved = os.dup(2)
+        os.dup2(out.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    for line in text.splitlines():
+        if line.startswith("# arenas allocated current"):
+            return float(line.split("=")[1].strip().replace(",", ""))  # 1 MiB each
+    return float("nan")
 
 
 def glibc_malloc_mb() -> tuple[float, float]:
@@ -393,7 +475,7 @@ def main_soak(args: argparse.Namespace) -> int:
                                 group="soak", partitions=PARTITIONS, dedupe_max_ids=args.soak_dedupe_ids)
         timer = threading.Timer(seconds + 5, stop.set)
         timer.start()
-        sampler = RssSampler(SOAK_SAMPLE_S)
+        sampler = RssSampler(SOAK_SAMPLE_S, by_region=True)
         try:
             with sampler:
                 stats = run_ingester(config, stop)
@@ -402,6 +484,7 @@ def main_soak(args: argparse.Namespace) -> int:
             feeder.wait(60)
     slope = slope_mb_per_min(sampler.samples, after_s=seconds / 2)
     slope_after_warm_up = slope_mb_per_min(sampler.samples, after_s=60)
+    slope_after_2_min = slope_mb_per_min(sampler.samples, after_s=120)
     by_minute = [next((mb for t, mb in sampler.samples if t >= 60 * m), sampler.samples[-1][1])
                  for m in range(1, int(args.soak_minutes) + 1)]
     after_1_min = next(mb for t, mb in sampler.samples if t >= 60) if seconds > 60 else sampler.samples[0][1]
@@ -409,20 +492,25 @@ def main_soak(args: argparse.Namespace) -> int:
                                  f"soak at {args.soak_rate:g} events/s", [sampler.samples[-1][1] / after_1_min],
                    goal=1.10, better="lower")
     result = {"minutes": args.soak_minutes, "rate": args.soak_rate, "dedupe_max_ids": args.soak_dedupe_ids,
+              "allocators": args.soak_allocators,
+              "allocator_environment": {k: os.environ.get(k) for k in (*allocators.ENVIRONMENT, "MALLOC_ARENA_MAX")},
+              "slope_mb_per_min_after_minute_2": slope_after_2_min,
               "events": stats.events, "batches": stats.batches, "slope_mb_per_min_second_half": slope,
               "slope_mb_per_min_after_first_minute": slope_after_warm_up,
               "rss_mb_at_minutes": [round(mb, 1) for mb in by_minute],
               "rss_mb_samples": [[round(t, 1), round(mb, 1)] for t, mb in sampler.samples],
               "arrow_pool_mb_samples": [round(mb, 1) for mb in sampler.arrow],
               "glibc_malloc_mb_in_use_free_samples": sampler.malloc,
-              "python_allocated_blocks_samples": sampler.python_blocks, "threads_samples": sampler.threads}
+              "python_allocated_blocks_samples": sampler.python_blocks, "threads_samples": sampler.threads,
+              "resident_mb_by_region_samples": sampler.regions}
     first, last = sampler.samples[0][1], sampler.samples[-1][1]
     recorder.write(ratios=[growth], summary=f"RSS {first:,.0f} -> {after_1_min:,.0f} MB after 1 min -> {last:,.0f} MB "
-                   f"at the end; slope over the second half {slope:+.1f} MB/min ({slope_after_warm_up:+.1f} after the "
-                   f"first minute); threads {sampler.threads[0]} -> {sampler.threads[-1]}; {stats.events:,} events",
+                   f"at the end; slope after minute 2 {slope_after_2_min:+.1f} MB/min (second half {slope:+.1f}, after the "
+                   f"first minute {slope_after_warm_up:+.1f}); allocators {args.soak_allocators}; threads {sampler.threads[0]} -> {sampler.threads[-1]}; {stats.events:,} events",
                    peak_rss_mb={"soak": sampler.peak}, detail=result, path=Path(args.soak_out))
     print(f"soak: {args.soak_minutes} min, {stats.events:,} events in {stats.batches:,} batches; RSS {first:,.0f} -> "
-          f"{last:,.0f} MB (peak {sampler.peak:,.0f}); slope over the second half {slope:+.2f} MB/min")
+          f"{last:,.0f} MB (peak {sampler.peak:,.0f}); slope after minute 2 {slope_after_2_min:+.2f} MB/min, over the second "
+          f"half {slope:+.2f}")
     return 0
 
 
@@ -437,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--soak-rate", type=float, default=300, help="events/s sent during the soak")
     parser.add_argument("--soak-dedupe-ids", type=int, default=1_000_000, help="the ingester's dedupe_max_ids")
     parser.add_argument("--soak-out", default=str(Path(__file__).parent / "soak.json"), help="where the soak's samples go")
+    parser.add_argument("--soak-allocators", choices=("configured", "default"), default="configured",
+                        help="the ingester's allocator settings (ingest.allocators, as `trajlake ingest` applies "
+                             "them) or the libraries' defaults")
     parser.add_argument("--soak-producer", metavar="BOOTSTRAP", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     unknown = set(args.workloads.split(",")) - WORKLOADS.keys()
@@ -445,7 +536,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.soak_producer:
         soak_producer(args.soak_producer, "bench.soak", args.soak_rate, args.soak_minutes * 60)
         return 0
+    if args.soak_minutes and args.soak_allocators == "configured" and not allocators_configured():
+        configure_and_restart()
     return main_soak(args) if args.soak_minutes else main_bench(args)
+
+
+def allocators_configured() -> bool:
+    return all(name in os.environ for name in (*allocators.ENVIRONMENT, "MALLOC_ARENA_MAX"))
+
+
+def configure_and_restart() -> NoReturn:
+    """This process again with the ingester's allocator settings in its environment (they must be in place before
+    Arrow and delta-rs load, and this module imports both): ``MALLOC_ARENA_MAX`` is glibc's ``M_ARENA_MAX``."""
+    env = {**allocators.ENVIRONMENT, "MALLOC_ARENA_MAX": str(allocators.GLIBC_ARENAS), **os.environ}
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,8 @@ def test_report_rewrites_only_the_table_between_the_markers(tmp_path: Path, monk
     (tmp_path / "legacy").mkdir()
     Recorder("demo", "a demo bench").write(ratios=[Ratio("x", "ours / theirs", [0.5, 0.8, 0.7], goal=0.6)],
                                            summary="7 vs 10 things/s", path=tmp_path / "demo" / "results.json")
+    Recorder("demo_soak", "a soak").write(ratios=[Ratio("g", "end / start", [1.05], goal=1.1, better="lower")],
+                                          summary="flat", path=tmp_path / "demo" / "soak.json")
     (tmp_path / "legacy" / "results.json").write_text("{}")
     monkeypatch.setattr(report, "entry_points", lambda: {"demo": None, "legacy": None})
     monkeypatch.setattr(report, "results_path", lambda name: tmp_path / name / "results.json")
@@ -60,6 +62,7 @@ def test_report_rewrites_only_the_table_between_the_markers(tmp_path: Path, monk
     text = readme.read_text()
     assert text.startswith("intro\n\n") and text.endswith(f"{report.END}\n\noutro\n")
     assert "| `demo` | a demo bench | **0.70x** ours / theirs, 0.50-0.80 over 3 | >= 0.60x: met | 7 vs 10 things/s |" in text
+    assert "| `demo_soak` | a soak | **1.05x** end / start | <= 1.10x: met | flat |" in text  # a side file: its own row
     assert old_legacy_row in text and "| old | table |" not in text
     assert report.main(["--readme", str(readme), "--check"]) == 0
 

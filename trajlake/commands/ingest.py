@@ -65,6 +65,9 @@ def ingest(
     error (broker unreachable, lake write failed); 2 bad options or redaction rules; 3 the log went
     backwards (broker restarted with memory storage, topic recreated): nothing was skipped, rerun with --recover.
     """
+    from ingest import allocators
+
+    allocators.configure()  # before Arrow and delta-rs load: they read their allocator settings once
     from rich.live import Live
 
     from ingest.ingest_metrics import serve_metrics

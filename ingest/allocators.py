@@ -1,0 +1,85 @@
+"""Allocator settings of the ingester's process, applied at its start, before Arrow and delta-rs load.
+
+Three allocators share the ingester's memory: glibc malloc (Python's large objects, librdkafka,
+numpy), Arrow C++'s default pool (mimalloc: pyarrow's buffers) and delta-rs's statically linked
+jemalloc (its Rust side: log replays, Parquet writes, object_store). Each keeps freed memory for
+reuse, per thread or per arena, and the ingester runs ~140 threads (delta-rs's blocking pool).
+``configure`` makes each hand memory back sooner:
+
+* glibc: at most ``GLIBC_ARENAS`` arenas (``mallopt(M_ARENA_MAX)``; default 8 per core, each
+  keeping its own free lists);
+* Arrow: the system pool (``ARROW_DEFAULT_MEMORY_POOL=system``: glibc, so its frees join the
+  above instead of mimalloc's segments);
+* delta-rs's jemalloc: dirty pages returned after 1 s instead of 10 (``_RJEM_MALLOC_CONF``, which
+  jemalloc reads from the environment when it initialises); thread caches kept: without them
+  (and with decay 0) the ingester spent 1.46x the CPU per event.
+
+The last two are read once, when the library first allocates: ``configure`` must run before
+``pyarrow`` or ``deltalake`` is imported, and says which settings it could not apply. A setting
+already in the environment is left as it is (an operator's choice wins). Measured with
+``bench/ingest/allocators.py`` (CPU per event and peak RSS, each setting alone and together) and the
+soak (``bench/ingest/README.md``, memory).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import time
+
+GLIBC_ARENAS = 2
+M_ARENA_MAX = -8
+"""glibc's ``mallopt`` parameter number (malloc.h)."""
+ENVIRONMENT = {
+    "ARROW_DEFAULT_MEMORY_POOL": "system",
+    "_RJEM_MALLOC_CONF": "dirty_decay_ms:1000,muzzy_decay_ms:0",
+}
+"""Variables read by Arrow C++ and by delta-rs's jemalloc (prefixed ``_RJEM_``) when they first allocate."""
+TRIM_EVERY_S = 5.0
+"""How often ``FreeMemoryTrim`` hands glibc's free pages back, at most."""
+READS_ENVIRONMENT_AT_LOAD = {"ARROW_DEFAULT_MEMORY_POOL": "pyarrow", "_RJEM_MALLOC_CONF": "deltalake"}
+
+
+def configure() -> list[str]:
+    """Apply the settings to this process; returns those that came too late (their library is already loaded:
+    left unset, so that they do not leak into child processes either)."""
+    late = []
+    for name, value in ENVIRONMENT.items():
+        if name in os.environ:
+            continue
+        if READS_ENVIRONMENT_AT_LOAD[name] in sys.modules:
+            late.append(name)
+        else:
+            os.environ[name] = value
+    if "MALLOC_ARENA_MAX" not in os.environ:
+        try:
+            if not ctypes.CDLL(None).mallopt(M_ARENA_MAX, GLIBC_ARENAS):
+                late.append("M_ARENA_MAX")
+        except (OSError, AttributeError):  # not glibc (musl, macOS): it has no arenas to limit
+            pass
+    return late
+
+
+class FreeMemoryTrim:
+    """Hands the free pages inside glibc's heaps back to the system (``malloc_trim(0)``), at most every ``every_s``.
+
+    glibc returns freed memory to the system only from the top of a heap; what is freed below a live block
+    stays resident. In a 10-minute soak its free-but-kept memory grew 50 -> 82 MB while its memory in use
+    held at ~60 MB: most of the ingester's growth after minute 2 (``bench/ingest/README.md``, memory).
+    ``malloc_trim(0)`` releases every free page of every arena. A no-op without glibc.
+    """
+
+    def __init__(self, *, every_s: float = TRIM_EVERY_S) -> None:
+        self.every_s, self._last = every_s, time.monotonic()
+        try:
+            self._trim = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):
+            self._trim = None
+
+    def __call__(self) -> None:
+        """Trim if ``every_s`` has passed since the last trim."""
+        now = time.monotonic()
+        if self._trim is not None and now - self._last >= self.every_s:
+            self._trim(0)
+            self._last = now

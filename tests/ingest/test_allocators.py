@@ -1,0 +1,52 @@
+"""ingest.allocators: the settings reach Arrow when applied first, are reported late otherwise, never override."""
+
+import json
+import os
+import subprocess
+import sys
+
+from ingest import allocators
+
+PROBE = """
+import json, os, sys
+{before}
+from ingest import allocators
+late = allocators.configure()
+import pyarrow
+print(json.dumps({{"late": late, "pool": pyarrow.default_memory_pool().backend_name,
+                  "jemalloc": os.environ.get("_RJEM_MALLOC_CONF")}}))
+"""
+
+
+def probe(before: str = "", **env: str) -> dict:
+    clean = {k: v for k, v in os.environ.items() if k not in ("ARROW_DEFAULT_MEMORY_POOL", "_RJEM_MALLOC_CONF")}
+    out = subprocess.run([sys.executable, "-c", PROBE.format(before=before)], env={**clean, **env},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_applied_before_the_libraries_load():
+    got = probe()
+    assert got == {"late": [], "pool": "system", "jemalloc": allocators.ENVIRONMENT["_RJEM_MALLOC_CONF"]}
+
+
+def test_too_late_once_arrow_is_loaded_and_left_unset():
+    got = probe(before="import pyarrow")
+    assert got["late"] == ["ARROW_DEFAULT_MEMORY_POOL"]
+    assert got["pool"] != "system"
+
+
+def test_an_operators_setting_wins():
+    assert probe(ARROW_DEFAULT_MEMORY_POOL="mimalloc")["pool"] == "mimalloc"
+
+
+def test_free_memory_trim_runs_at_most_every_interval():
+    calls = []
+    due, not_yet = allocators.FreeMemoryTrim(every_s=0.0), allocators.FreeMemoryTrim(every_s=3600.0)
+    for trim in (due, not_yet):
+        if trim._trim is None:  # not glibc: nothing to trim
+            return
+        trim._trim = lambda pad, trim=trim: calls.append((trim, pad))
+    due(), due(), not_yet()
+    assert calls == [(due, 0), (due, 0)]

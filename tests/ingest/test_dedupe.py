@@ -1,0 +1,68 @@
+"""SeenEventIds' compact layout: the same decisions as a plain ordered map, in a bounded, small footprint."""
+
+import random
+import tracemalloc
+from collections import OrderedDict
+
+from ingest.dedupe import SeenEventIds
+
+
+class Reference:
+    """The decisions SeenEventIds must make, as the ordered dict of tuples it replaced."""
+
+    def __init__(self, max_ids: int) -> None:
+        self.max_ids, self.first = max_ids, OrderedDict()
+
+    def is_duplicate(self, key, partition, offset):
+        first = self.first.get(key)
+        if first is None:
+            self.first[key] = (partition, offset)
+            if len(self.first) > self.max_ids:
+                self.first.popitem(last=False)
+            return False
+        return first != (partition, offset)
+
+
+def test_decides_as_an_ordered_map_through_evictions():
+    rng = random.Random(14)
+    for max_ids in (1, 2, 3, 7, 64):
+        seen, reference = SeenEventIds(max_ids=max_ids), Reference(max_ids)
+        for _ in range(4_000):  # ids drawn from 3x the bound: lookups of kept, evicted and new ids interleave
+            key = (rng.choice(["acme", "other"]), f"e{rng.randrange(3 * max_ids + 2)}")
+            partition, offset = rng.randrange(2), rng.randrange(40)
+            if rng.random() < 0.3:
+                assert seen.first_copy(key) == reference.first.get(key)
+            else:
+                assert seen.is_duplicate(key, partition, offset) == reference.is_duplicate(key, partition, offset)
+            assert len(seen) == len(reference.first)
+
+
+def test_keeps_exactly_the_newest_ids_with_their_positions():
+    seen = SeenEventIds(max_ids=1_000)
+    for i in range(2_500):
+        assert not seen.is_duplicate(("acme", f"event-{i}"), i % 4, 10_000 + i)
+    assert len(seen) == 1_000
+    assert all(seen.first_copy(("acme", f"event-{i}")) is None for i in range(1_500))
+    assert all(seen.first_copy(("acme", f"event-{i}")) == (i % 4, 10_000 + i) for i in range(1_500, 2_500))
+
+
+def test_tenant_and_id_cannot_blur_into_each_other():
+    seen = SeenEventIds(max_ids=10)
+    assert not seen.is_duplicate(("ab", "c"), 0, 1)
+    assert not seen.is_duplicate(("a", "bc"), 0, 2)
+    assert seen.first_copy(("a", "bc")) == (0, 2)
+
+
+def test_memory_stays_under_40_bytes_per_remembered_id():
+    # the ordered dict of (tenant, event_id) tuples it replaced held ~380 B per id (the id strings included)
+    ids = [("acme", f"{i:08x}-0000-4000-8000-000000000000") for i in range(60_000)]
+    tracemalloc.start()
+    try:
+        seen = SeenEventIds(max_ids=50_000)
+        for offset, key in enumerate(ids):
+            seen.is_duplicate(key, 0, offset)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(seen) == 50_000
+    assert held / 50_000 < 40
