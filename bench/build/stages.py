@@ -4,7 +4,7 @@
 - ``read``: decoding the token files of each batch (``read_batch``, on the read-ahead thread): that thread's CPU.
 - ``group``: matching calls to their token rows (``calls_by_rollout``), ``merge``: ``merge_calls``,
   ``rows``: Arrow record batches (``_record_batch``), ``write``: Parquet encoding and the Delta commit,
-  ``hash``: the content hash (on the writer thread, beside the encoding): CPU of the thread that runs them.
+  ``hash``: the content hash (on a helper thread, beside the encoding): CPU of the thread that runs them.
 - ``finish``: lineage rows, manifest, registry append: process CPU.
 - ``other``: the rest of the process CPU (Arrow/DuckDB worker threads, the interpreter's own work).
 """

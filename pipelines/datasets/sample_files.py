@@ -17,7 +17,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -45,9 +45,9 @@ def write_version(
 ) -> None:
     """Replace ``table``'s rows with ``batches`` in one Delta commit (creating the table if absent).
 
-    Each batch is encoded on a writer thread while the next one is produced
-    (Parquet encoding releases the GIL): at most one batch waits. ``observe``
-    (e.g. a content hash) sees every batch in order, on that thread, after its encoding.
+    ``observe`` (e.g. the content hash) sees every batch in order, on a helper
+    thread while the batch is encoded (both release the GIL), and is done with
+    it before the next batch is taken: no batch is held longer than without it.
     """
     lake.write_uri(table)  # TableNotCatalogued before any file is written
     filesystem, root = arrow_filesystem(lake.root, lake.storage_options)
@@ -55,24 +55,16 @@ def write_version(
     filesystem.create_dir(folder, recursive=True)
     files = _Files(filesystem, folder, schema)
     try:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajlake-dataset-write") as pool:
-            encoding: Future[None] | None = None
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajlake-dataset-observe") as helper:
             for batch in batches:
-                if encoding is not None:
-                    encoding.result()
-                encoding = pool.submit(_write, files, batch, observe)
-            if encoding is not None:
-                encoding.result()
+                observing = helper.submit(observe, batch) if observe is not None else None
+                files.write(batch)
+                if observing is not None:
+                    observing.result()
         _commit(lake, table, files.close(), schema)
     except BaseException:
         files.abandon()
         raise
-
-
-def _write(files: _Files, batch: pa.RecordBatch, observe: Callable[[pa.RecordBatch], None] | None) -> None:
-    files.write(batch)
-    if observe is not None:
-        observe(batch)
 
 
 class _Files:
