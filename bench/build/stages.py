@@ -3,8 +3,8 @@
 - ``plan``: selection, advantages, call index (DuckDB on scalars): process CPU, nothing else runs then.
 - ``read``: decoding the token files of each batch (``read_batch``, on the read-ahead thread): that thread's CPU.
 - ``group``: matching calls to their token rows (``calls_by_rollout``), ``merge``: ``merge_calls``,
-  ``rows``: Arrow record batches + content hash (``_record_batch``), ``write``: Parquet encoding and the
-  Delta commit: CPU of the thread that runs them.
+  ``rows``: Arrow record batches (``_record_batch``), ``write``: Parquet encoding and the Delta commit,
+  ``hash``: the content hash (on a helper thread, beside the encoding): CPU of the thread that runs them.
 - ``finish``: lineage rows, manifest, registry append: process CPU.
 - ``other``: the rest of the process CPU (Arrow/DuckDB worker threads, the interpreter's own work).
 """
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from pipelines.datasets import build, calls, sample_files, samples
+from pipelines.datasets import build, calls, content_hash, sample_files, samples
 
 
 def process_cpu() -> float:
@@ -39,6 +39,7 @@ def cpu_by_stage() -> Iterator[dict[str, float]]:
         (sample_files._File, "write", _timed(spent, "write", time.thread_time)),
         (sample_files._File, "close", _timed(spent, "write", time.thread_time)),
         (sample_files, "_commit", _timed(spent, "write", time.thread_time)),
+        (content_hash.ContentHash, "update", _timed(spent, "hash", time.thread_time)),
         (build, "_lineage", _timed(spent, "finish", process_cpu)),
         (build, "record_version", _timed(spent, "finish", process_cpu)),
     ]

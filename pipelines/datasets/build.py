@@ -3,7 +3,7 @@
 Stages: pin the source tables, select rollouts and join rewards (SQL on
 scalars), group advantages, index the trained calls (SQL on scalars), then
 stream batches of rollouts (bounded by ``batch_tokens``) through the merger
-straight into Parquet files and one Delta overwrite commit, hashing rows as they pass.
+straight into Parquet files and one Delta overwrite commit, hashing rows as they are written.
 Finally the lineage rows and the registry manifest are appended and a
 ``dataset.version`` event is published when a producer is given.
 Options: a state-change-conditioned tool credit added to the rewards
@@ -28,6 +28,7 @@ from kafka.errors import KafkaError
 from pipelines.datasets.advantages import group_advantages, token_weights
 from pipelines.datasets.calls import TokenTables, index_calls, trained_tokens_per_rollout
 from pipelines.datasets.config import BuildConfig
+from pipelines.datasets.content_hash import ContentHash
 from pipelines.datasets.observations import with_observed_tokens
 from pipelines.datasets.publish import Producer, publish_version
 from pipelines.datasets.registry import check_name, record_version
@@ -85,12 +86,13 @@ def build_dataset(
         passes = 2 if config.mask == "observations" else 1
         plan, counts = _plan(con, tables, config, progress=_pass_progress(progress, 0, passes))
         stream = SampleStream(con, tables, plan, config, progress=_pass_progress(progress, passes - 1, passes))
-        write_version(lake, dataset_table(name), stream.batches(), schema=SAMPLES)
+        content = ContentHash(config.identity())
+        write_version(lake, dataset_table(name), stream.batches(), schema=SAMPLES, observe=content.update)
         lineage = _lineage(con, plan, stream.samples_per_rollout)
     finally:
         con.close()
     version = lake.version(dataset_table(name))
-    manifest = _manifest(name, version, config, snapshot, counts, stream)
+    manifest = _manifest(name, version, config, snapshot, counts, stream, content.hexdigest())
     record_version(lake, manifest, lineage)
     log.info("dataset built dataset=%s version=%s samples=%s hash=%s", name, version,
              stream.n_samples, manifest["content_hash"])
@@ -202,14 +204,15 @@ def _lineage(con: duckdb.DuckDBPyConnection, plan: RolloutPlan, samples_per_roll
 
 
 def _manifest(
-    name: str, version: int, config: BuildConfig, snapshot: Snapshot, counts: dict[str, Any], stream: SampleStream
+    name: str, version: int, config: BuildConfig, snapshot: Snapshot, counts: dict[str, Any], stream: SampleStream,
+    content_hash: str,
 ) -> dict[str, Any]:
     return {
         "dataset": name,
         "version": version,
         "built_at": datetime.now(timezone.utc).isoformat(),
         "code_version": code_version(),
-        "content_hash": stream.content_hash(),
+        "content_hash": content_hash,
         "sources": dict(snapshot.versions),
         "filters": json.loads(config.selection.model_dump_json()),
         "reward_rule": config.reward_rule.describe(),

@@ -102,10 +102,15 @@ class Sample:
         return np.concatenate((self.prompt, self.response))
 
     def is_prefix_of(self, prompt: np.ndarray) -> bool:
-        """The sample's tokens are an exact prefix of ``prompt`` (compared part by part, nothing joined)."""
-        n = len(self.prompt)
-        return (n + len(self.response) <= len(prompt) and is_prefix(self.prompt, prompt)
-                and is_prefix(self.response, prompt[n:]))
+        """The sample's tokens are an exact prefix of ``prompt`` (compared part by part, nothing joined).
+
+        The last token is compared first: most open samples that are not a
+        prefix differ there, and are rejected without copying either array.
+        """
+        n, m = len(self.prompt), len(self.response)
+        if n + m > len(prompt) or (m and prompt[n + m - 1] != self.response[m - 1]):
+            return False
+        return is_prefix(self.prompt, prompt) and is_prefix(self.response, prompt[n:])
 
     def add_response(self, call: Call) -> None:
         start, length = len(call.prompt), self.length
@@ -220,17 +225,24 @@ def classify_mismatch(sample: Sample, call: Call, *, decode: Decoder | None = No
     """Why ``call`` could not extend ``sample`` (rules in the module docstring); ``decode``: the call's tokenizer."""
     if _differs(sample.tokenizer, call.tokenizer) or _differs(sample.chat_template_hash, call.chat_template_hash):
         return "chat_template"
-    tokens = sample.tokens
-    if decode is not None and decode(call.prompt).startswith(decode(tokens)):
+    if decode is not None and decode(call.prompt).startswith(decode(sample.tokens)):
         return "retokenization"
-    diverge = common_prefix_length(tokens, call.prompt)
+    diverge = _divergence(sample, call.prompt)
     kept_after = len(call.prompt) - diverge
-    had_after = len(tokens) - diverge
+    had_after = sample.length - diverge
     if had_after - kept_after > max(4, had_after // 8):
         return "truncation"
     if diverge >= sample.first_prompt_len:
         return "retokenization"
     return "other"
+
+
+def _divergence(sample: Sample, prompt: np.ndarray) -> int:
+    """``common_prefix_length(sample.tokens, prompt)`` without joining the sample's two parts."""
+    n = common_prefix_length(sample.prompt, prompt)
+    if n < len(sample.prompt):
+        return n
+    return n + common_prefix_length(sample.response, prompt[n:])
 
 
 def _differs(a: str | None, b: str | None) -> bool:

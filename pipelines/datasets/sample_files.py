@@ -16,7 +16,8 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -34,33 +35,68 @@ FILE_BYTES = 16 * 1024 * 1024
 """A file is closed once this many bytes of Arrow data went in (compressed files are ~1/3 of that)."""
 
 
-def write_version(lake: Lake, table: str, batches: Iterable[pa.RecordBatch], *, schema: pa.Schema) -> None:
-    """Replace ``table``'s rows with ``batches`` in one Delta commit (creating the table if absent)."""
+def write_version(
+    lake: Lake,
+    table: str,
+    batches: Iterable[pa.RecordBatch],
+    *,
+    schema: pa.Schema,
+    observe: Callable[[pa.RecordBatch], None] | None = None,
+) -> None:
+    """Replace ``table``'s rows with ``batches`` in one Delta commit (creating the table if absent).
+
+    ``observe`` (e.g. the content hash) sees every batch in order, on a helper
+    thread while the batch is encoded (both release the GIL), and is done with
+    it before the next batch is taken: no batch is held longer than without it.
+    """
     lake.write_uri(table)  # TableNotCatalogued before any file is written
     filesystem, root = arrow_filesystem(lake.root, lake.storage_options)
     folder = f"{root}/{table}"
     filesystem.create_dir(folder, recursive=True)
-    stem = uuid.uuid4()
-    actions: list[AddAction] = []
-    writer: _File | None = None
+    files = _Files(filesystem, folder, schema)
     try:
-        for batch in batches:
-            if writer is None:
-                writer = _File(filesystem, folder, f"part-{len(actions):05d}-{stem}-c000.zstd.parquet", schema)
-            writer.write(batch)
-            if writer.bytes_in >= FILE_BYTES:
-                actions.append(writer.close())
-                writer = None
-        if writer is not None:
-            actions.append(writer.close())
-            writer = None
-        _commit(lake, table, actions, schema)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajlake-dataset-observe") as helper:
+            for batch in batches:
+                observing = helper.submit(observe, batch) if observe is not None else None
+                files.write(batch)
+                if observing is not None:
+                    observing.result()
+        _commit(lake, table, files.close(), schema)
     except BaseException:
-        if writer is not None:
-            writer.abandon()
-        for action in actions:
-            _delete(filesystem, f"{folder}/{action.path}")
+        files.abandon()
         raise
+
+
+class _Files:
+    """The files of one version, each closed once ``FILE_BYTES`` of Arrow data went in."""
+
+    def __init__(self, filesystem: Any, folder: str, schema: pa.Schema) -> None:
+        self._filesystem, self._folder, self._schema = filesystem, folder, schema
+        self._stem = uuid.uuid4()
+        self._actions: list[AddAction] = []
+        self._open: _File | None = None
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if self._open is None:
+            name = f"part-{len(self._actions):05d}-{self._stem}-c000.zstd.parquet"
+            self._open = _File(self._filesystem, self._folder, name, self._schema)
+        self._open.write(batch)
+        if self._open.bytes_in >= FILE_BYTES:
+            self._actions.append(self._open.close())
+            self._open = None
+
+    def close(self) -> list[AddAction]:
+        if self._open is not None:
+            self._actions.append(self._open.close())
+            self._open = None
+        return self._actions
+
+    def abandon(self) -> None:
+        if self._open is not None:
+            self._open.abandon()
+            self._open = None
+        for action in self._actions:
+            _delete(self._filesystem, f"{self._folder}/{action.path}")
 
 
 def _delete(filesystem: Any, path: str) -> None:

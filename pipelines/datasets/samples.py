@@ -2,17 +2,14 @@
 
 Rollouts are processed in rollout_id order in batches bounded by
 ``batch_tokens``, so memory follows one batch, not the dataset. The rows pass
-through a running SHA-256 (the content hash: config identity + every row in
-(rollout_id, sample_index) order) and the merge statistics on their way to
-the dataset writer. With ``mask="observations"`` the loss mask sits on the
+through the merge statistics on their way to the dataset writer (which feeds
+them to the content hash, ``pipelines.datasets.content_hash``). With ``mask="observations"`` the loss mask sits on the
 observation tokens instead and samples without one are not written (rules
 in ``pipelines.datasets.observations``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -80,15 +77,11 @@ class SampleStream:
         self._index = {rollout_id: i for i, rollout_id in enumerate(plan.rollout_ids)}
         self._observations = config.mask == "observations"
         self._decoders = tokenizer_decoders(config.tokenizers)
-        self._hash = hashlib.sha256(json.dumps(config.identity(), sort_keys=True).encode())
         self.samples_per_rollout: dict[str, int] = {}
         self.start_reasons: Counter[str] = Counter()
         self.n_samples = self.n_tokens = self.n_trained_tokens = 0
         self.n_without_observations = 0
         """Samples not written in observation mode: they never grew past their first prompt."""
-
-    def content_hash(self) -> str:
-        return self._hash.hexdigest()
 
     def merge_statistics(self) -> dict:
         counts = np.array(list(self.samples_per_rollout.values()) or [0])
@@ -126,11 +119,7 @@ class SampleStream:
         """The rows as one record batch; token columns laid out by ``sample_arrays`` (one buffer per column)."""
         plan = self._plan
         laid = sample_arrays([sample for _, _, sample in rows], observations=self._observations)
-        offsets = laid.offsets.tolist()
-        for j, (i, k, sample) in enumerate(rows):
-            row = slice(offsets[j], offsets[j + 1])
-            self.start_reasons[sample.start_reason] += 1
-            self._hash_row(plan.rollout_ids[i], k, sample, laid.ids[row], laid.mask[row], laid.logprobs[row], i)
+        self.start_reasons.update(sample.start_reason for _, _, sample in rows)
         list_offsets = pa.array(laid.offsets.astype(np.int32))
         rollout = [i for i, _, _ in rows]
         lengths = np.diff(laid.offsets)
@@ -169,17 +158,6 @@ class SampleStream:
                 f"rollout {rollout_id}: llm_responses.n_response_tokens sums to {planned} but the response "
                 f"token lists hold {actual} tokens: rebuild the typed tables from events (trajlake rebuild)"
             )
-
-    def _hash_row(self, rollout_id: str, k: int, sample: Sample, ids: np.ndarray, mask: np.ndarray,
-                  lps: np.ndarray, i: int) -> None:
-        plan = self._plan
-        head = [rollout_id, k, sample.start_reason, sample.call_ids, sample.policy_version or plan.policy_versions[i],
-                sample.tokenizer, float(np.float32(plan.advantages[i])), float(np.float32(plan.token_weights[i])),
-                float(plan.rewards[i])]
-        self._hash.update(json.dumps(head).encode())
-        for array in (ids, mask, lps):
-            self._hash.update(len(array).to_bytes(8, "little"))
-            self._hash.update(np.ascontiguousarray(array).data)  # the bytes tobytes() gave, without the copy
 
 
 class CorruptTable(DataError):
