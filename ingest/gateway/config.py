@@ -7,7 +7,7 @@ TRAJLAKE_* variables and flags; the package never imports the shell.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import PositiveInt
 
@@ -49,6 +49,12 @@ class GatewayConfig(CommonOptions):
     idempotency_ttl_s: float = 600.0
     broker_timeout_s: float = 5.0
     """Longest wait for a Kafka acknowledgement before events go to the spool."""
+    kafka_compression: Literal["zstd", "gzip", "none"] = "zstd"
+    """Codec of the record batches the gateway produces (``compression.type``). zstd: measured on bench/sessions'
+    events, one call's two events per batch, 2.4x fewer stored bytes with references and 4.5x with full events.
+    Every reader of the topic must decode it: the ingester (librdkafka) and its log probe (kafka-python, with the
+    pinned ``zstandard``) do. lz4 is left out (kafka-python readers would need another package; measured 1.4x
+    more stored bytes than zstd there); none: for a broker or reader that cannot decode."""
     redaction_rules: Optional[Path] = None
     """JSON/TOML file of redaction rules applied before events are sent or spooled (TRAJLAKE_REDACTION_RULES)."""
     token_sessions: bool = False

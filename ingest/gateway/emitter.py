@@ -79,10 +79,13 @@ class KafkaSink:
     gateway started while the broker is down connects once it comes up.
     """
 
-    def __init__(self, bootstrap_servers: str, topic: str, *, timeout_s: float = 5.0) -> None:
+    def __init__(self, bootstrap_servers: str, topic: str, *, timeout_s: float = 5.0,
+                 compression: str = "none") -> None:
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.timeout_s = timeout_s
+        self.compression = compression
+        """librdkafka's ``compression.type`` of the record batches (``GatewayConfig.kafka_compression``)."""
         self._producer: Producer | None = None
 
     def _connect(self) -> Producer:
@@ -94,7 +97,8 @@ class KafkaSink:
                 "acks": "all",
                 "enable.idempotence": False,  # tansu refuses InitProducerId; the ingester dedupes by event_id
                 "max.in.flight.requests.per.connection": 1,  # keep per-rollout order across retries
-                "linger.ms": 1,
+                "linger.ms": 1,  # the emitter batches (group commit, ``Emitter.linger_s``) and flushes each send
+                "compression.type": self.compression,
                 "message.max.bytes": MAX_EVENT_BYTES + 64 * 1024,
                 "message.timeout.ms": ms,
                 "socket.timeout.ms": max(ms, 10),
