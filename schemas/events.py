@@ -104,7 +104,9 @@ class LlmRequest(_Model):
     call's full tools; ``tools`` is null) say what is shared. The full prompt
     is ``(full prompt of extends_call_id + its response ids)[:extends_tokens]
     + prompt_token_ids``; the full messages ``(full messages of
-    extends_call_id)[:extends_messages] + messages``.
+    extends_call_id + [its answer])[:extends_messages] + messages``, the
+    answer being the harness's echo of that call's response in the openai
+    client's layout (``schemas.answer_message``).
     """
 
     call_id: str = Field(min_length=1, max_length=200)
@@ -123,7 +125,8 @@ class LlmRequest(_Model):
     extends_tokens: StrictInt | None = Field(default=None, ge=0, le=INT32_MAX)
     """How many leading ids it shares with that call's prompt + response ids; ``prompt_token_ids`` holds the rest."""
     extends_messages: StrictInt | None = Field(default=None, ge=0, le=INT32_MAX)
-    """How many leading messages it shares with that call's full messages; ``messages`` holds the rest."""
+    """How many leading messages it shares with that call's full messages, then its answer (one more: the echo of
+    that call's response, ``schemas.answer_message``); ``messages`` holds the rest."""
     extends_tools: Literal[True] | None = None
     """True: the tools are that call's full tools (``tools`` is then null)."""
 

@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 
 from ingest.gateway import create_gateway_app
 from ingest.ingester import IngesterConfig, ingest_until_idle
+from schemas.answer_message import answer_message
 from schemas.tokenizer_identity import chat_template_hash, tokenizer_identity
 from serve.app import create_serve_app
 from store.messages import StoredMessages, full_messages
@@ -107,12 +108,15 @@ def test_tool_calls_round_trip_and_are_recorded(settings, broker, topic, engine)
     assert len(recorded) == 6 and {e["rollout_id"] for e in recorded} == {"ro-tools"}
     requests = [e for e in recorded if e["type"] == "llm.request"]
     responses = {e["payload"]["call_id"]: e for e in recorded if e["type"] == "llm.response"}
-    full, problems = full_messages(StoredMessages(  # the later calls reference the first: messages stored once
+    answers = {c: answer_message(r["payload"]["text"], r["payload"]["tool_calls"]) for c, r in responses.items()}
+    full, problems = full_messages(StoredMessages(  # the later calls reference the one before: messages stored once
         p["call_id"], json.dumps(p["messages"]), json.dumps(p["tools"]) if p["tools"] else None, p.get("extends_call_id"),
-        p.get("extends_messages"), p.get("extends_tools")) for p in (r["payload"] for r in requests))
+        p.get("extends_messages"), p.get("extends_tools"), answers[p["call_id"]]) for p in (r["payload"] for r in requests))
     assert problems == {} and all(f.tools == TOOLS for f in full.values())
-    assert [r["payload"].get("extends_messages") for r in requests] == [None, 1, 1]
-    assert [len(r["payload"]["messages"]) for r in requests] == [1, 0, 2]
+    # the follow-up's echo (the client's dump of the first answer) is byte for byte the second (streamed) answer:
+    # counted as that call's answer, not stored
+    assert [r["payload"].get("extends_messages") for r in requests] == [None, 1, 2]
+    assert [len(r["payload"]["messages"]) for r in requests] == [1, 0, 1]
     assert full[requests[2]["payload"]["call_id"]].messages == follow_up
     for request in requests[:2]:
         response = responses[request["payload"]["call_id"]]["payload"]
