@@ -11,7 +11,9 @@ Arrow ``list<int32>`` / ``list<float32>`` columns, one row per input value.
 What the contract says about those fields is checked on the slices and the
 parsed arrays: an array (or null); token ids only digits (JSON integers >= 0)
 and <= INT32_MAX; logprobs plain numbers, finite; one logprob per response
-token; ``token_source="engine"`` has ids. An event whose token fields fail any
+token; ``token_source="engine"`` has ids. Logprobs in the compact form (a
+base64 float32 string, ``schemas.compact_logprobs``) are decoded straight
+into the column. An event whose token fields fail any
 of these checks is refused here (None) and takes the per-event path
 (``schemas.fast.decode_batch``, then the pydantic contract), which accepts it
 or names the problem. ``tests/schemas/test_fast_tokens.py`` holds this path
@@ -30,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas import fast
+from schemas import compact_logprobs, fast
 from schemas.events import INT32_MAX, reference_problem
 from schemas.tables import LOGPROBS, TOKENS
 from schemas.versions import MAX_EVENT_BYTES
@@ -143,15 +145,18 @@ def _take_tokens(event: Any, row: int, ids: _TokenSlices, logprobs: _TokenSlices
     id_field, logprob_field = _TOKEN_FIELDS[type(event)]
     payload = event.payload
     id_slice = _inner(getattr(payload, id_field))
-    logprob_slice = _inner(getattr(payload, logprob_field)) if logprob_field else None
+    logprob_slice = _logprobs(getattr(payload, logprob_field)) if logprob_field else None
     if id_slice is False or logprob_slice is False:
         return False
     if logprob_field:
-        if logprob_slice is not None and id_slice is not None and _count(logprob_slice) != _count(id_slice):
+        n = len(logprob_slice) if isinstance(logprob_slice, np.ndarray) else _count(logprob_slice or b"")
+        if logprob_slice is not None and id_slice is not None and n != _count(id_slice):
             return False  # one logprob per response token (a miscount from odd whitespace only refuses)
         if payload.token_source == "engine" and id_slice is None:
             return False
-        if logprob_slice is not None:
+        if isinstance(logprob_slice, np.ndarray):
+            logprobs.add_values(row, logprob_slice)
+        elif logprob_slice is not None:
             logprobs.add(row, logprob_slice)
     if id_slice is not None:
         ids.add(row, id_slice)
@@ -168,6 +173,17 @@ def _inner(raw: msgspec.Raw | None) -> bytes | None | bool:
     if text[:1] != b"[" or text[-1:] != b"]":
         return False
     return text[1:-1].strip(_WHITESPACE)
+
+
+def _logprobs(raw: msgspec.Raw | None) -> bytes | np.ndarray | None | bool:
+    """``_inner`` of a logprobs array; the values of the compact form (a base64 float32 string); False when neither
+    (or a compact form that does not decode: the per-event path names the problem)."""
+    if raw is None or bytes(raw)[:1] != b'"':
+        return _inner(raw)
+    try:
+        return compact_logprobs.decode_array(msgspec.json.decode(raw, type=str))
+    except (msgspec.MsgspecError, ValueError):
+        return False
 
 
 def _count(inner: bytes) -> int:
@@ -190,10 +206,15 @@ class _TokenSlices:
         self.parse, self.allowed = parse, allowed
         self.rows: list[int] = []
         self.slices: list[bytes] = []
+        self.values: dict[int, np.ndarray] = {}
+        """Rows whose values came decoded (compact logprobs), not as text."""
 
     def add(self, row: int, inner: bytes) -> None:
         self.rows.append(row)
         self.slices.append(inner)
+
+    def add_values(self, row: int, values: np.ndarray) -> None:
+        self.values[row] = values
 
     def column(self, n: int, arrow_type: pa.ListType, valid: Callable[[np.ndarray], np.ndarray]) -> tuple[pa.Array, set[int]]:
         """(list column with ``n`` rows, rows refused: values ``valid`` refuses, or text that does not parse)."""
@@ -205,6 +226,12 @@ class _TokenSlices:
             if parsed is None:  # not expected after the check; refuse them all rather than guess
                 return pa.nulls(n, arrow_type), set(self.rows)
         values, counts = parsed
+        if self.values:  # merge the decoded rows in, in row order
+            segments = dict(zip(rows, np.split(values, np.cumsum(counts)[:-1]) if len(rows) else []))
+            segments.update(self.values)
+            rows = sorted(segments)
+            counts = np.array([len(segments[r]) for r in rows], np.int64)
+            values = np.concatenate([segments[r] for r in rows])
         ok = valid(values)
         if not ok.all():
             starts = np.cumsum(counts) - counts

@@ -51,7 +51,8 @@ def test_openai_client_gets_the_same_answers_and_the_lake_holds_the_sampled_toke
 ):
     params = dict(model="tiny", messages=MESSAGES, max_tokens=8, temperature=0)
     direct = client(serve_model)
-    sampled = httpx.post(f"{serve_model}/chat/completions", json={**params, "return_token_ids": True}).json()
+    sampled = httpx.post(f"{serve_model}/chat/completions",
+                         json={**params, "return_token_ids": True, "logprobs": True}).json()
     with serve(gateway_app(settings, upstream=serve_model, broker=broker, topic=topic)) as url:
         through = client(f"{url}/v1", **{"x-trajlake-task-id": "task-1", "x-trajlake-rollout-id": "ro-1"})
         d, g = direct.chat.completions.create(**params), through.chat.completions.create(**params)
@@ -69,6 +70,8 @@ def test_openai_client_gets_the_same_answers_and_the_lake_holds_the_sampled_toke
         assert g_text.choices[0].text == d_text.choices[0].text
         assert through.models.list().data[0].id == "tiny"
 
+    on_kafka = [e["payload"] for e in read_topic(broker.bootstrap_servers, topic, count=6) if e["type"] == "llm.response"]
+    assert all(isinstance(p["logprobs"], str) for p in on_kafka)  # the engine's float32 logprobs, compact on the wire
     stats = ingest_until_idle(IngesterConfig(lake=lake.root, bootstrap_servers=broker.bootstrap_servers,
                                              topic=topic, group=group, dlq_topic=""), idle_s=1.5)
     assert stats.events == 6 and stats.quarantined == 0
@@ -80,6 +83,9 @@ def test_openai_client_gets_the_same_answers_and_the_lake_holds_the_sampled_toke
     ]
     assert len(responses) == 3
     chat_ids = sampled["choices"][0]["token_ids"]
+    engine_logprobs = [e["logprob"] for e in sampled["choices"][0]["logprobs"]["content"]]
+    assert [r["logprobs"] for r in lake.read("llm_responses").to_pylist() if r["call_id"] in requests
+            and r["response_token_ids"] == chat_ids] == [engine_logprobs] * 2  # exactly the engine's numbers
     for ids, source, policy, tenant, prompt_ids in responses[:2]:  # chat, then streamed chat
         assert ids == chat_ids and prompt_ids == sampled["prompt_token_ids"]
         assert (source, policy, tenant) == ("engine", "policy-1", TENANT)
