@@ -5,8 +5,8 @@ that value as a double (``-0.00012302082125097513``: ~20 bytes a token); the
 lake keeps them as float32 (``list<float32>``). The same values as the
 base64 of their little-endian float32 bytes take 5.33 bytes a token, and
 exactly the same numbers come back. Measured on bench/sessions with real
-engine logprobs (``serve-model``), each call's events one zstd batch: 50.1
-KB stored per 30-turn rollout as JSON numbers, 41.5 KB compact (1.21x);
+engine logprobs (``serve-model``), each call's events one zstd batch: 50.4
+KB stored per 30-turn rollout as JSON numbers, 41.3 KB compact (1.22x);
 before compression 37.9 vs 10.8 KB of logprobs.
 
 >>> encode([-0.5, -0.25])
