@@ -20,11 +20,17 @@ Messages are compared exactly, each by the digest of its JSON text (keys in
 the order sent, numbers as parsed: ``1`` and ``1.0`` and ``true`` differ): a
 message the harness echoes with any change, even a reordered key, ends the
 shared run there, so the full list always rebuilds JSON-equal to what was
-sent. The assistant message that answers the earlier call is new in the next
-call (the harness's echo of the answer is stored as sent, not derived).
+sent. The harness's echo of the earlier call's answer counts too, when it
+is exactly the message that answer rebuilds to (``schemas.answer_message``:
+the layout the official ``openai`` client sends back): ``extends_messages``
+is then one more than that call's messages; an echo in any other layout is
+new, stored as sent.
 
+>>> from schemas.answer_message import answer_message
 >>> first = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
->>> before = remembered("c1", first, None)
+>>> before = remembered("c1", first, None, answer=answer_message("4", None))
+>>> shared_messages([*first, {"content": "4", "role": "assistant"}], None, before).extends_messages
+3
 >>> shared_messages([*first, {"role": "assistant", "content": "4"}], None, before).extends_messages
 2
 """
@@ -78,11 +84,13 @@ class PreviousMessages:
     call_id: str
     messages: tuple[bytes, ...]
     tools: bytes | None
+    answer: bytes | None = None
+    """Digest of the message the call's answer rebuilds to (``schemas.answer_message``); None: not countable."""
 
     @property
     def nbytes(self) -> int:
         """About what it holds in memory (a ``SessionStore`` bounds entries by this)."""
-        return 250 + len(self.call_id) + 60 * len(self.messages)  # a 16-byte digest is a 49-byte object
+        return 250 + len(self.call_id) + 60 * (len(self.messages) + 1)  # a 16-byte digest is a 49-byte object
 
 
 @dataclass(frozen=True)
@@ -91,7 +99,8 @@ class MessagesReference:
 
     extends_call_id: str
     extends_messages: int | None
-    """How many leading messages are shared; None when only the tools are."""
+    """How many leading messages are shared (the answer, when echoed, counting as the one after that call's
+    messages); None when only the tools are."""
     new_messages: list[dict[str, Any]] | None
     """The messages after the shared ones (the call's whole list when none are shared)."""
     extends_tools: bool
@@ -102,11 +111,12 @@ def _digest(value: Any) -> bytes:
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
-def remembered(call_id: str, messages: list[dict[str, Any]] | None, tools: list[dict[str, Any]] | None
-               ) -> PreviousMessages:
-    """What to keep of a call (its FULL messages and tools) for the next call's reference."""
+def remembered(call_id: str, messages: list[dict[str, Any]] | None, tools: list[dict[str, Any]] | None, *,
+               answer: dict[str, Any] | None = None) -> PreviousMessages:
+    """What to keep of a call (its FULL messages and tools, and the message its recorded answer rebuilds to,
+    ``schemas.answer_message``; None for a failed call) for the next call's reference."""
     return PreviousMessages(call_id, tuple(_digest(m) for m in messages or ()),
-                            None if tools is None else _digest(tools))
+                            None if tools is None else _digest(tools), None if answer is None else _digest(answer))
 
 
 def shared_messages(messages: list[dict[str, Any]] | None, tools: list[dict[str, Any]] | None,
@@ -118,6 +128,9 @@ def shared_messages(messages: list[dict[str, Any]] | None, tools: list[dict[str,
         if _digest(message) != digest:
             break
         shared += 1
+    if shared == len(previous.messages) and previous.answer is not None and messages and len(messages) > shared \
+            and _digest(messages[shared]) == previous.answer:
+        shared += 1  # the harness's echo of the answer, exactly as it rebuilds
     same_tools = tools is not None and previous.tools is not None and _digest(tools) == previous.tools
     if shared == 0 and not same_tools:
         return None

@@ -39,8 +39,9 @@ as a reference to that call plus only the new ids (compared id by id;
 ``schemas/EVENTS.md``, prefix references): each token of a rollout crosses
 Kafka about once; likewise messages that start with the span's previous
 call's messages (compared exactly, message by message) go as a reference
-plus only the new messages, and tools equal to that call's as a reference
-(``extends_messages``, ``extends_tools``). Off by default: readers older than
+plus only the new messages (the echo of that call's answer counts when it
+is exactly what ``schemas.answer_message`` rebuilds), and tools equal to
+that call's as a reference (``extends_messages``, ``extends_tools``). Off by default: readers older than
 references would see partial prompts and messages.
 
 An asyncio harness writes ``async with client.rollout(...) as r:``: the same
@@ -67,6 +68,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from ingest.ids import rfc3339, uuid7
 from ingest.prefix_refs import PreviousCall, PreviousMessages, remembered, shared_messages, shared_prefix
 from ingest.producer import EventProducer, encode_event
+from schemas.answer_message import answer_message
 from schemas.events import DEFAULT_TOPIC, Harness, RolloutStatus
 from schemas.versions import SCHEMA_VERSION
 
@@ -247,7 +249,8 @@ class Span:
         if self._client.prefix_references and error is None and token_source == "engine" and prompt_token_ids:
             self._last_call = PreviousCall(call_id, list(prompt_token_ids), list(response_token_ids or ()))
         if self._client.prefix_references and full_messages is not None:
-            self._last_messages = remembered(call_id, full_messages, full_tools)
+            answer = answer_message(text, tool_calls) if error is None else None
+            self._last_messages = remembered(call_id, full_messages, full_tools, answer=answer)
         return call_id
 
     def llm_call_from_response(

@@ -19,10 +19,15 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictInt,
+    FieldSerializationInfo,
     TypeAdapter,
+    WithJsonSchema,
+    field_serializer,
     field_validator,
     model_validator,
 )
+
+from schemas import compact_logprobs
 
 from schemas.options import DEFAULT_TOPIC  # noqa: F401  (the wire contract's topic; defined with the options)
 
@@ -44,6 +49,20 @@ def _json_number(v: Any) -> Any:
 
 Number = Annotated[float, BeforeValidator(_json_number)]
 """A float that must arrive as a number (not a string or a boolean); finite, as every float here (``_Model``)."""
+
+
+def _compact_logprobs(v: Any) -> Any:
+    return compact_logprobs.decode(v) if isinstance(v, str) else v
+
+
+Logprobs = Annotated[list[Number], BeforeValidator(_compact_logprobs), WithJsonSchema({"anyOf": [
+    {"type": "array", "items": {"type": "number"}},
+    {"type": "string", "contentEncoding": "base64",
+     "description": "the compact form: base64 of the values as little-endian float32"}]})]
+"""One logprob per response token: JSON numbers, or the compact form (``schemas.compact_logprobs``), read as the
+same numbers."""
+COMPACT_LOGPROBS = "compact_logprobs"
+"""``model_dump_json(context={COMPACT_LOGPROBS: True})`` writes logprobs in the compact form where it is exact."""
 
 
 def _check_token_ids(ids: list[int] | None) -> list[int] | None:
@@ -104,7 +123,9 @@ class LlmRequest(_Model):
     call's full tools; ``tools`` is null) say what is shared. The full prompt
     is ``(full prompt of extends_call_id + its response ids)[:extends_tokens]
     + prompt_token_ids``; the full messages ``(full messages of
-    extends_call_id)[:extends_messages] + messages``.
+    extends_call_id + [its answer])[:extends_messages] + messages``, the
+    answer being the harness's echo of that call's response in the openai
+    client's layout (``schemas.answer_message``).
     """
 
     call_id: str = Field(min_length=1, max_length=200)
@@ -123,7 +144,8 @@ class LlmRequest(_Model):
     extends_tokens: StrictInt | None = Field(default=None, ge=0, le=INT32_MAX)
     """How many leading ids it shares with that call's prompt + response ids; ``prompt_token_ids`` holds the rest."""
     extends_messages: StrictInt | None = Field(default=None, ge=0, le=INT32_MAX)
-    """How many leading messages it shares with that call's full messages; ``messages`` holds the rest."""
+    """How many leading messages it shares with that call's full messages, then its answer (one more: the echo of
+    that call's response, ``schemas.answer_message``); ``messages`` holds the rest."""
     extends_tools: Literal[True] | None = None
     """True: the tools are that call's full tools (``tools`` is then null)."""
 
@@ -176,7 +198,8 @@ class LlmResponse(_Model):
     tool_calls: list[dict[str, Any]] | None = None
     finish_reason: str | None = None
     response_token_ids: TokenIds | None = None
-    logprobs: list[Number] | None = None
+    logprobs: Logprobs | None = None
+    """One per response token; on the wire JSON numbers or base64 float32 (``schemas.compact_logprobs``)."""
     token_source: TokenSource = "none"
     usage: dict[str, Any] | None = None
     latency_ms: Number | None = Field(default=None, ge=0)
@@ -185,6 +208,12 @@ class LlmResponse(_Model):
     error: str | None = None
 
     _ids = field_validator("response_token_ids")(_check_token_ids)
+
+    @field_serializer("logprobs", when_used="json")
+    def _logprobs_out(self, logprobs: list[float] | None, info: FieldSerializationInfo) -> list[float] | str | None:
+        if logprobs and info.context and info.context.get(COMPACT_LOGPROBS):
+            return compact_logprobs.encode(logprobs) or logprobs
+        return logprobs
 
     @model_validator(mode="after")
     def _logprobs_match_tokens(self) -> LlmResponse:

@@ -15,8 +15,9 @@ every row is kept).
 What the contract says about those fields is checked on the slices and the
 parsed arrays: a flat array (or null); token ids JSON integers in [0,
 INT32_MAX]; logprobs JSON numbers, finite; one logprob per response token;
-``token_source="engine"`` has ids. An event whose token fields fail any of
-these checks is refused here (None) and takes the per-event path
+``token_source="engine"`` has ids. Logprobs in the compact form (a base64
+float32 string, ``schemas.compact_logprobs``) are decoded straight into the
+column. An event whose token fields fail any of these checks is refused here (None) and takes the per-event path
 (``schemas.fast.decode_batch``, then the pydantic contract), which accepts it
 or names the problem. ``tests/schemas/test_fast_tokens.py`` holds this path
 to the contract's rows and verdicts.
@@ -38,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 import simdjson
 
-from schemas import fast
+from schemas import compact_logprobs, fast
 from schemas.events import INT32_MAX, reference_problem
 from schemas.tables import LOGPROBS, TOKENS
 from schemas.versions import MAX_EVENT_BYTES
@@ -165,7 +166,7 @@ def decode_batch_columnar(values: Sequence[bytes | None], *, max_bytes: int = MA
     """
     events: list[Any] = []
     ids = _TokenColumn("i", TOKENS, lambda v: (v >= 0) & (v <= INT32_MAX))
-    logprobs = _TokenColumn("d", LOGPROBS, np.isfinite)
+    logprobs = _TokenColumn("d", LOGPROBS, np.isfinite, compact=True)
     for row, raw in enumerate(values):
         event, cuts = None, {}
         if raw is not None and len(raw) <= max_bytes:
@@ -272,6 +273,15 @@ _REFUSED = np.zeros(0)
 """``_TokenColumn.parse``'s answer for a value that is not a flat array of numbers of the column's type."""
 
 
+def _compact_values(text: bytes) -> np.ndarray:
+    """The values of compact logprobs (a JSON string); ``_REFUSED`` when they do not decode (the per-event path
+    names the problem)."""
+    try:
+        return compact_logprobs.decode_array(msgspec.json.decode(text, type=str))
+    except (msgspec.MsgspecError, ValueError):
+        return _REFUSED
+
+
 class _TokenColumn:
     """One token field over a batch: each event's array parsed by simdjson, values kept per row.
 
@@ -282,18 +292,22 @@ class _TokenColumn:
     against the contract (``valid``) over the whole batch at once.
     """
 
-    def __init__(self, of_type: str, arrow_type: pa.ListType, valid: Callable[[np.ndarray], np.ndarray]) -> None:
-        self.of_type, self.arrow_type, self.valid = of_type, arrow_type, valid
+    def __init__(self, of_type: str, arrow_type: pa.ListType, valid: Callable[[np.ndarray], np.ndarray], *,
+                 compact: bool = False) -> None:
+        self.of_type, self.arrow_type, self.valid, self.compact = of_type, arrow_type, valid, compact
         self.dtype = {"i": np.int64, "d": np.float64}[of_type]
         self.parser = simdjson.Parser()
         self.rows: list[int] = []
         self.arrays: list[np.ndarray] = []
 
     def parse(self, raw: msgspec.Raw | bytes | None) -> np.ndarray | None:
-        """The array's numbers; None for null or absent; ``_REFUSED`` when not a flat array of such numbers."""
+        """The array's numbers (or compact logprobs' values); None for null or absent; ``_REFUSED`` when not a flat
+        array of such numbers."""
         if raw is None:
             return None
         text = bytes(raw)
+        if text[:1] == b'"' and self.compact:
+            return _compact_values(text)
         if text[:1] != b"[":
             return None if text == _NULL else _REFUSED
         if text.find(b"[", 1) != -1:  # nested arrays: as_buffer would flatten them

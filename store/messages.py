@@ -2,7 +2,9 @@
 
 An ``llm.request`` with a messages reference stores only the messages after
 the first ``extends_messages`` of the referenced call's full messages, and no
-tools when ``extends_tools`` (``schemas/EVENTS.md``). ``full_messages``
+tools when ``extends_tools`` (``schemas/EVENTS.md``); ``extends_messages`` one
+past those messages counts the referenced call's answer too (the harness's
+echo, rebuilt from its ``llm.response`` by ``schemas.answer_message``). ``full_messages``
 follows those chains for one rollout's calls; the SQL view
 ``llm_call_messages`` does the same over the whole lake. A call whose chain
 cannot be followed gets a reason instead (``UNRESOLVED_REASONS``).
@@ -21,11 +23,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.answer_message import answer_message
+from schemas.table_names import LLM_CALLS_VIEW, LLM_REQUESTS_TABLE
 from store.reference_chains import follow_references
 
-UNRESOLVED_REASONS = ("missing_call", "beyond_prefix", "cycle")
+UNRESOLVED_REASONS = ("missing_call", "beyond_prefix", "missing_answer", "cycle")
 """Why a call's full messages cannot be rebuilt: the referenced call is not in the rollout (not ingested yet, or
-forgotten); ``extends_messages`` is longer than that call's full messages; the chain loops."""
+forgotten); ``extends_messages`` is longer than that call's full messages and its answer; it counts that call's
+answer, which has no successful response (not ingested yet) or no message layout; the chain loops."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,9 @@ class StoredMessages:
     extends_call_id: str | None = None
     extends_messages: int | None = None
     extends_tools: bool | None = None
+    answer: dict[str, Any] | None = None
+    """The message the call's answer rebuilds to (``schemas.answer_message``); None: no successful response at
+    hand."""
 
     @property
     def references(self) -> bool:
@@ -60,22 +68,27 @@ def full_messages(calls: Iterable[StoredMessages]) -> tuple[dict[str, FullMessag
     by_id = {c.call_id: c for c in calls}
     done: dict[str, FullMessages] = {}
     problems = follow_references(by_id, lambda c: c.extends_call_id if c.references else None,
-                                 lambda c: _extend(c, done), done)
+                                 lambda c: _extend(c, by_id[c.extends_call_id] if c.references else None, done), done)
     return done, problems
 
 
-def _extend(call: StoredMessages, done: dict[str, FullMessages]) -> str | None:
-    """Put ``call``'s full messages in ``done`` (its reference resolved before); else the reason."""
+def _extend(call: StoredMessages, referenced: StoredMessages | None, done: dict[str, FullMessages]) -> str | None:
+    """Put ``call``'s full messages in ``done`` (its reference, ``referenced``, resolved before); else the reason."""
     own = FullMessages(_loads(call.messages), _loads(call.tools))
-    if not call.references:
+    if referenced is None:
         done[call.call_id] = own
         return None
-    before = done[call.extends_call_id]
+    before = done[referenced.call_id]
     messages = own.messages
     if call.extends_messages is not None:
-        if before.messages is None or call.extends_messages > len(before.messages):
+        shared = before.messages
+        if shared is None or call.extends_messages > len(shared) + 1:
             return "beyond_prefix"
-        messages = before.messages[: call.extends_messages] + (own.messages or [])
+        if call.extends_messages == len(shared) + 1:
+            if referenced.answer is None:
+                return "missing_answer"
+            shared = [*shared, referenced.answer]
+        messages = shared[: call.extends_messages] + (own.messages or [])
     done[call.call_id] = FullMessages(messages, before.tools if call.extends_tools else own.tools)
     return None
 
@@ -84,14 +97,20 @@ def _loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
-REQUEST_COLUMNS = "call_id, messages, tools, extends_call_id, extends_messages, extends_tools"
-"""The ``llm_requests`` columns ``stored_messages`` and ``full_messages_json`` read."""
+def request_rows_sql(where: str) -> str:
+    """The query of the rows ``stored_messages`` and ``full_messages_json`` read: ``llm_requests`` with each
+    call's answer (``text``, ``tool_calls``, ``answered``: a successful response is stored), in ``seq`` order;
+    ``where`` filters on unqualified ``tenant`` / ``rollout_id`` (e.g. ``"rollout_id = ?"``)."""
+    return (f"SELECT rollout_id, q.call_id, q.messages, q.tools, q.extends_call_id, q.extends_messages, q.extends_tools, "
+            f"c.text, c.tool_calls, coalesce(c.has_response AND c.error IS NULL, false) AS answered "
+            f"FROM {LLM_REQUESTS_TABLE} AS q LEFT JOIN {LLM_CALLS_VIEW} AS c USING (tenant, rollout_id, call_id) "
+            f"WHERE {where} ORDER BY q.seq, q.event_id")
 
 
 def full_messages_json(rows: Iterable[dict]) -> dict[str, str]:
     """call_id -> the call's full messages as JSON text, for the calls of one rollout whose messages a reference
-    shortened (resolved; the others are stored whole). ``rows``: its ``llm_requests`` rows (``REQUEST_COLUMNS``)
-    in ``seq`` order; a call_id recorded twice (a retry) counts once, as its first row."""
+    shortened (resolved; the others are stored whole). ``rows``: its rows as ``request_rows_sql`` reads them, in
+    ``seq`` order; a call_id recorded twice (a retry) counts once, as its first row."""
     first: dict[str, dict] = {}
     for row in rows:
         first.setdefault(row["call_id"], row)
@@ -104,6 +123,13 @@ def full_messages_json(rows: Iterable[dict]) -> dict[str, str]:
 
 def stored_messages(rows: Iterable[dict]) -> list[StoredMessages]:
     """``StoredMessages`` from ``llm_requests`` rows (``call_id``, ``messages``, ``tools``, ``extends_call_id``,
-    ``extends_messages``, ``extends_tools``)."""
+    ``extends_messages``, ``extends_tools``) and, where given, their answer (``text``, ``tool_calls`` as JSON
+    text, ``answered``; ``request_rows_sql``)."""
     return [StoredMessages(r["call_id"], r["messages"], r["tools"], r.get("extends_call_id"),
-                           r.get("extends_messages"), r.get("extends_tools")) for r in rows]
+                           r.get("extends_messages"), r.get("extends_tools"), _answer(r)) for r in rows]
+
+
+def _answer(row: dict) -> dict[str, Any] | None:
+    if not row.get("answered"):
+        return None
+    return answer_message(row.get("text"), _loads(row.get("tool_calls")))

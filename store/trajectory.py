@@ -21,7 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from schemas.errors import NotFound, TrajlakeError
 from schemas.table_names import (
     LLM_CALLS_VIEW,
-    LLM_REQUESTS_TABLE,
     REWARDS_TABLE,
     ROLLOUT_ENDS_TABLE,
     ROLLOUT_STARTS_TABLE,
@@ -215,8 +214,6 @@ _REWARDS = f"SELECT seq, ts, name, value, source FROM {REWARDS_TABLE} {_WHERE}"
 _CALLS = f"""SELECT seq, requested_at AS ts, call_id, model, n_prompt_tokens, n_response_tokens, token_source,
     finish_reason, latency_ms, upstream_retries, policy_version, error, has_response, responded_at,
     messages, prompt, text FROM {LLM_CALLS_VIEW} {_WHERE}"""
-_REQUESTS = f"""SELECT call_id, messages, tools, extends_call_id, extends_messages, extends_tools
-    FROM {LLM_REQUESTS_TABLE} {_WHERE} ORDER BY seq, event_id"""  # store.messages.REQUEST_COLUMNS (not imported: light)
 _TOOLS = f"""SELECT seq, called_at AS ts, call_id, name, arguments, result, error, duration_ms, state_changed,
     has_result FROM {TOOL_STEPS_VIEW} {_WHERE}"""
 
@@ -243,9 +240,9 @@ def _summary(con: duckdb.DuckDBPyConnection, rollout_id: str, tenant: str | None
 def _with_full_messages(calls: list[dict[str, Any]], con: duckdb.DuckDBPyConnection, key: list[Any]
                         ) -> list[dict[str, Any]]:
     """The call rows with their FULL messages (JSON), where a messages reference stored only the new ones."""
-    from store.messages import full_messages_json
+    from store.messages import full_messages_json, request_rows_sql
 
-    full = full_messages_json(_rows(con, _REQUESTS, key))
+    full = full_messages_json(_rows(con, request_rows_sql("tenant = ? AND rollout_id = ?"), key))
     for call in calls:
         call["messages"] = full.get(call["call_id"], call["messages"])
     return calls

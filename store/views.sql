@@ -225,29 +225,49 @@ LEFT JOIN resolved AS r USING (tenant, rollout_id, call_id);
 -- One row per LLM call (as in llm_calls) with its FULL messages and tools (JSON
 -- text): a call sent with a messages reference stores only the messages after
 -- the first extends_messages of the referenced call's full messages, and no
--- tools when extends_tools (they are that call's); resolved here along the
--- chain inside (tenant, rollout_id). `resolved` is false (messages and tools
--- NULL) when the chain cannot be followed: a referenced call missing, or a
--- reference longer than what it names. Followed over the whole lake: filter
--- yourself for one rollout of a big lake (store.messages resolves in Python).
+-- tools when extends_tools (they are that call's); extends_messages one past
+-- those messages counts that call's answer too, rebuilt from its response as
+-- schemas.answer_message does (content, role, tool_calls: id, function
+-- {arguments, name}, type); resolved here along the chain inside (tenant,
+-- rollout_id). `resolved` is false (messages and tools NULL) when the chain
+-- cannot be followed: a referenced call missing, a reference longer than what
+-- it names, or an answer counted without a successful response. Followed over
+-- the whole lake: filter yourself for one rollout of a big lake
+-- (store.messages resolves in Python).
 CREATE VIEW llm_call_messages AS
 WITH RECURSIVE linked AS (
     SELECT c.tenant, c.rollout_id, c.call_id, json_extract(c.messages, '$[*]') AS messages, c.tools,
-        q.extends_call_id, q.extends_messages, coalesce(q.extends_tools, false) AS extends_tools
+        q.extends_call_id, q.extends_messages, coalesce(q.extends_tools, false) AS extends_tools,
+        CASE WHEN NOT c.has_response OR c.error IS NOT NULL
+                OR NOT list_bool_and(list_transform(json_extract(coalesce(c.tool_calls, '[]'), '$[*]'), t ->
+                    coalesce(json_type(t, '$.id') = 'VARCHAR' AND json_type(t, '$.type') = 'VARCHAR'
+                             AND json_type(t, '$.function.arguments') = 'VARCHAR'
+                             AND json_type(t, '$.function.name') = 'VARCHAR', false)))
+            THEN NULL
+        ELSE json_merge_patch(
+            CASE WHEN c.text IS NULL THEN json_object('role', 'assistant')
+                 ELSE json_object('content', c.text, 'role', 'assistant') END,
+            CASE WHEN coalesce(json_array_length(c.tool_calls), 0) = 0 THEN '{}'
+                 ELSE json_object('tool_calls', to_json(list_transform(json_extract(c.tool_calls, '$[*]'), t ->
+                     json_object('id', t->>'$.id', 'function', json_object('arguments', t->>'$.function.arguments',
+                                 'name', t->>'$.function.name'), 'type', t->>'$.type')))) END) END AS answer
     FROM llm_calls AS c
     JOIN llm_requests AS q ON q.tenant = c.tenant AND q.rollout_id = c.rollout_id AND q.event_id = c.request_event_id
-), resolved(tenant, rollout_id, call_id, messages, tools) AS (
-    SELECT tenant, rollout_id, call_id, messages, tools
+), resolved(tenant, rollout_id, call_id, messages, tools, answer) AS (
+    SELECT tenant, rollout_id, call_id, messages, tools, answer
     FROM linked WHERE extends_messages IS NULL AND NOT extends_tools
     UNION ALL
     SELECT c.tenant, c.rollout_id, c.call_id,
         CASE WHEN c.extends_messages IS NULL THEN c.messages
-             ELSE list_concat(p.messages[1:c.extends_messages], c.messages) END,
-        CASE WHEN c.extends_tools THEN p.tools ELSE c.tools END
+             WHEN c.extends_messages <= len(p.messages) THEN list_concat(p.messages[1:c.extends_messages], c.messages)
+             ELSE list_concat(p.messages, [p.answer], c.messages) END,
+        CASE WHEN c.extends_tools THEN p.tools ELSE c.tools END,
+        c.answer
     FROM resolved AS p
     JOIN linked AS c ON c.tenant = p.tenant AND c.rollout_id = p.rollout_id AND c.extends_call_id = p.call_id
     WHERE (c.extends_messages IS NOT NULL OR c.extends_tools)
-        AND coalesce(c.extends_messages <= len(p.messages), c.extends_messages IS NULL)
+        AND coalesce(c.extends_messages <= len(p.messages)
+                     OR (c.extends_messages = len(p.messages) + 1 AND p.answer IS NOT NULL), c.extends_messages IS NULL)
 )
 SELECT
     c.tenant, c.task_id, c.rollout_id, c.attempt, c.seq, c.call_id, c.span_id,

@@ -13,8 +13,8 @@ from typing import Any
 from api.services import QueryService
 from api.viewer.models import CallText, Facets, RolloutDetail, RolloutRow, RolloutRows, ToolText
 from api.viewer.tokens import TokenDecoder, token_view
-from schemas.tables import LLM_CALLS_VIEW, LLM_REQUESTS_TABLE, ROLLOUTS_VIEW, TOOL_STEPS_VIEW
-from store.messages import REQUEST_COLUMNS, full_messages_json
+from schemas.tables import LLM_CALLS_VIEW, ROLLOUTS_VIEW, TOOL_STEPS_VIEW
+from store.messages import full_messages_json, request_rows_sql
 
 MAX_TEXT_CHARS = 20_000
 """Longest text (messages JSON, response, tool arguments or result) the rollout page shows per field."""
@@ -23,8 +23,7 @@ _LIST_COLUMNS = ("rollout_id, task_id, harness_name, harness_version, status, re
                  "n_response_tokens, llm_latency_ms, coalesce(started_at, first_event_at) AS started_at")
 _CALL_TEXT = (f"SELECT call_id, messages, prompt, text, tool_calls FROM {LLM_CALLS_VIEW} WHERE rollout_id = ? "
               "ORDER BY seq, requested_at, call_id")
-_CALL_MESSAGES = (f"SELECT {REQUEST_COLUMNS} FROM {LLM_REQUESTS_TABLE} WHERE rollout_id = ? "
-                  "ORDER BY seq, event_id")
+_CALL_MESSAGES = request_rows_sql("rollout_id = ?")
 _TOOL_TEXT = (f"SELECT call_id, arguments, result FROM {TOOL_STEPS_VIEW} WHERE rollout_id = ? "
               "ORDER BY seq, called_at, call_id")
 _FACETS = ("SELECT list(DISTINCT harness_name || '@' || coalesce(harness_version, '?') ORDER BY 1) "

@@ -9,7 +9,12 @@ events (``prefix_references`` off); the same 30-turn tool-using
 rollouts (the official ``openai`` client, a calculator agent) through each;
 every recorded call merged per rollout (``pipelines.datasets.merging``, full
 prompts resolved from references by ``store.prompts``). Bytes per rollout:
-Kafka = the events' key + value bytes as the gateway produced them; lake =
+Kafka = the events' key + value bytes as the gateway produced them
+(uncompressed), and Kafka stored = the bytes an embedded broker (tansu)
+serves back for the arm's topic (``devkit.kafka_bytes``: the record batches
+as the gateway's producer sent them, zstd by default, plus fetch framing;
+each call's two events are one batch here, the conservative end: a busier
+gateway's batches hold several calls); lake =
 every ingested table written from those events with the ingester's rows and
 Parquet settings (``store.event_rows``, ``store.commit.WRITER_PROPERTIES``),
 one commit per turn: Parquet data (column chunks), footers and ``_delta_log``,
@@ -17,6 +22,12 @@ as ingested and after ``trajlake compact`` (``lake_bytes``). Also: latency
 per call (client-observed, sequential) through each gateway; the time the
 session planner takes per call (the hot-path work sessions add); session
 memory per 10k live rollouts at the measured prompt sizes (tracemalloc).
+Logprobs: the split engine's are one constant, so the references arm's
+events are sent again with real engine logprobs (``serve-model`` on the tiny
+model, float32 values as the engine gives them) in every ``llm.response``,
+once as JSON numbers and once in the compact form (base64 float32, what the
+gateway writes by default: ``schemas.compact_logprobs``), and what the
+broker stores of each is compared.
 Writes ``bench/sessions/results.json`` (``bench.results`` format).
 
     .venv/bin/python bench/sessions/run.py [--rollouts 8] [--turns 30]
@@ -25,10 +36,12 @@ Writes ``bench/sessions/results.json`` (``bench.results`` format).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
 from collections import Counter
+from collections.abc import Iterator
 import tempfile
 import time
 import tracemalloc
@@ -46,14 +59,18 @@ from openai import OpenAI  # noqa: E402
 
 from bench.results import Ratio, Recorder  # noqa: E402
 
+from devkit.broker import EmbeddedBroker  # noqa: E402
+from devkit.kafka_bytes import topic_bytes  # noqa: E402
 from devkit.split_engine import create_split_engine  # noqa: E402
 from devkit.tiny_model import build_tiny_model, default_model_dir  # noqa: E402
 from ingest.gateway import create_gateway_app  # noqa: E402
-from ingest.gateway.emitter import Emitter  # noqa: E402
+from ingest.gateway.emitter import Emitter, KafkaSink  # noqa: E402
 from ingest.gateway.sessions.state import DIGEST_BYTES, Session, SessionStore, pack_ids  # noqa: E402
 from ingest.gateway.sessions.stitch import Stitcher  # noqa: E402
 from ingest.spool import Spool  # noqa: E402
 from pipelines.datasets.merging import Call, merge_calls  # noqa: E402
+from serve.app import create_serve_app  # noqa: E402
+from schemas import compact_logprobs  # noqa: E402
 from schemas.events import EVENT_ADAPTER  # noqa: E402
 from schemas.tables import INGESTED_TABLES  # noqa: E402
 from store.commit import WRITER_PROPERTIES  # noqa: E402
@@ -71,14 +88,20 @@ TOOLS = [{"type": "function", "function": {
 
 
 class ListSink:
-    def __init__(self) -> None:
+    """Keeps every batch the emitter sends, and sends it on through the gateway's own Kafka sink."""
+
+    def __init__(self, kafka: KafkaSink) -> None:
+        self.kafka = kafka
         self.records: list[tuple[bytes, bytes]] = []
+        self.batches: list[list[tuple[bytes, bytes]]] = []
 
     def send(self, records) -> None:
+        self.kafka.send(records)
         self.records.extend(records)
+        self.batches.append(list(records))
 
     def close(self) -> None:
-        pass
+        self.kafka.close()
 
 
 def rollout(llm: OpenAI, turns: int, latencies: list[float], *, task: int) -> None:
@@ -203,13 +226,20 @@ def largest(parts: Counter[str], rollouts: int, n: int = 6) -> dict[str, int]:
     return {name: round(size / rollouts) for name, size in parts.most_common(n)}
 
 
-def run_arm(engine_url: str, model_dir: Path, workdir: Path, *, sessions: bool, references: bool, rollouts: int,
-            turns: int) -> dict:
+def stored_bytes(broker: EmbeddedBroker, topic: str, records: int) -> int:
+    """What the broker serves back of ``topic`` (``records`` records): its batches as stored + framing."""
+    return topic_bytes(broker.bootstrap_servers, topic, records=records, timeout_s=120).served_bytes
+
+
+def run_arm(engine_url: str, model_dir: Path, workdir: Path, broker: EmbeddedBroker, *, sessions: bool,
+            references: bool, rollouts: int, turns: int) -> tuple[dict, ListSink]:
     settings = GatewaySettings(upstream_url=engine_url, gateway_keys=f"{KEY}=bench", spool_dir=workdir / "spool",
-                               bootstrap_servers="127.0.0.1:1", tokenizer=str(model_dir), token_sessions=sessions,
-                               prefix_references=references)
-    sink = ListSink()
-    emitter = Emitter(sink, Spool(workdir / "spool", max_bytes=1 << 30))
+                               bootstrap_servers=broker.bootstrap_servers, topic=workdir.name, tokenizer=str(model_dir),
+                               token_sessions=sessions, prefix_references=references)
+    broker.create_topic(settings.topic, partitions=4)
+    sink = ListSink(KafkaSink(settings.bootstrap_servers, settings.topic, timeout_s=30.0,
+                              compression=settings.kafka_compression))
+    emitter = Emitter(sink, Spool(workdir / "spool", max_bytes=1 << 30), compact_logprobs=settings.compact_logprobs)
     app = create_gateway_app(settings, emitter=emitter)
     latencies: list[float] = []
     with serve_in_thread(app, name="gateway") as url:
@@ -218,6 +248,7 @@ def run_arm(engine_url: str, model_dir: Path, workdir: Path, *, sessions: bool, 
                          default_headers={"x-trajlake-task-id": "t", "x-trajlake-rollout-id": f"r-{k}"})
             rollout(llm, turns, latencies, task=k)
     emitter.close()
+    assert emitter.spooled == 0, "the broker did not take every batch: the stored bytes would be short"
     per_rollout = samples(sink)
     counts = list(per_rollout.values())
     out = {"rollouts": len(counts), "calls": len(latencies),
@@ -226,10 +257,66 @@ def run_arm(engine_url: str, model_dir: Path, workdir: Path, *, sessions: bool, 
            "latency_p50_ms": round(statistics.median(latencies) * 1e3, 2)}
     kafka = kafka_bytes(sink)
     out["kafka_bytes_per_rollout"] = round(kafka["total"] / len(counts))
+    out["kafka_compression"] = settings.kafka_compression
+    out["kafka_stored_bytes_per_rollout"] = round(stored_bytes(broker, settings.topic, len(sink.records)) / len(counts))
     out["kafka_token_id_bytes_per_rollout"] = round(kafka["token_ids"] / len(counts))
     out["kafka_message_bytes_per_rollout"] = round(kafka["messages"] / len(counts))
     out["kafka_largest_parts_per_rollout"] = largest(kafka["parts"], len(counts))
     out.update(lake_bytes(sink, workdir / "lake", rollouts=len(counts)))
+    return out, sink
+
+
+def engine_logprobs(model_dir: Path, n: int) -> list[float]:
+    """``n`` logprobs of tokens the reference engine sampled (``serve-model``, the tiny model, temperature 1)."""
+    values: list[float] = []
+    with serve_in_thread(create_serve_app(model_dir, served_name="tiny", max_new_tokens_cap=64), name="serve") as url:
+        llm = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        while len(values) < n:
+            answer = llm.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"Count {len(values)}"}],
+                                                 max_tokens=64, temperature=1.0, logprobs=True)
+            values += [entry.logprob for entry in answer.choices[0].logprobs.content]
+    return values[:n]
+
+
+def with_logprobs(batch: list[tuple[bytes, bytes]], pool: Iterator[float], encode) -> tuple[list, int]:
+    """``batch`` with the next values of ``pool`` as every response's logprobs, ``encode``-d; and their bytes."""
+    records, field = [], 0
+    for key, value in batch:
+        event = json.loads(value)
+        if event["type"] == "llm.response" and event["payload"].get("logprobs"):  # compact or not: one a token
+            real = [next(pool) for _ in event["payload"]["response_token_ids"]]
+            event["payload"]["logprobs"] = encode(real)
+            assert encode is list or compact_logprobs.decode(event["payload"]["logprobs"]) == real
+            field += len(json.dumps(event["payload"]["logprobs"], separators=(",", ":")))
+            value = json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode()
+        records.append((key, value))
+    return records, field
+
+
+def logprob_encodings(sink: ListSink, full: ListSink, values: list[float], broker: EmbeddedBroker,
+                      rollouts: int) -> dict:
+    """Per rollout, with ``values`` (cycled) as every response's logprobs: the logprobs' bytes and the bytes the
+    broker stores of the references arm's events (each batch as the gateway sent it, zstd), as JSON numbers and
+    compact (base64 float32, decoding to the same numbers: checked); and the key + value bytes of the full
+    events arm with them as JSON numbers (the uncompressed events before references and compression)."""
+    assert np.array_equal(np.asarray(values, dtype=np.float32).astype(np.float64), np.asarray(values)), \
+        "the engine's logprobs are not float32 values: the compact form would not be exact"
+    out: dict = {}
+    for name, encode in (("json", list), ("f32_base64", compact_logprobs.encode)):
+        pool, field = itertools.cycle(values), 0
+        topic = f"logprobs-{name}"
+        broker.create_topic(topic, partitions=4)
+        kafka = KafkaSink(broker.bootstrap_servers, topic, timeout_s=30.0, compression="zstd")
+        for batch in sink.batches:
+            records, size = with_logprobs(batch, pool, encode)
+            kafka.send(records)
+            field += size
+        kafka.close()
+        out[f"{name}_logprob_bytes_per_rollout"] = round(field / rollouts)
+        out[f"{name}_stored_bytes_per_rollout"] = round(stored_bytes(broker, topic, len(sink.records)) / rollouts)
+    pool = itertools.cycle(values)
+    before = sum(len(k) + len(v) for batch in full.batches for k, v in with_logprobs(batch, pool, list)[0])
+    out["full_events_json_bytes_per_rollout"] = round(before / rollouts)
     return out
 
 
@@ -288,10 +375,14 @@ def main() -> None:
     model_dir = build_tiny_model(default_model_dir())
     results: dict = {"turns": args.turns}
     arms = (("without_sessions", False, False), ("with_sessions", True, True), ("with_sessions_full_prompts", True, False))
-    with tempfile.TemporaryDirectory() as tmp, serve_in_thread(create_split_engine(model_dir), name="engine") as engine:
+    sinks = {}
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker, \
+            serve_in_thread(create_split_engine(model_dir), name="engine") as engine:
         for name, sessions, references in arms:
-            results[name] = run_arm(f"{engine}/v1", model_dir, Path(tmp) / name, sessions=sessions,
-                                    references=references, rollouts=args.rollouts, turns=args.turns)
+            results[name], sinks[name] = run_arm(f"{engine}/v1", model_dir, Path(tmp) / name, broker, sessions=sessions,
+                                                 references=references, rollouts=args.rollouts, turns=args.turns)
+        results["logprobs"] = logprob_encodings(sinks["with_sessions"], sinks["with_sessions_full_prompts"],
+                                                engine_logprobs(model_dir, 4096), broker, args.rollouts)
     results["planner"] = plan_cost(model_dir, args.turns)
     from transformers import AutoTokenizer
 
@@ -304,7 +395,7 @@ def main() -> None:
 
 def write(recorder: Recorder, results: dict) -> None:
     off, on, full = results["without_sessions"], results["with_sessions"], results["with_sessions_full_prompts"]
-    planner, memory = results["planner"], results["memory"]
+    planner, memory, logprobs = results["planner"], results["memory"], results["logprobs"]
 
     def kb(a: dict, b: dict, key: str) -> str:
         return f"{a[key] / 1e3:,.1f} vs {b[key] / 1e3:,.1f} KB"
@@ -315,8 +406,20 @@ def write(recorder: Recorder, results: dict) -> None:
     ratios = [
         Ratio("samples_per_rollout", "samples per rollout, without token sessions / with",
               [round(off["samples_per_rollout"] / on["samples_per_rollout"], 2)]),
-        Ratio("kafka_bytes", "Kafka bytes per rollout, full events / references", [fewer("kafka_bytes_per_rollout")],
-              goal=10.0),
+        Ratio("kafka_bytes", "Kafka key + value bytes (uncompressed) per rollout, full events / references",
+              [fewer("kafka_bytes_per_rollout")], goal=10.0),
+        Ratio("kafka_stored_bytes", f"Kafka bytes stored ({on['kafka_compression']} batches, as the broker serves them) "
+              "per rollout, full events / references", [fewer("kafka_stored_bytes_per_rollout")], goal=10.0),
+        Ratio("kafka_before_after", "Kafka bytes per rollout, full events uncompressed (before) / references stored "
+              f"{on['kafka_compression']} (now); the split engine's constant logprobs",
+              [round(full["kafka_bytes_per_rollout"] / on["kafka_stored_bytes_per_rollout"], 2)], goal=10.0),
+        Ratio("kafka_before_after_real_logprobs", "the same with real engine logprobs: full events uncompressed, "
+              "JSON logprobs (before) / references stored zstd, compact logprobs (now)",
+              [round(logprobs["full_events_json_bytes_per_rollout"] / logprobs["f32_base64_stored_bytes_per_rollout"],
+                     2)], goal=10.0),
+        Ratio("kafka_logprob_encoding", "Kafka bytes stored per rollout with real engine logprobs, as JSON numbers / "
+              "compact (base64 float32)", [round(logprobs["json_stored_bytes_per_rollout"]
+                                       / logprobs["f32_base64_stored_bytes_per_rollout"], 2)]),
         Ratio("lake_bytes", "lake data bytes (column chunks) per rollout as ingested, full events / references",
               [fewer("lake_bytes_per_rollout")], goal=10.0),
         Ratio("lake_file_bytes", "lake bytes per rollout as ingested (data + Parquet footers + _delta_log), "
@@ -349,8 +452,14 @@ def write(recorder: Recorder, results: dict) -> None:
                f"{on['rollouts']} rollouts), after compact {kb(on, full, 'lake_compacted_bytes_per_rollout')} "
                f"(footers {kb(on, full, 'lake_compacted_footer_bytes_per_rollout')}, _delta_log "
                f"{kb(on, full, 'lake_compacted_log_bytes_per_rollout')}; largest data with references: {left_lake}); "
-               f"what is left on Kafka is mostly per call "
-               f"(KB per rollout: {left}); planning p50 {planner['plan_p50_ms']:.1f} ms, "
+               f"Kafka stored ({on['kafka_compression']}, one call "
+               f"per batch) {kb(on, full, 'kafka_stored_bytes_per_rollout')}; what is left on Kafka is mostly per call "
+               f"(uncompressed KB per rollout: {left}); with real engine logprobs (the split engine's are one constant) "
+               f"stored {logprobs['json_stored_bytes_per_rollout'] / 1e3:,.1f} KB as JSON numbers vs "
+               f"{logprobs['f32_base64_stored_bytes_per_rollout'] / 1e3:,.1f} KB compact, base64 float32 (logprobs "
+               f"{logprobs['json_logprob_bytes_per_rollout'] / 1e3:,.1f} vs "
+               f"{logprobs['f32_base64_logprob_bytes_per_rollout'] / 1e3:,.1f} KB uncompressed; full events "
+               f"{logprobs['full_events_json_bytes_per_rollout'] / 1e3:,.1f} KB uncompressed); planning p50 {planner['plan_p50_ms']:.1f} ms, "
                f"{planner['plan_at_last_turn_ms']:.1f} ms at turn {results['turns']} "
                f"({planner['prompt_tokens_at_last_turn']:,}-token prompt); client p50 per call {on['latency_p50_ms']:.0f} ms "
                f"with sessions vs {off['latency_p50_ms']:.0f} ms without; session memory {memory['measured_mib']:.0f} MiB "

@@ -31,8 +31,10 @@ log = logging.getLogger(__name__)
 
 def build_emitter(settings: GatewayConfig, *, redactor: Redactor | None = None) -> Emitter:
     """Kafka sink + on-disk spool, as configured."""
-    sink = KafkaSink(settings.bootstrap_servers, settings.topic, timeout_s=settings.broker_timeout_s)
-    return Emitter(sink, Spool(settings.spool_dir, max_bytes=settings.spool_max_bytes), redactor=redactor)
+    sink = KafkaSink(settings.bootstrap_servers, settings.topic, timeout_s=settings.broker_timeout_s,
+                     compression=settings.kafka_compression)
+    return Emitter(sink, Spool(settings.spool_dir, max_bytes=settings.spool_max_bytes), redactor=redactor,
+                   compact_logprobs=settings.compact_logprobs)
 
 
 def _token_sessions(settings: GatewayConfig, retokenizer: Retokenizer | None) -> Stitcher | None:

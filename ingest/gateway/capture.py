@@ -27,6 +27,7 @@ from ingest.gateway.tokens import Completion, Kind, read_completion
 from ingest.ids import uuid7
 from ingest.gateway.sessions.state import SessionKey, SessionStore
 from ingest.prefix_refs import MessagesReference, PreviousCall, Reference, remembered, shared_messages, shared_prefix
+from schemas.answer_message import answer_message
 from schemas.events import Event, LlmRequest, LlmRequestEvent, LlmResponse, LlmResponseEvent
 from schemas.versions import SCHEMA_VERSION
 
@@ -83,9 +84,10 @@ class Recorder:
         self.prefix_references = prefix_references
         """Record a prompt that extends the rollout's last call as a reference to it plus the new ids."""
         self.history = history
-        """Digests of each rollout's last recorded chat call's full messages and tools (``PreviousMessages``), on
-        this thread: a call whose messages start with them, or whose tools equal them, references that call and
-        carries only its new messages (None: every call carries its whole messages and tools)."""
+        """Digests of each rollout's last recorded chat call's full messages, tools and answer
+        (``PreviousMessages``), on this thread: a call whose messages start with them (and the harness's echo of
+        the answer), or whose tools equal them, references that call and carries only its new messages (None:
+        every call carries its whole messages and tools)."""
 
     def events(self, captured: CapturedCall) -> list[Event]:
         done = captured.completion
@@ -103,7 +105,8 @@ class Recorder:
         if key is not None:  # the next call may reference this one: its request is recorded
             body = captured.request
             tools = body.get("tools") if isinstance(body.get("tools"), list) else None
-            self.history.put(key, remembered(captured.call.call_id, body["messages"], tools))
+            answer = answer_message(done.text, done.tool_calls) if done is not None and not captured.error else None
+            self.history.put(key, remembered(captured.call.call_id, body["messages"], tools, answer=answer))
         return [request, self._response(captured, done, response_ids, source)]
 
     def _history_key(self, captured: CapturedCall) -> SessionKey | None:

@@ -36,7 +36,7 @@ from ingest.redaction import Redactor
 from ingest.rejected import RejectedInput
 from ingest.spool import Spool, SpoolFull, record_size
 from schemas.errors import InvalidEvent
-from schemas.events import Event
+from schemas.events import COMPACT_LOGPROBS, Event
 from schemas.versions import MAX_EVENT_BYTES
 
 log = logging.getLogger(__name__)
@@ -48,11 +48,13 @@ Durable = Callable[[bool], None]
 KeyValue = tuple[bytes, bytes]
 
 
-def encode(event: Event | RejectedInput) -> KeyValue:
-    """Kafka (key, value) of one validated event (key = rollout_id, value = compact JSON), or of a rejected input."""
+def encode(event: Event | RejectedInput, *, compact_logprobs: bool = False) -> KeyValue:
+    """Kafka (key, value) of one validated event (key = rollout_id, value = compact JSON), or of a rejected input.
+
+    ``compact_logprobs``: logprobs as base64 float32 where that is exact (``schemas.compact_logprobs``)."""
     if isinstance(event, RejectedInput):
         return event.record()
-    value = event.model_dump_json().encode()
+    value = event.model_dump_json(context={COMPACT_LOGPROBS: True} if compact_logprobs else None).encode()
     if len(value) > MAX_EVENT_BYTES:
         raise InvalidEvent("(event)", f"{len(value)} bytes exceeds the {MAX_EVENT_BYTES}-byte limit")
     return event.rollout_id.encode(), value
@@ -79,10 +81,13 @@ class KafkaSink:
     gateway started while the broker is down connects once it comes up.
     """
 
-    def __init__(self, bootstrap_servers: str, topic: str, *, timeout_s: float = 5.0) -> None:
+    def __init__(self, bootstrap_servers: str, topic: str, *, timeout_s: float = 5.0,
+                 compression: str = "none") -> None:
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.timeout_s = timeout_s
+        self.compression = compression
+        """librdkafka's ``compression.type`` of the record batches (``GatewayConfig.kafka_compression``)."""
         self._producer: Producer | None = None
 
     def _connect(self) -> Producer:
@@ -94,7 +99,8 @@ class KafkaSink:
                 "acks": "all",
                 "enable.idempotence": False,  # tansu refuses InitProducerId; the ingester dedupes by event_id
                 "max.in.flight.requests.per.connection": 1,  # keep per-rollout order across retries
-                "linger.ms": 1,
+                "linger.ms": 1,  # the emitter batches (group commit, ``Emitter.linger_s``) and flushes each send
+                "compression.type": self.compression,
                 "message.max.bytes": MAX_EVENT_BYTES + 64 * 1024,
                 "message.timeout.ms": ms,
                 "socket.timeout.ms": max(ms, 10),
@@ -142,9 +148,12 @@ class Emitter:
         linger_s: float = 0.02,
         retry_interval_s: float = 1.0,
         redactor: Redactor | None = None,
+        compact_logprobs: bool = False,
     ) -> None:
         self.sink = sink
         self.redactor = redactor
+        self.compact_logprobs = compact_logprobs
+        """Write logprobs as base64 float32 where exact (``GatewayConfig.compact_logprobs``)."""
         """Applied to every event before it is encoded; None = record events as built."""
         self.spool = spool
         self.batch_max = batch_max
@@ -234,7 +243,7 @@ class Emitter:
         for job in jobs:
             try:
                 events = self._redact(job())
-                records.extend(encode(e) for e in events)
+                records.extend(encode(e, compact_logprobs=self.compact_logprobs) for e in events)
             except Exception as exc:  # noqa: BLE001 - an odd upstream answer must not kill the thread
                 self.invalid += 1
                 log.error("event build failed error=%r: nothing recorded for this call", exc, exc_info=True)

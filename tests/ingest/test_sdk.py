@@ -19,6 +19,7 @@ from devkit.ports import free_port
 from ingest.ids import rfc3339, uuid7
 from ingest.producer import BrokerUnreachable, encode_event
 from ingest.sdk import Harness, SdkSettings, TrajectoryClient, harness_identity
+from schemas.answer_message import answer_message
 from schemas.errors import InvalidEvent
 from schemas.versions import validate_event
 from store.messages import StoredMessages, full_messages
@@ -385,6 +386,30 @@ def test_messages_and_tools_references_send_each_message_once_when_asked():
                                                   p.get("extends_call_id"), p.get("extends_messages"),
                                                   p.get("extends_tools")) for p in requests)
     assert problems == {} and [(full[i].messages, full[i].tools) for i in ids] == [(m, t) for m, t, _ in sent]
+
+
+def test_the_echo_of_the_last_answer_is_counted_not_resent():
+    producer = RecordingProducer()
+    client = TrajectoryClient(tenant="acme", harness=HARNESS, producer=producer, prefix_references=True)
+    user, result = {"role": "user", "content": "u"}, {"role": "tool", "tool_call_id": "t1", "content": "r"}
+    calls = [{"id": "t1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    echo = {"content": "a", "role": "assistant",  # as the openai client dumps the answer
+            "tool_calls": [{"id": "t1", "function": {"arguments": "{}", "name": "f"}, "type": "function"}]}
+    sent = [[user], [user, echo, result], [user, echo, result, {**echo, "role": "assistant"}],
+            [user, echo, result, {"role": "assistant", "content": "a", "tool_calls": echo["tool_calls"]}]]
+    with client.rollout("t") as r:
+        ids = [r.llm_call(messages=m, text="a", tool_calls=calls) for m in sent[:3]]
+        ids.append(r.llm_call(messages=sent[3], error="engine failed"))
+        r.llm_call(messages=[*sent[3], user])  # the last call failed: no answer to count
+    client.close()
+    requests = [e["payload"] for e in producer.events if e["type"] == "llm.request"]
+    assert [p.get("extends_messages") for p in requests] == [None, 2, 4, 3, 4]  # 4th: the echo in another key order
+    assert [len(p["messages"]) for p in requests] == [1, 1, 0, 1, 1]
+    answers = {i: answer_message("a", calls) for i in ids[:3]}
+    full, problems = full_messages(StoredMessages(p["call_id"], json.dumps(p["messages"]), None,
+                                                  p.get("extends_call_id"), p.get("extends_messages"),
+                                                  answer=answers.get(p["call_id"])) for p in requests)
+    assert problems == {} and [full[i].messages for i in ids] == sent
 
 
 def test_a_call_recorded_again_under_its_own_id_is_not_its_own_reference():

@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 
 from ingest.gateway import create_gateway_app
 from ingest.ingester import IngesterConfig, ingest_until_idle
+from schemas.answer_message import answer_message
 from schemas.tokenizer_identity import chat_template_hash, tokenizer_identity
 from serve.app import create_serve_app
 from store.messages import StoredMessages, full_messages
@@ -50,7 +51,8 @@ def test_openai_client_gets_the_same_answers_and_the_lake_holds_the_sampled_toke
 ):
     params = dict(model="tiny", messages=MESSAGES, max_tokens=8, temperature=0)
     direct = client(serve_model)
-    sampled = httpx.post(f"{serve_model}/chat/completions", json={**params, "return_token_ids": True}).json()
+    sampled = httpx.post(f"{serve_model}/chat/completions",
+                         json={**params, "return_token_ids": True, "logprobs": True}).json()
     with serve(gateway_app(settings, upstream=serve_model, broker=broker, topic=topic)) as url:
         through = client(f"{url}/v1", **{"x-trajlake-task-id": "task-1", "x-trajlake-rollout-id": "ro-1"})
         d, g = direct.chat.completions.create(**params), through.chat.completions.create(**params)
@@ -68,6 +70,8 @@ def test_openai_client_gets_the_same_answers_and_the_lake_holds_the_sampled_toke
         assert g_text.choices[0].text == d_text.choices[0].text
         assert through.models.list().data[0].id == "tiny"
 
+    on_kafka = [e["payload"] for e in read_topic(broker.bootstrap_servers, topic, count=6) if e["type"] == "llm.response"]
+    assert all(isinstance(p["logprobs"], str) for p in on_kafka)  # the engine's float32 logprobs, compact on the wire
     stats = ingest_until_idle(IngesterConfig(lake=lake.root, bootstrap_servers=broker.bootstrap_servers,
                                              topic=topic, group=group, dlq_topic=""), idle_s=1.5)
     assert stats.events == 6 and stats.quarantined == 0
@@ -79,6 +83,9 @@ def test_openai_client_gets_the_same_answers_and_the_lake_holds_the_sampled_toke
     ]
     assert len(responses) == 3
     chat_ids = sampled["choices"][0]["token_ids"]
+    engine_logprobs = [e["logprob"] for e in sampled["choices"][0]["logprobs"]["content"]]
+    assert [r["logprobs"] for r in lake.read("llm_responses").to_pylist() if r["call_id"] in requests
+            and r["response_token_ids"] == chat_ids] == [engine_logprobs] * 2  # exactly the engine's numbers
     for ids, source, policy, tenant, prompt_ids in responses[:2]:  # chat, then streamed chat
         assert ids == chat_ids and prompt_ids == sampled["prompt_token_ids"]
         assert (source, policy, tenant) == ("engine", "policy-1", TENANT)
@@ -107,12 +114,15 @@ def test_tool_calls_round_trip_and_are_recorded(settings, broker, topic, engine)
     assert len(recorded) == 6 and {e["rollout_id"] for e in recorded} == {"ro-tools"}
     requests = [e for e in recorded if e["type"] == "llm.request"]
     responses = {e["payload"]["call_id"]: e for e in recorded if e["type"] == "llm.response"}
-    full, problems = full_messages(StoredMessages(  # the later calls reference the first: messages stored once
+    answers = {c: answer_message(r["payload"]["text"], r["payload"]["tool_calls"]) for c, r in responses.items()}
+    full, problems = full_messages(StoredMessages(  # the later calls reference the one before: messages stored once
         p["call_id"], json.dumps(p["messages"]), json.dumps(p["tools"]) if p["tools"] else None, p.get("extends_call_id"),
-        p.get("extends_messages"), p.get("extends_tools")) for p in (r["payload"] for r in requests))
+        p.get("extends_messages"), p.get("extends_tools"), answers[p["call_id"]]) for p in (r["payload"] for r in requests))
     assert problems == {} and all(f.tools == TOOLS for f in full.values())
-    assert [r["payload"].get("extends_messages") for r in requests] == [None, 1, 1]
-    assert [len(r["payload"]["messages"]) for r in requests] == [1, 0, 2]
+    # the follow-up's echo (the client's dump of the first answer) is byte for byte the second (streamed) answer:
+    # counted as that call's answer, not stored
+    assert [r["payload"].get("extends_messages") for r in requests] == [None, 1, 2]
+    assert [len(r["payload"]["messages"]) for r in requests] == [1, 0, 1]
     assert full[requests[2]["payload"]["call_id"]].messages == follow_up
     for request in requests[:2]:
         response = responses[request["payload"]["call_id"]]["payload"]

@@ -8,7 +8,8 @@ ingester into a Delta lake; every call's full prompt, read back through
 ``llm_call_prompts`` and through the dataset build, must equal what the
 engine received, id for id; every call's full messages and tools, read back
 through ``llm_call_messages`` and ``store.messages``, must be JSON-equal to
-what the official ``openai`` client sent (captured on the wire).
+what the official ``openai`` client sent (captured on the wire), the
+harness's echo of each answer included where it was counted, not stored.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from devkit.split_engine import create_split_engine
 from ingest.gateway import create_gateway_app
 from ingest.ingester import IngesterConfig, ingest_until_idle
 from pipelines import BuildConfig, build_dataset, read_dataset
-from store.messages import full_messages, stored_messages
+from store.messages import full_messages, request_rows_sql, stored_messages
 from store.sql import run_query
 
 
@@ -99,8 +100,7 @@ def check_full_messages(lake, sent: dict[str, list[dict]]) -> None:
     once; an echo that differs from what was stored ends the shared run there."""
     view = run_query(lake, """SELECT rollout_id, call_id, m.messages, m.tools, m.resolved FROM llm_call_messages AS m
                               ORDER BY rollout_id, seq""").to_pylist()
-    stored = run_query(lake, """SELECT rollout_id, call_id, messages, tools, extends_call_id, extends_messages,
-                                       extends_tools FROM llm_requests ORDER BY rollout_id, seq""").to_pylist()
+    stored = sorted(run_query(lake, request_rows_sql("true")).to_pylist(), key=lambda r: r["rollout_id"])
     assert [r["call_id"] for r in view] == [r["call_id"] for r in stored]
     for rollout, bodies in sent.items():
         rows = [r for r in stored if r["rollout_id"] == rollout]
@@ -119,7 +119,14 @@ def check_full_messages(lake, sent: dict[str, list[dict]]) -> None:
     echo = [r["extends_messages"] for r in stored if r["rollout_id"] == "ro-echo"]
     assert echo == [None, 1]  # the system message only: the user message came back with its keys reordered
     edit = [r["extends_messages"] for r in stored if r["rollout_id"] == "ro-edit"]
-    assert edit == [None, 2, 2]  # the third call answers anew after the system and user messages
+    assert edit == [None, 3, 2]  # the 2nd counts the 1st's answer; the 3rd answers anew after system and user
+    for rollout, echoed in (("ro-whole", True), ("ro-stream", False)):
+        rows = [r for r in stored if r["rollout_id"] == rollout]
+        for before, row in zip(sent[rollout], rows[1:]):  # each call after the first extends the one before
+            # the openai client's dump of each answer is counted, not stored; the streamed harness's echo (role
+            # first) is another layout: stored as sent
+            assert row["extends_messages"] == len(before["messages"]) + echoed, row["call_id"]
+            assert [m["role"] for m in json.loads(row["messages"])][0] == ("tool" if echoed else "assistant")
 
 
 def client(url: str, rollout: str, sent: dict[str, list[dict]]) -> OpenAI:
