@@ -40,6 +40,7 @@ import pyarrow as pa
 from schemas.errors import NotFound, TrajlakeError
 from schemas.tables import ADDED_COLUMNS, INGESTED_TABLES, VIEWS
 from store.lake import Lake, list_tables
+from store.prejoin import prejoined_views
 from store.query_reads import views_read_by
 from store.storage import duckdb_secret, store_problem
 
@@ -191,7 +192,10 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, views: Collectio
         for name, schema in INGESTED_TABLES.items():
             if name not in found and (views is None or name in views):
                 con.register(name, schema.empty_table())
-        for name, statement in zip(JOINED_VIEWS, joined_view_statements()):
+        statements = dict(zip(JOINED_VIEWS, joined_view_statements()))
+        present = set(INGESTED_TABLES) | set(found) | set(JOINED_VIEWS) if views is None else set(views)
+        statements.update(prejoined_views(con, lake, statements, present))  # the compacted tables, where current
+        for name, statement in statements.items():
             if views is not None and name not in views:
                 continue
             try:
@@ -353,7 +357,8 @@ def _hint(con: duckdb.DuckDBPyConnection, e: duckdb.Error) -> str:
 
 def list_views(con: duckdb.DuckDBPyConnection) -> list[str]:
     """Names of the views (and registered empty tables) of a connection, sorted."""
-    rows = con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY view_name").fetchall()
+    rows = con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal AND schema_name = 'main' "
+                       "ORDER BY view_name").fetchall()
     return [r[0] for r in rows]
 
 
