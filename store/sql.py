@@ -16,7 +16,9 @@ fail with "table not found" on a young lake. On top sit the joined views of
 ``store/views.sql``: ``llm_calls`` (request + response), ``tool_steps``
 (call + result) and ``rollouts`` (one row per rollout with counts, token
 totals and rewards). Their names are reserved: a Delta table that carries one
-is exposed as ``<name>__table``.
+is exposed as ``<name>__table``. Once ``trajlake compact`` has run,
+``llm_calls`` and ``rollouts`` read its pre-joined tables instead, plus the
+rollouts that changed since (``store.prejoin``): the same rows.
 
 ``run_query`` is the read-only entry point people (and the CLI) use: one
 SELECT/EXPLAIN statement, no file access outside the lake, settings locked.
