@@ -28,6 +28,7 @@ FORGET_AUDIT_TABLE = "forget_audit"
 LAKE_IDENTITY_TABLE = "lake_identity"
 COMPACTED_LLM_CALLS_TABLE = "compacted_llm_calls"
 COMPACTED_ROLLOUTS_TABLE = "compacted_rollouts"
+COMPACTED_TOOL_STEPS_TABLE = "compacted_tool_steps"
 COMPACTION_MARKS_TABLE = "compaction_marks"
 
 DATASETS_FOLDER = "datasets"

@@ -38,6 +38,7 @@ from schemas.table_names import (  # the names alone, light to import; re-export
     CHECKPOINTS_TABLE,
     COMPACTED_LLM_CALLS_TABLE,
     COMPACTED_ROLLOUTS_TABLE,
+    COMPACTED_TOOL_STEPS_TABLE,
     COMPACTION_MARKS_TABLE,
     DATASETS_PREFIX,
     DATASET_LINEAGE_TABLE,
@@ -294,6 +295,24 @@ COMPACTED_LLM_CALLS = pa.schema(
     ]
 )
 """The ``llm_calls`` view's columns, in its order, computed once."""
+
+_CALL_COLUMNS = ("tenant", "task_id", "rollout_id", "attempt", "seq", "call_id", "span_id", "parent_span_id",
+                 "harness_name", "harness_version", "harness_config_hash", "name", "arguments")
+_RESULT_COLUMNS = ("result", "error", "duration_ms", "state_changed")
+
+COMPACTED_TOOL_STEPS = pa.schema(
+    [
+        *(_loose(TOOL_CALLS.field(name)) for name in _CALL_COLUMNS),
+        *(_loose(TOOL_RESULTS.field(name)) for name in _RESULT_COLUMNS),
+        pa.field("has_result", pa.bool_()),
+        pa.field("called_at", TS),
+        pa.field("returned_at", TS),
+        pa.field("call_event_id", pa.string()),
+        pa.field("result_event_id", pa.string()),
+        pa.field("result_seq", pa.int64()),
+    ]
+)
+"""The ``tool_steps`` view's columns, in its order, computed once."""
 
 REWARD_ENTRY = pa.struct([("name", pa.string()), ("value", pa.float64()), ("source", pa.string()), ("ts", TS)])
 
@@ -600,6 +619,8 @@ CATALOGUE: dict[str, LakeTable] = {t.name: t for t in (
     LakeTable(LAKE_IDENTITY_TABLE, LAKE_IDENTITY, "the lake's one identity row, written on first use",
           ("lake_id",), "store.identity"),
     LakeTable(COMPACTED_LLM_CALLS_TABLE, COMPACTED_LLM_CALLS, "one LLM call as the llm_calls view shows it, "
+          "compacted (derived: as of compaction_marks)", _CALL_KEY, "store.prejoin (trajlake compact)"),
+    LakeTable(COMPACTED_TOOL_STEPS_TABLE, COMPACTED_TOOL_STEPS, "one tool step as the tool_steps view shows it, "
           "compacted (derived: as of compaction_marks)", _CALL_KEY, "store.prejoin (trajlake compact)"),
     LakeTable(COMPACTED_ROLLOUTS_TABLE, COMPACTED_ROLLOUTS, "one rollout as the rollouts view shows it, compacted "
           "(derived: as of compaction_marks)", ("tenant", "rollout_id"),

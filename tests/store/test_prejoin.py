@@ -13,7 +13,12 @@ import pytest
 from tests.store.lake_builder import T0, event, sample_rollout, write_events
 from tests.store.test_view_shapes import messy_rollout
 
-from schemas.tables import COMPACTED_LLM_CALLS_TABLE, COMPACTED_ROLLOUTS_TABLE, COMPACTION_MARKS_TABLE
+from schemas.tables import (
+    COMPACTED_LLM_CALLS_TABLE,
+    COMPACTED_ROLLOUTS_TABLE,
+    COMPACTED_TOOL_STEPS_TABLE,
+    COMPACTION_MARKS_TABLE,
+)
 from store import prejoin
 from store.compact import compact
 from store.forget import ForgetRequest, forget
@@ -23,9 +28,10 @@ from store.rebuild import rebuild_typed_tables
 from store.retention import RetentionPolicy, apply_retention
 from store.sql import connect, run_query
 
-DERIVED = (COMPACTED_LLM_CALLS_TABLE, COMPACTED_ROLLOUTS_TABLE, COMPACTION_MARKS_TABLE)
+DERIVED = (COMPACTED_LLM_CALLS_TABLE, COMPACTED_TOOL_STEPS_TABLE, COMPACTED_ROLLOUTS_TABLE, COMPACTION_MARKS_TABLE)
 QUERIES = {
     "calls": "SELECT * FROM llm_calls ORDER BY tenant, rollout_id, call_id",
+    "steps": "SELECT * FROM tool_steps ORDER BY tenant, rollout_id, call_id",
     "rollouts": "SELECT * FROM rollouts ORDER BY tenant, rollout_id",
     "prompts": "SELECT * FROM llm_call_prompts ORDER BY tenant, rollout_id, call_id",
     "counts": "SELECT (SELECT count(*) FROM llm_calls) AS calls, (SELECT count(*) FROM rollouts) AS rollouts",
@@ -50,10 +56,10 @@ def path_taken(lake: Lake) -> str:
     con = connect(lake)
     try:
         sql = " ".join(r[0] for r in con.execute(
-            "SELECT sql FROM duckdb_views() WHERE view_name IN ('llm_calls', 'rollouts')").fetchall())
+            "SELECT sql FROM duckdb_views() WHERE view_name IN ('llm_calls', 'tool_steps', 'rollouts')").fetchall())
     finally:
         con.close()
-    if "_fresh_" in sql:
+    if "_fresh." in sql:
         return "+tail"
     return "compacted" if "_compacted_" in sql else "typed"
 
@@ -67,10 +73,15 @@ def same(lake: Lake, tmp_path: Path, path: str) -> dict[str, list[dict[str, Any]
 
 
 def compacted_rows(lake: Lake) -> dict[str, list[dict[str, Any]]]:
-    return {"calls": run_query(lake, f"SELECT * FROM {COMPACTED_LLM_CALLS_TABLE} "
-                                     "ORDER BY tenant, rollout_id, call_id").to_pylist(),
-            "rollouts": run_query(lake, f"SELECT * FROM {COMPACTED_ROLLOUTS_TABLE} "
-                                        "ORDER BY tenant, rollout_id").to_pylist()}
+    """The pre-joined tables' rows, keyed as ``answers`` keys the views'."""
+    return {name: run_query(lake, f"SELECT * FROM {table} ORDER BY {order}").to_pylist()
+            for name, table, order in (("calls", COMPACTED_LLM_CALLS_TABLE, "tenant, rollout_id, call_id"),
+                                       ("steps", COMPACTED_TOOL_STEPS_TABLE, "tenant, rollout_id, call_id"),
+                                       ("rollouts", COMPACTED_ROLLOUTS_TABLE, "tenant, rollout_id"))}
+
+
+def tables_part(got: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    return {name: got[name] for name in ("calls", "steps", "rollouts")}
 
 
 class Offsets:
@@ -100,7 +111,7 @@ def test_after_compaction_the_views_are_the_tables(lake, offsets, tmp_path):
     result = refresh(lake)
     assert (result.incremental, result.rollouts, result.calls) == (False, 2, 4)
     got = same(lake, tmp_path, "compacted")
-    assert compacted_rows(lake) == {"calls": got["calls"], "rollouts": got["rollouts"]}
+    assert compacted_rows(lake) == tables_part(got)
 
 
 def test_the_first_run_writes_in_buckets(lake, offsets, tmp_path, monkeypatch):
@@ -120,7 +131,7 @@ def test_new_rows_after_compaction_are_read_from_the_tail(lake, offsets, tmp_pat
     assert [r["rollout_id"] for r in got["rollouts"]] == ["r1", "r2", "r3"]
     result = refresh(lake)
     assert (result.incremental, result.rollouts) == (True, 2)  # r1 and r3: r2 untouched
-    assert compacted_rows(lake) == {"calls": got["calls"], "rollouts": got["rollouts"]}
+    assert compacted_rows(lake) == tables_part(got)
     assert same(lake, tmp_path, "compacted") == got
 
 
@@ -190,6 +201,9 @@ def test_a_forgotten_rollout_leaves_the_compacted_tables(lake, offsets, tmp_path
     refresh(lake)
     forget(lake, ForgetRequest(rollouts=("r1",)))
     assert {r["rollout_id"] for rows in compacted_rows(lake).values() for r in rows} == {"r2"}
+    # the delete rewrote files: their rollouts read as tail until the next compaction
+    assert [r["rollout_id"] for r in same(lake, tmp_path, "+tail")["rollouts"]] == ["r2"]
+    refresh(lake)
     assert [r["rollout_id"] for r in same(lake, tmp_path, "compacted")["rollouts"]] == ["r2"]
 
 
@@ -198,7 +212,7 @@ def test_retention_reaches_the_compacted_tables(lake, offsets, tmp_path):
     refresh(lake)
     apply_retention(lake, RetentionPolicy.parse({"acme": 1}), clock=lambda: T0 + timedelta(days=2))
     assert {r["rollout_id"] for rows in compacted_rows(lake).values() for r in rows} == {"r2"}
-    assert [r["rollout_id"] for r in same(lake, tmp_path, "compacted")["rollouts"]] == ["r2"]
+    assert [r["rollout_id"] for r in same(lake, tmp_path, "+tail")["rollouts"]] == ["r2"]
 
 
 def test_rebuild_resets_what_the_tables_cover(lake, offsets, tmp_path):
@@ -226,7 +240,7 @@ def test_the_views_keep_their_column_types(lake, offsets):
     def types() -> list[tuple]:
         con = connect(lake)
         try:
-            return [con.execute(f"DESCRIBE {view}").fetchall() for view in ("llm_calls", "rollouts")]
+            return [con.execute(f"DESCRIBE {view}").fetchall() for view in ("llm_calls", "tool_steps", "rollouts")]
         finally:
             con.close()
 
