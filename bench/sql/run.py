@@ -134,7 +134,7 @@ def main() -> int:
     args = parser.parse_args()
     recorder = Recorder("sql", "canonical questions (counts, group-bys, one rollout's calls, token-list aggregates) "
                                "through the views vs written by hand on the raw Delta tables, in one connection, "
-                               "on a lake as ingested and after `trajlake compact`")
+                               "on a lake as ingested, after `trajlake compact`, and compacted with a recent tail")
     facts = ensure_lakes(args.workdir, rollouts=args.rollouts, per_commit=args.per_commit,
                          max_context_tokens=args.max_context)
     if "tail" in args.lakes:
