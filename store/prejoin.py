@@ -22,7 +22,7 @@ attached (pinned), so the tables are never older than the marks. When no typed t
 entry past its marked version (one file stat per table), the view is the table alone. Otherwise the tail's
 rollout ids are read from the data files the later commits added (a delete's rewritten files count: after a
 forget, until the next compaction, the rollouts in them are recomputed; by the marked offsets where log entries
-are gone) and the view is the table without those rollouts plus ``_fresh``'s view of them, computed per query
+are gone or a tail file was rewritten since; ``refresh`` always uses the offsets) and the view is the table without those rollouts plus ``_fresh``'s view of them, computed per query
 (measured on the 1M-call lake with a 207-rollout tail, load ~20: materializing them at connect took ~80 s, every
 typed table's token lists decoded to find a few rollouts' rows; per query only the columns asked for are read).
 A tail past ``MAX_TOUCHED`` rollouts, or a lake never compacted, keeps views.sql's views. Any superset of the
@@ -201,21 +201,22 @@ def tail_rollouts(con: duckdb.DuckDBPyConnection, lake: Lake, marks: Marks, sour
 
 def tail_files(lake: Lake, table: str, version: int) -> list[str] | None:
     """URIs of the data files that the commits after ``version`` added to ``table`` with new rows (``dataChange``:
-    an optimize's rewrites are left out; a delete's rewritten files are in, a superset); None when a log entry
-    past ``version`` is gone (log cleanup) or cannot be read."""
+    an optimize's rewrites of older files are left out; a delete's rewritten files are in, a superset); None when
+    a log entry past ``version`` is gone (log cleanup) or cannot be read, or a later commit removed one of those
+    files (an optimize or a delete rewrote it: its rows now sit in files of older rows, and a vacuum may have
+    deleted it)."""
     files: list[str] = []
     current = version + 1
     while _moved(lake, table, current - 1):
         text = _read(lake, f"{table}/_delta_log/{current:020d}.json")
         if text is None:
             return None
-        for line in text.splitlines():
-            add = json.loads(line).get("add") if line.strip() else None
-            if add and add.get("dataChange", True):
-                path = add["path"]
-                files.append(path if "://" in path else f"{lake.uri(table)}/{unquote(path)}")
+        actions = [json.loads(line) for line in text.splitlines() if line.strip()]
+        if any(a["remove"]["path"] in files for a in actions if "remove" in a):
+            return None
+        files += [a["add"]["path"] for a in actions if "add" in a and a["add"].get("dataChange", True)]
         current += 1
-    return files
+    return [path if "://" in path else f"{lake.uri(table)}/{unquote(path)}" for path in files]
 
 
 def touched_rollouts(con: duckdb.DuckDBPyConnection, marks: Marks, sources: Iterable[str], *,
@@ -336,7 +337,7 @@ def refresh(lake: Lake) -> Prejoined:
         marks = read_marks(con, lake)
         covered = _covered(con, versions)
         tables = all(_is_table(lake, table) for table, _, _ in PREJOINED.values())
-        touched = tail_rollouts(con, lake, marks, SOURCES) if marks is not None and tables else None
+        touched = touched_rollouts(con, marks, SOURCES) if marks is not None and tables else None
         if touched is None:
             result = _write_whole(con, lake, statements, had_marks=marks is not None)
         else:

@@ -248,3 +248,14 @@ def test_the_views_keep_their_column_types(lake, offsets):
     refresh(lake)
     assert path_taken(lake) == "compacted"
     assert types() == before
+
+
+def test_tail_files_rewritten_and_vacuumed_before_the_next_refresh(lake, offsets, tmp_path):
+    offsets.write(lake, sample_rollout("r1"))
+    refresh(lake)
+    offsets.write(lake, sample_rollout("r2"))
+    offsets.write(lake, sample_rollout("r3"))
+    compact(lake, tables=["llm_requests", "rollout_starts"], vacuum_retention=timedelta(0))  # tail files gone
+    same(lake, tmp_path, "+tail")  # the tail found by the marked offsets instead
+    compact(lake, vacuum_retention=timedelta(0))
+    assert [r["rollout_id"] for r in same(lake, tmp_path, "compacted")["rollouts"]] == ["r1", "r2", "r3"]
