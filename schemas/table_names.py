@@ -26,6 +26,10 @@ TRAIN_LEASES_TABLE = "train_leases"
 RUNS_TABLE = "runs"
 FORGET_AUDIT_TABLE = "forget_audit"
 LAKE_IDENTITY_TABLE = "lake_identity"
+COMPACTED_LLM_CALLS_TABLE = "compacted_llm_calls"
+COMPACTED_ROLLOUTS_TABLE = "compacted_rollouts"
+COMPACTED_TOOL_STEPS_TABLE = "compacted_tool_steps"
+COMPACTION_MARKS_TABLE = "compaction_marks"
 
 INGESTED_TABLE_NAMES: tuple[str, ...] = (EVENTS_TABLE, QUARANTINE_TABLE, ROLLOUT_STARTS_TABLE, ROLLOUT_ENDS_TABLE,
                                         LLM_REQUESTS_TABLE, LLM_RESPONSES_TABLE, TOOL_CALLS_TABLE, TOOL_RESULTS_TABLE,

@@ -36,6 +36,10 @@ import pyarrow as pa
 
 from schemas.table_names import (  # the names alone, light to import; re-exported here with their schemas
     CHECKPOINTS_TABLE,
+    COMPACTED_LLM_CALLS_TABLE,
+    COMPACTED_ROLLOUTS_TABLE,
+    COMPACTED_TOOL_STEPS_TABLE,
+    COMPACTION_MARKS_TABLE,
     DATASETS_PREFIX,
     DATASET_LINEAGE_TABLE,
     DATASET_VERSIONS_TABLE,
@@ -255,6 +259,105 @@ VIEWS: dict[str, str] = {
                             "tenant, rollout_id, call_id",
 }
 """The joined views every SQL connection has, beside one view per table: name -> what a row is."""
+
+# ---- Pre-joined tables (store.prejoin, written by `trajlake compact`: what the views compute, stored) ----
+
+_CALL_KEY = ("tenant", "rollout_id", "call_id")
+
+
+def _loose(f: pa.Field) -> pa.Field:
+    """``f`` nullable unless it is a call key (a call seen only by one half has the other's columns NULL)."""
+    return f if f.name in _CALL_KEY else f.with_nullable(True)
+
+
+_REQUEST_COLUMNS = ("tenant", "task_id", "rollout_id", "attempt", "seq", "call_id", "span_id", "parent_span_id",
+                    "harness_name", "harness_version", "harness_config_hash", "model", "messages", "prompt", "tools",
+                    "params", "prompt_token_ids", "n_prompt_tokens", "tokenizer", "chat_template_hash",
+                    "idempotency_key", "extends_call_id", "extends_tokens")
+_RESPONSE_COLUMNS = ("text", "tool_calls", "finish_reason", "response_token_ids", "logprobs", "n_response_tokens",
+                     "token_source", "usage", "latency_ms", "upstream_retries", "policy_version", "error")
+
+COMPACTED_LLM_CALLS = pa.schema(
+    [
+        *(_loose(LLM_REQUESTS.field(name)) for name in _REQUEST_COLUMNS),
+        *(_loose(LLM_RESPONSES.field(name)) for name in _RESPONSE_COLUMNS),
+        pa.field("has_response", pa.bool_()),
+        pa.field("requested_at", TS),
+        pa.field("responded_at", TS),
+        pa.field("request_event_id", pa.string()),
+        pa.field("response_event_id", pa.string()),
+        pa.field("response_seq", pa.int64()),
+    ]
+)
+"""The ``llm_calls`` view's columns, in its order, computed once."""
+
+_CALL_COLUMNS = ("tenant", "task_id", "rollout_id", "attempt", "seq", "call_id", "span_id", "parent_span_id",
+                 "harness_name", "harness_version", "harness_config_hash", "name", "arguments")
+_RESULT_COLUMNS = ("result", "error", "duration_ms", "state_changed")
+
+COMPACTED_TOOL_STEPS = pa.schema(
+    [
+        *(_loose(TOOL_CALLS.field(name)) for name in _CALL_COLUMNS),
+        *(_loose(TOOL_RESULTS.field(name)) for name in _RESULT_COLUMNS),
+        pa.field("has_result", pa.bool_()),
+        pa.field("called_at", TS),
+        pa.field("returned_at", TS),
+        pa.field("call_event_id", pa.string()),
+        pa.field("result_event_id", pa.string()),
+        pa.field("result_seq", pa.int64()),
+    ]
+)
+"""The ``tool_steps`` view's columns, in its order, computed once."""
+
+REWARD_ENTRY = pa.struct([("name", pa.string()), ("value", pa.float64()), ("source", pa.string()), ("ts", TS)])
+
+COMPACTED_ROLLOUTS = pa.schema(
+    [
+        pa.field("tenant", pa.string(), nullable=False),
+        pa.field("task_id", pa.string()),
+        pa.field("rollout_id", pa.string(), nullable=False),
+        pa.field("group_id", pa.string()),
+        pa.field("attempt", pa.int32()),
+        pa.field("harness_name", pa.string()),
+        pa.field("harness_version", pa.string()),
+        pa.field("harness_config_hash", pa.string()),
+        pa.field("policy_version", pa.string()),
+        pa.field("metadata", pa.string()),
+        pa.field("started_at", TS),
+        pa.field("finished_at", TS),
+        pa.field("status", pa.string()),
+        pa.field("reason", pa.string()),
+        pa.field("steps", pa.int32()),
+        pa.field("n_llm_calls", pa.int64()),
+        pa.field("n_llm_errors", pa.int64()),
+        pa.field("n_tool_calls", pa.int64()),
+        pa.field("n_tool_errors", pa.int64()),
+        pa.field("n_prompt_tokens", pa.int64()),
+        pa.field("n_response_tokens", pa.int64()),
+        pa.field("llm_latency_ms", pa.float64()),
+        pa.field("reward", pa.float64()),
+        pa.field("n_rewards", pa.int64()),
+        pa.field("rewards", pa.list_(REWARD_ENTRY)),
+        pa.field("first_event_at", TS),
+        pa.field("last_event_at", TS),
+    ]
+)
+"""The ``rollouts`` view's columns, in its order, computed once per rollout."""
+
+COMPACTION_MARKS = pa.schema(
+    [
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("source_version", pa.int64(), nullable=False),
+        pa.field("kafka_topic", pa.string()),
+        pa.field("kafka_partition", pa.int32()),
+        pa.field("kafka_offset", pa.int64()),
+        pa.field("compacted_at", TS, nullable=False),
+    ]
+)
+"""What the pre-joined tables cover: per typed source table, its Delta version (-1: not written yet) and, per
+Kafka partition, the highest offset folded in (rows of a partition arrive in offset order: the ingester commits
+them so); a source without rows has one row with the partition columns NULL. Rewritten whole after both tables;
+empty (or absent) means nothing is covered."""
 
 # ---- Datasets (pipelines.datasets, pipelines.workbench) ----
 
@@ -510,6 +613,16 @@ CATALOGUE: dict[str, LakeTable] = {t.name: t for t in (
           ("forget_id", "table"), "store.forget"),
     LakeTable(LAKE_IDENTITY_TABLE, LAKE_IDENTITY, "the lake's one identity row, written on first use",
           ("lake_id",), "store.identity"),
+    LakeTable(COMPACTED_LLM_CALLS_TABLE, COMPACTED_LLM_CALLS, "one LLM call as the llm_calls view shows it, "
+          "compacted (derived: as of compaction_marks)", _CALL_KEY, "store.prejoin (trajlake compact)"),
+    LakeTable(COMPACTED_TOOL_STEPS_TABLE, COMPACTED_TOOL_STEPS, "one tool step as the tool_steps view shows it, "
+          "compacted (derived: as of compaction_marks)", _CALL_KEY, "store.prejoin (trajlake compact)"),
+    LakeTable(COMPACTED_ROLLOUTS_TABLE, COMPACTED_ROLLOUTS, "one rollout as the rollouts view shows it, compacted "
+          "(derived: as of compaction_marks)", ("tenant", "rollout_id"),
+          "store.prejoin (trajlake compact)"),
+    LakeTable(COMPACTION_MARKS_TABLE, COMPACTION_MARKS, "the Delta version of one typed table and the highest "
+          "Kafka offset of its partition that the compacted tables cover", ("source", "kafka_topic", "kafka_partition"),
+          "store.prejoin (trajlake compact)"),
 )}
 """Every table of the lake by name; ``datasets/<name>`` stands for each dataset's table."""
 

@@ -1,7 +1,10 @@
 """Compaction: rewrite a table's many small files into few, z-ordered, then vacuum.
 
 The ingester commits one small file per table per batch; reads slow down as
-they pile up. ``compact`` runs Delta optimize with z-order on ``task_id``,
+they pile up. Compacting the whole lake ends by folding the typed tables' new
+rows into the pre-joined tables the ``llm_calls`` and ``rollouts`` views read
+(``store.prejoin.refresh``, after the optimize, so that its marks name the
+optimized versions). ``compact`` runs Delta optimize with z-order on ``task_id``,
 ``rollout_id`` (the columns every trajectory query filters on; tables without
 them are just binned into bigger files), then a *lite* vacuum, which deletes
 only files the log marks removed and older than ``vacuum_retention``.
@@ -43,6 +46,7 @@ import pyarrow as pa
 from schemas.tables import CATALOGUE
 from store.commit import FREE_TEXT_COLUMNS, writer_properties
 from store.lake import Lake, list_tables
+from store.prejoin import SOURCES, refresh
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +78,15 @@ def compact(
     tables: Iterable[str] | None = None,
     vacuum_retention: timedelta = DEFAULT_VACUUM_RETENTION,
 ) -> list[Compacted]:
-    """Compact ``tables`` (default: every table of the lake).
+    """Compact ``tables`` (default: every table of the lake, then ``store.prejoin.refresh``).
 
     >>> compact(Lake("./lake"), tables=["events"])  # doctest: +SKIP
     """
     names = list_tables(lake) if tables is None else list(tables)
-    return [compact_table(lake, name, vacuum_retention=vacuum_retention) for name in names]
+    results = [compact_table(lake, name, vacuum_retention=vacuum_retention) for name in names]
+    if tables is None and any(lake.exists(name) for name in SOURCES):
+        refresh(lake)
+    return results
 
 
 def compact_table(lake: Lake, name: str, *, vacuum_retention: timedelta = DEFAULT_VACUUM_RETENTION) -> Compacted:

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from schemas.tables import EVENTS_TABLE, TYPED_TABLES
+from store import prejoin
 from store.commit import WRITER_PROPERTIES, marker_app_id
 from store.event_rows import typed_tables
 from store.lake import Lake
@@ -57,6 +58,7 @@ def rebuild_typed_tables(lake: Lake, *, group: str = "trajlake-ingest", batch_ro
         )
         counts[name] = counter.rows
         log.info("rebuilt table=%s rows=%d from_events_version=%d", name, counter.rows, version)
+    prejoin.reset(lake)  # the rebuilt rows may differ from what compaction folded in
     if lake.table(EVENTS_TABLE).version() != version:
         raise RebuildRaced(
             f"events moved past version {version} during the rebuild: stop the ingesters of group "

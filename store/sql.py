@@ -16,7 +16,9 @@ fail with "table not found" on a young lake. On top sit the joined views of
 ``store/views.sql``: ``llm_calls`` (request + response), ``tool_steps``
 (call + result) and ``rollouts`` (one row per rollout with counts, token
 totals and rewards). Their names are reserved: a Delta table that carries one
-is exposed as ``<name>__table``.
+is exposed as ``<name>__table``. Once ``trajlake compact`` has run,
+``llm_calls`` and ``rollouts`` read its pre-joined tables instead, plus the
+rollouts that changed since (``store.prejoin``): the same rows.
 
 ``run_query`` is the read-only entry point people (and the CLI) use: one
 SELECT/EXPLAIN statement, no file access outside the lake, settings locked.
@@ -37,7 +39,7 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 import duckdb
 
 from schemas.errors import NotFound, TrajlakeError
-from schemas.table_names import ADDED_COLUMNS, INGESTED_TABLE_NAMES
+from schemas.table_names import ADDED_COLUMNS, INGESTED_TABLE_NAMES, LLM_CALLS_VIEW, ROLLOUTS_VIEW, TOOL_STEPS_VIEW
 from store.lake import Lake, list_tables
 from store.query_reads import created_view, views_read_by
 from store.storage import duckdb_secret, store_problem
@@ -49,6 +51,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 VIEWS_SQL = Path(__file__).with_name("views.sql")
+PREJOINED_VIEW_NAMES: tuple[str, ...] = (LLM_CALLS_VIEW, TOOL_STEPS_VIEW, ROLLOUTS_VIEW)
+"""The views ``store.prejoin`` can serve from compacted tables (its ``PREJOINED``); named here so that a query
+that reads none of them does not load it."""
 
 READ_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
 EXPORT_FORMATS: tuple[str, ...] = ("csv", "json", "parquet")
@@ -195,7 +200,13 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, views: Collectio
             for name, schema in INGESTED_TABLES.items():
                 if name not in found and (views is None or name in views):
                     con.register(name, schema.empty_table())
-        for name, statement in zip(JOINED_VIEWS, joined_view_statements()):
+        statements = dict(zip(JOINED_VIEWS, joined_view_statements()))
+        present = set(INGESTED_TABLE_NAMES) | set(found) | set(JOINED_VIEWS) if views is None else set(views)
+        if present & set(PREJOINED_VIEW_NAMES):  # only then load the pre-joined tables' reader (Arrow schemas)
+            from store.prejoin import prejoined_views
+
+            statements.update(prejoined_views(con, lake, statements, present))  # the compacted tables, where current
+        for name, statement in statements.items():
             if views is not None and name not in views:
                 continue
             try:
@@ -401,7 +412,8 @@ def _hint(con: duckdb.DuckDBPyConnection, e: duckdb.Error) -> str:
 
 def list_views(con: duckdb.DuckDBPyConnection) -> list[str]:
     """Names of the views (and registered empty tables) of a connection, sorted."""
-    rows = con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY view_name").fetchall()
+    rows = con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal AND schema_name = 'main' "
+                       "ORDER BY view_name").fetchall()
     return [r[0] for r in rows]
 
 

@@ -1,10 +1,13 @@
-"""The SQL benchmark's lakes: one as the ingester leaves it (many small commits), one after ``trajlake compact``.
+"""The SQL benchmark's lakes: as the ingester leaves it (many small commits), after ``trajlake compact``, and
+compacted then a recent tail appended (``tail.py``: what the ingester writes between two compactions).
 
 Both come from ``bench/sql/fast_lake.py`` (the workload generator's rollouts
 drawn straight into the typed tables' columns, ``per_commit`` rollouts per
 Delta commit, token lists ``max_context_tokens`` long at most); the compacted
 one is a copy of the first, compacted with ``store.compact.compact`` (what
-``trajlake compact`` runs). A lake folder
+``trajlake compact`` runs, the pre-joined tables included; a compacted lake
+from before them gets them by ``store.prejoin.refresh``, timed under
+``prejoin``), the tail one a copy of the compacted one. A lake folder
 holds ``bench-lake.json`` with what was asked and what was written, so a
 second run with the same parameters reuses it.
 """
@@ -19,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.sql.fast_lake import FastLakeConfig, write_lake
+from bench.sql.tail import append_tail
 from store.compact import compact
 from store.lake import Lake
+from store.prejoin import refresh
 
 MARKER = "bench-lake.json"
 
@@ -54,7 +59,28 @@ def ensure_lakes(workdir: Path, *, rollouts: int, per_commit: int, seed: int = 0
         compact(Lake(str(compacted)), vacuum_retention=timedelta(0))  # `trajlake compact --vacuum-hours 0`
         compact_facts = {**facts, "compact_s": round(time.perf_counter() - started, 1), "bytes": _size(compacted)}
         (compacted / MARKER).write_text(json.dumps(compact_facts))
+    if "prejoin" not in compact_facts:  # compacted before the pre-joined tables existed
+        started, cpu = time.perf_counter(), time.process_time()
+        result = refresh(Lake(str(compacted)))
+        compact_facts["prejoin"] = {"wall_s": round(time.perf_counter() - started, 1),
+                                    "cpu_s": round(time.process_time() - cpu, 1), "buckets": result.buckets}
+        (compacted / MARKER).write_text(json.dumps(compact_facts))
     return {"ingested": facts, "compacted": compact_facts}
+
+
+def ensure_tail(workdir: Path, *, rollouts: int = 200, commits: int = 4, replays: int = 100) -> dict[str, Any]:
+    """Build (or reuse) ``workdir/tail``: a copy of ``workdir/compacted`` (``ensure_lakes`` first) with a tail of
+    ``rollouts`` new rollouts in ``commits`` commits and ``replays`` resent responses appended."""
+    compacted, tail = workdir / "compacted", workdir / "tail"
+    asked = {"rollouts": rollouts, "commits": commits, "replays": replays}
+    facts = _read_marker(tail)
+    if facts is None or facts.get("tail_asked") != asked or facts.get("asked") != _read_marker(compacted)["asked"]:
+        shutil.rmtree(tail, ignore_errors=True)
+        shutil.copytree(compacted, tail)
+        facts = {**_read_marker(compacted), "tail_asked": asked,
+                 "tail": append_tail(tail, rollouts=rollouts, commits=commits, replays=replays, seed=1)}
+        (tail / MARKER).write_text(json.dumps(facts))
+    return facts
 
 
 def _size(folder: Path) -> int:

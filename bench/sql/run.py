@@ -1,8 +1,11 @@
 """SQL at scale (issue 16): the canonical questions through the views and by hand on the raw tables.
 
-Builds (or reuses) two lakes under ``--workdir`` (``bench/sql/lake.py``: the
-fast generator, ``fast_lake.py``), one as the ingester leaves it
-(``--per-commit`` rollouts per commit) and one after ``trajlake compact``.
+Builds (or reuses) three lakes under ``--workdir`` (``bench/sql/lake.py``: the
+fast generator, ``fast_lake.py``): one as the ingester leaves it
+(``--per-commit`` rollouts per commit: the views read the typed tables), one
+after ``trajlake compact`` (they read the pre-joined tables alone) and that one
+with a recent tail appended (200 new rollouts in 4 commits, 100 resent
+responses: the pre-joined tables plus the tail's rollouts recomputed).
 The CLI's start-up is ``bench/cli`` (``python -m bench cli -- --lake DIR``
 times it on a lake built here). Per lake (``--lakes``, in that order): opens one connection (``store.sql.connect``, timed), runs
 every question of ``questions.py`` in both forms once to warm up, then
@@ -36,7 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.results import Ratio, Recorder, peak_rss_mb, results_path  # noqa: E402
-from bench.sql.lake import ensure_lakes  # noqa: E402
+from bench.sql.lake import ensure_lakes, ensure_tail  # noqa: E402
 from bench.sql.questions import Question, questions  # noqa: E402
 from store.lake import Lake  # noqa: E402
 from store.sql import connect  # noqa: E402
@@ -44,7 +47,7 @@ from store.sql import connect  # noqa: E402
 GOALS_S = {"scalar": 0.1, "tokens": 1.0}
 GOAL_RATIO = 1.5
 CLI_GOALS_S = {"help": 0.3, "sql_select_1": 0.5}
-LAKES = ("ingested", "compacted")
+LAKES = ("ingested", "compacted", "tail")
 
 
 def load() -> float:
@@ -131,9 +134,11 @@ def main() -> int:
     args = parser.parse_args()
     recorder = Recorder("sql", "canonical questions (counts, group-bys, one rollout's calls, token-list aggregates) "
                                "through the views vs written by hand on the raw Delta tables, in one connection, "
-                               "on a lake as ingested and after `trajlake compact`")
+                               "on a lake as ingested, after `trajlake compact`, and compacted with a recent tail")
     facts = ensure_lakes(args.workdir, rollouts=args.rollouts, per_commit=args.per_commit,
                          max_context_tokens=args.max_context)
+    if "tail" in args.lakes:
+        facts["tail"] = ensure_tail(args.workdir)
     print(json.dumps(facts), flush=True)
     results: dict[str, Any] = {"lake": facts}
 

@@ -31,12 +31,13 @@ def event(kind: str, payload: dict[str, Any], *, seq: int, rollout_id: str = "r1
     })
 
 
-def write_events(lake: Lake, events: list[Any], *, tables: Iterable[str] | None = None) -> None:
+def write_events(lake: Lake, events: list[Any], *, tables: Iterable[str] | None = None, first_offset: int = 0) -> None:
     """Append the events to ``events`` and their typed tables, as the ingester does.
 
-    ``tables`` limits which tables are written (to build lakes with tables missing).
+    ``tables`` limits which tables are written (to build lakes with tables missing); the events get Kafka
+    offsets ``first_offset``, ``first_offset + 1``... of partition 0 (continue them where a test compacts).
     """
-    rows = events_table(events, [KafkaCoordinates("trajlake.events", 0, i) for i in range(len(events))])
+    rows = events_table(events, [KafkaCoordinates("trajlake.events", 0, first_offset + i) for i in range(len(events))])
     batches = {"events": rows, **typed_tables(rows)}
     for name, batch in batches.items():
         if tables is None or name in tables:

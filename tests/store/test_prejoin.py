@@ -1,0 +1,268 @@
+"""The pre-joined tables (store.prejoin): the llm_calls and rollouts views read them once a lake is compacted,
+and every answer stays what views.sql computes over the typed tables, whatever arrived since; forget, retention
+and rebuild keep them honest."""
+
+from __future__ import annotations
+
+import shutil
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.store.lake_builder import T0, event, sample_rollout, write_events
+from tests.store.test_view_shapes import messy_rollout
+
+from schemas.tables import (
+    COMPACTED_LLM_CALLS_TABLE,
+    COMPACTED_ROLLOUTS_TABLE,
+    COMPACTED_TOOL_STEPS_TABLE,
+    COMPACTION_MARKS_TABLE,
+)
+from store import prejoin
+from store.compact import compact
+from store.forget import ForgetRequest, forget
+from store.lake import Lake
+from store.prejoin import refresh
+from store.rebuild import rebuild_typed_tables
+from store.retention import RetentionPolicy, apply_retention
+from store.sql import connect, run_query
+
+DERIVED = (COMPACTED_LLM_CALLS_TABLE, COMPACTED_TOOL_STEPS_TABLE, COMPACTED_ROLLOUTS_TABLE, COMPACTION_MARKS_TABLE)
+QUERIES = {
+    "calls": "SELECT * FROM llm_calls ORDER BY tenant, rollout_id, call_id",
+    "steps": "SELECT * FROM tool_steps ORDER BY tenant, rollout_id, call_id",
+    "rollouts": "SELECT * FROM rollouts ORDER BY tenant, rollout_id",
+    "prompts": "SELECT * FROM llm_call_prompts ORDER BY tenant, rollout_id, call_id",
+    "counts": "SELECT (SELECT count(*) FROM llm_calls) AS calls, (SELECT count(*) FROM rollouts) AS rollouts",
+}
+
+
+def answers(lake: Lake) -> dict[str, list[dict[str, Any]]]:
+    return {name: run_query(lake, sql).to_pylist() for name, sql in QUERIES.items()}
+
+
+def raw_answers(lake: Lake, tmp_path: Path) -> dict[str, list[dict[str, Any]]]:
+    """The answers of views.sql's views over the typed tables: a copy of the lake without the derived tables."""
+    copy = tmp_path / f"raw-{len(list(tmp_path.glob('raw-*')))}"
+    shutil.copytree(lake.root, copy)
+    for table in DERIVED:
+        shutil.rmtree(copy / table, ignore_errors=True)
+    return answers(Lake(str(copy)))
+
+
+def path_taken(lake: Lake) -> str:
+    """How a connection's llm_calls and rollouts read: ``typed`` tables, ``compacted`` alone, or ``+tail``."""
+    con = connect(lake)
+    try:
+        sql = " ".join(r[0] for r in con.execute(
+            "SELECT sql FROM duckdb_views() WHERE view_name IN ('llm_calls', 'tool_steps', 'rollouts')").fetchall())
+    finally:
+        con.close()
+    if "_fresh." in sql:
+        return "+tail"
+    return "compacted" if "_compacted_" in sql else "typed"
+
+
+def same(lake: Lake, tmp_path: Path, path: str) -> dict[str, list[dict[str, Any]]]:
+    """Check the views answer as views.sql does, reading the way ``path`` says; return the answers."""
+    got = answers(lake)
+    assert got == raw_answers(lake, tmp_path)
+    assert path_taken(lake) == path
+    return got
+
+
+def compacted_rows(lake: Lake) -> dict[str, list[dict[str, Any]]]:
+    """The pre-joined tables' rows, keyed as ``answers`` keys the views'."""
+    return {name: run_query(lake, f"SELECT * FROM {table} ORDER BY {order}").to_pylist()
+            for name, table, order in (("calls", COMPACTED_LLM_CALLS_TABLE, "tenant, rollout_id, call_id"),
+                                       ("steps", COMPACTED_TOOL_STEPS_TABLE, "tenant, rollout_id, call_id"),
+                                       ("rollouts", COMPACTED_ROLLOUTS_TABLE, "tenant, rollout_id"))}
+
+
+def tables_part(got: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    return {name: got[name] for name in ("calls", "steps", "rollouts")}
+
+
+class Offsets:
+    """Kafka offsets that continue across a test's batches, as the ingester's do."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def write(self, lake: Lake, events: list) -> None:
+        write_events(lake, events, first_offset=self.next)
+        self.next += len(events)
+
+
+@pytest.fixture
+def offsets() -> Offsets:
+    return Offsets()
+
+
+def test_never_compacted_reads_the_typed_tables(lake, offsets, tmp_path):
+    offsets.write(lake, sample_rollout("r1"))
+    same(lake, tmp_path, "typed")
+
+
+def test_after_compaction_the_views_are_the_tables(lake, offsets, tmp_path):
+    first, second = messy_rollout("r1")
+    offsets.write(lake, first + second + sample_rollout("r2", tenant="acme"))
+    result = refresh(lake)
+    assert (result.incremental, result.rollouts, result.calls) == (False, 2, 4)
+    got = same(lake, tmp_path, "compacted")
+    assert compacted_rows(lake) == tables_part(got)
+
+
+def test_the_first_run_writes_in_buckets(lake, offsets, tmp_path, monkeypatch):
+    monkeypatch.setattr(prejoin, "BUCKET_CALLS", 3)
+    offsets.write(lake, [e for r in ("r1", "r2", "r3", "r4") for e in sample_rollout(r)])
+    result = refresh(lake)
+    assert (result.buckets, result.rollouts, result.calls) == (3, 4, 8)
+    same(lake, tmp_path, "compacted")
+
+
+def test_new_rows_after_compaction_are_read_from_the_tail(lake, offsets, tmp_path):
+    first, second = messy_rollout("r1")
+    offsets.write(lake, first + sample_rollout("r2"))
+    refresh(lake)
+    offsets.write(lake, second + sample_rollout("r3"))  # keyed retries, replays and a late end after compaction
+    got = same(lake, tmp_path, "+tail")
+    assert [r["rollout_id"] for r in got["rollouts"]] == ["r1", "r2", "r3"]
+    result = refresh(lake)
+    assert (result.incremental, result.rollouts) == (True, 2)  # r1 and r3: r2 untouched
+    assert compacted_rows(lake) == tables_part(got)
+    assert same(lake, tmp_path, "compacted") == got
+
+
+def test_nothing_new_recomputes_nothing(lake, offsets, tmp_path):
+    offsets.write(lake, sample_rollout("r1"))
+    refresh(lake)
+    result = refresh(lake)
+    assert (result.incremental, result.rollouts, result.calls) == (True, 0, 0)
+    same(lake, tmp_path, "compacted")
+
+
+def test_a_duplicate_after_compaction_collapses_the_same_way(lake, offsets, tmp_path):
+    events = sample_rollout("r1")
+    offsets.write(lake, events)
+    refresh(lake)
+    request, response = events[1], events[2]
+    retried = event("llm.request", {"call_id": "c1", "model": "late", "prompt_token_ids": [9]}, seq=0)
+    offsets.write(lake, [request, response, retried])  # a replay (same event ids) and a keyed retry ranked first
+    got = same(lake, tmp_path, "+tail")
+    assert [(c["call_id"], c["model"]) for c in got["calls"]] == [("c1", "late"), ("c2", "qwen")]
+    refresh(lake)
+    assert same(lake, tmp_path, "compacted") == got
+
+
+def test_request_compacted_and_response_in_the_tail(lake, offsets, tmp_path):
+    events = sample_rollout("r1")
+    response = events[2]
+    offsets.write(lake, [e for e in events if e is not response])
+    refresh(lake)
+    assert [c["has_response"] for c in same(lake, tmp_path, "compacted")["calls"]] == [False, True]
+    offsets.write(lake, [response])
+    got = same(lake, tmp_path, "+tail")
+    assert [c["has_response"] for c in got["calls"]] == [True, True]
+    assert got["rollouts"][0]["n_response_tokens"] == 5
+
+
+def test_response_compacted_and_request_in_the_tail(lake, offsets, tmp_path):
+    events = sample_rollout("r1")
+    request = events[5]
+    offsets.write(lake, [e for e in events if e is not request])
+    refresh(lake)
+    assert [c["call_id"] for c in same(lake, tmp_path, "compacted")["calls"]] == ["c1"]
+    offsets.write(lake, [request])
+    got = same(lake, tmp_path, "+tail")
+    assert [(c["call_id"], c["text"]) for c in got["calls"]] == [("c1", "I will run the tests"), ("c2", "done")]
+
+
+def test_a_late_reward_recomputes_its_rollout(lake, offsets, tmp_path):
+    offsets.write(lake, sample_rollout("r1") + sample_rollout("r2"))
+    refresh(lake)
+    offsets.write(lake, [event("reward", {"name": "pass", "value": 0.25}, seq=20, rollout_id="r2")])
+    got = same(lake, tmp_path, "+tail")
+    assert [(r["rollout_id"], r["reward"], r["n_rewards"]) for r in got["rollouts"]] == [
+        ("r1", 1.5, 3), ("r2", 0.75, 4)]
+
+
+def test_a_tail_too_long_reads_the_typed_tables(lake, offsets, tmp_path, monkeypatch):
+    offsets.write(lake, sample_rollout("r1"))
+    refresh(lake)
+    offsets.write(lake, sample_rollout("r2"))
+    monkeypatch.setattr(prejoin, "MAX_TOUCHED", 0)
+    same(lake, tmp_path, "typed")
+
+
+def test_a_forgotten_rollout_leaves_the_compacted_tables(lake, offsets, tmp_path):
+    offsets.write(lake, sample_rollout("r1") + sample_rollout("r2"))
+    refresh(lake)
+    forget(lake, ForgetRequest(rollouts=("r1",)))
+    assert {r["rollout_id"] for rows in compacted_rows(lake).values() for r in rows} == {"r2"}
+    # the delete rewrote files: their rollouts read as tail until the next compaction
+    assert [r["rollout_id"] for r in same(lake, tmp_path, "+tail")["rollouts"]] == ["r2"]
+    refresh(lake)
+    assert [r["rollout_id"] for r in same(lake, tmp_path, "compacted")["rollouts"]] == ["r2"]
+
+
+def test_retention_reaches_the_compacted_tables(lake, offsets, tmp_path):
+    offsets.write(lake, sample_rollout("r1", tenant="acme") + sample_rollout("r2"))
+    refresh(lake)
+    apply_retention(lake, RetentionPolicy.parse({"acme": 1}), clock=lambda: T0 + timedelta(days=2))
+    assert {r["rollout_id"] for rows in compacted_rows(lake).values() for r in rows} == {"r2"}
+    assert [r["rollout_id"] for r in same(lake, tmp_path, "+tail")["rollouts"]] == ["r2"]
+
+
+def test_rebuild_resets_what_the_tables_cover(lake, offsets, tmp_path):
+    offsets.write(lake, sample_rollout("r1"))
+    refresh(lake)
+    before = answers(lake)
+    rebuild_typed_tables(lake)
+    assert lake.read(COMPACTION_MARKS_TABLE).num_rows == 0
+    assert same(lake, tmp_path, "typed") == before
+    assert refresh(lake).incremental is False  # the next compaction writes the tables whole again
+    assert same(lake, tmp_path, "compacted") == before
+
+
+def test_compact_refreshes_after_it_optimizes(lake, offsets, tmp_path):
+    offsets.write(lake, sample_rollout("r1"))
+    offsets.write(lake, sample_rollout("r2"))
+    compact(lake)
+    same(lake, tmp_path, "compacted")  # the marks name the optimized versions: nothing past them
+
+
+def test_the_views_keep_their_column_types(lake, offsets):
+    first, second = messy_rollout("r1")
+    offsets.write(lake, first + second + sample_rollout("r2"))
+
+    def types() -> list[tuple]:
+        con = connect(lake)
+        try:
+            return [con.execute(f"DESCRIBE {view}").fetchall() for view in ("llm_calls", "tool_steps", "rollouts")]
+        finally:
+            con.close()
+
+    before = types()
+    refresh(lake)
+    assert path_taken(lake) == "compacted"
+    assert types() == before
+
+
+def test_tail_files_rewritten_and_vacuumed_before_the_next_refresh(lake, offsets, tmp_path):
+    offsets.write(lake, sample_rollout("r1"))
+    refresh(lake)
+    offsets.write(lake, sample_rollout("r2"))
+    offsets.write(lake, sample_rollout("r3"))
+    compact(lake, tables=["llm_requests", "rollout_starts"], vacuum_retention=timedelta(0))  # tail files gone
+    same(lake, tmp_path, "+tail")  # the tail found by the marked offsets instead
+    compact(lake, vacuum_retention=timedelta(0))
+    assert [r["rollout_id"] for r in same(lake, tmp_path, "compacted")["rollouts"]] == ["r1", "r2", "r3"]
+
+
+def test_sql_knows_which_views_the_prejoin_serves():
+    """store.sql loads store.prejoin only for these views: a view added to PREJOINED must be named there too."""
+    from store.sql import PREJOINED_VIEW_NAMES
+
+    assert set(PREJOINED_VIEW_NAMES) == set(prejoin.PREJOINED)
