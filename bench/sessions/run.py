@@ -411,8 +411,8 @@ def write(recorder: Recorder, results: dict) -> None:
         Ratio("kafka_stored_bytes", f"Kafka bytes stored ({on['kafka_compression']} batches, as the broker serves them) "
               "per rollout, full events / references", [fewer("kafka_stored_bytes_per_rollout")], goal=10.0),
         Ratio("kafka_before_after", "Kafka bytes per rollout, full events uncompressed (before) / references stored "
-              f"{on['kafka_compression']} (now); the split engine's constant logprobs",
-              [round(full["kafka_bytes_per_rollout"] / on["kafka_stored_bytes_per_rollout"], 2)], goal=10.0),
+              f"{on['kafka_compression']} (now); the split engine's constant logprobs (flatter zstd: no goal)",
+              [round(full["kafka_bytes_per_rollout"] / on["kafka_stored_bytes_per_rollout"], 2)]),
         Ratio("kafka_before_after_real_logprobs", "the same with real engine logprobs: full events uncompressed, "
               "JSON logprobs (before) / references stored zstd, compact logprobs (now)",
               [round(logprobs["full_events_json_bytes_per_rollout"] / logprobs["f32_base64_stored_bytes_per_rollout"],
