@@ -26,9 +26,9 @@ are gone or a tail file was rewritten since; ``refresh`` always uses the offsets
 (measured on the 1M-call lake with a 207-rollout tail, load ~20: materializing them at connect took ~80 s, every
 typed table's token lists decoded to find a few rollouts' rows; per query only the columns asked for are read).
 A tail past ``MAX_TOUCHED`` rollouts, or a lake never compacted, keeps views.sql's views. Any superset of the
-touched rollouts gives the same rows, so ids are matched without their tenant. One race is left: a reader that
-reads the marks just before a first run empties them, and attaches a table after that run rewrote it, sees a
-partial table until it reconnects.
+touched rollouts gives the same rows, so ids are matched without their tenant. A reader that read the marks just
+before a whole rewrite emptied them could attach a half-written table: so the marks are read again after the
+tables are attached, and a reader that finds them changed keeps views.sql's views for that connection.
 """
 
 from __future__ import annotations
@@ -132,6 +132,11 @@ def prejoined_views(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapp
     for name in wanted:
         table = PREJOINED[name][0]
         con.execute(f"ATTACH '{_quote(lake.uri(table))}' AS \"_{table}\" (TYPE delta, PIN_SNAPSHOT, READ_ONLY)")
+    if read_marks(con, lake) != marks:  # a refresh began since the marks were read: its tables may be half written
+        for name in wanted:
+            con.execute(f'DETACH "_{PREJOINED[name][0]}"')
+        log.info("prejoin.marks_changed: views read the typed tables")
+        return {}
     sources = [s for s in SOURCES if any(s in PREJOINED[name][2] for name in wanted)]
     moved = [s for s in sources if _moved(lake, s, marks.versions.get(s, -1))]
     touched = tail_rollouts(con, lake, marks, moved, limit=MAX_TOUCHED) if moved else []

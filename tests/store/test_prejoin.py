@@ -266,3 +266,26 @@ def test_sql_knows_which_views_the_prejoin_serves():
     from store.sql import PREJOINED_VIEW_NAMES
 
     assert set(PREJOINED_VIEW_NAMES) == set(prejoin.PREJOINED)
+
+
+def test_a_reader_racing_a_whole_rewrite_never_sees_a_half_written_table(lake, offsets, tmp_path, monkeypatch):
+    """The marks read, then (before the reader attaches the tables) a whole rewrite empties them and writes its
+    first bucket: the reader must not pair the old marks with that table."""
+    for n in range(3):
+        offsets.write(lake, sample_rollout(f"r{n}"))
+    compact(lake, vacuum_retention=timedelta(0))
+    expected = raw_answers(lake, tmp_path)
+    read_marks, raced = prejoin.read_marks, []
+
+    def racing_read_marks(con, lake_):
+        marks = read_marks(con, lake_)
+        if not raced:
+            raced.append(True)
+            prejoin.reset(lake_)  # what _write_whole does first, then its first bucket: one rollout only
+            partial = run_query(lake_, f"SELECT * FROM {COMPACTED_ROLLOUTS_TABLE} WHERE rollout_id = 'r0'")
+            prejoin._append(lake_, COMPACTED_ROLLOUTS_TABLE, partial, mode="overwrite")
+        return marks
+
+    monkeypatch.setattr(prejoin, "read_marks", racing_read_marks)
+    assert run_query(lake, QUERIES["rollouts"]).to_pylist() == expected["rollouts"]
+    assert raced
