@@ -75,6 +75,7 @@ from schemas.tables import (
     QUARANTINE_TABLE,
     ROLLOUT_STARTS_TABLE,
 )
+from store.compact import COMPACT_WRITER_PROPERTIES
 from store.lake import Lake, list_tables
 from store.storage import arrow_filesystem
 
@@ -306,7 +307,8 @@ def _drop_log_history(lake: Lake, name: str, *, through: int) -> None:
 def _delete(lake: Lake, name: str, predicate: str) -> int:
     for attempt in range(1, DELETE_RETRIES + 1):
         try:
-            return int(lake.table(name).delete(predicate)["num_deleted_rows"])
+            return int(lake.table(name).delete(predicate, writer_properties=COMPACT_WRITER_PROPERTIES)
+                       ["num_deleted_rows"])
         except CommitFailedError as exc:
             if attempt == DELETE_RETRIES:
                 raise RuntimeError(

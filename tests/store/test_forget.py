@@ -17,6 +17,7 @@ from deltalake import write_deltalake
 
 from schemas.events import EVENT_ADAPTER
 from schemas.tables import FORGET_AUDIT_TABLE, INGESTED_TABLES, QUARANTINE, SAMPLES
+from store.compact import compact
 from store.event_rows import KafkaCoordinates, Rejected, events_table, quarantine_table, typed_tables
 from store.forget import ForgetRequest, forget, forgotten_dataset_versions
 from store.lake import Lake
@@ -130,6 +131,24 @@ def test_forget_rollout_leaves_the_tenants_other_rollouts(full_lake: Lake) -> No
     assert full_lake.read("quarantine")["kafka_key"].to_pylist() == [b"z1"]
     assert secret("acme", "r1") not in stored_text(full_lake) and secret("acme", "r2") in stored_text(full_lake)
     assert report.rows_deleted == 7 * 2 + 1 + 1 + 2  # events + typed tables, quarantine, dataset (latest), lineage
+
+
+def test_files_forget_rewrites_keep_token_ids_plain_and_scalars_in_dictionaries(full_lake: Lake) -> None:
+    """A delete rewrites the files that held the rollout with the compaction's settings, not delta-rs's default
+    (dictionary pages everywhere, which made token columns larger)."""
+    compact(full_lake, tables=["events"])  # one file holds every rollout: the delete must rewrite it
+    before = {p.name for p in Path(full_lake.uri("events")).glob("*.parquet")}
+    forget(full_lake, ForgetRequest(rollouts=("r1",)))
+    rewritten = [p for p in Path(full_lake.uri("events")).glob("*.parquet") if p.name not in before]
+    assert rewritten
+    for path in rewritten:
+        meta = pq.ParquetFile(path).metadata
+        chunks = {meta.row_group(0).column(c).path_in_schema: meta.row_group(0).column(c)
+                  for c in range(meta.num_columns)}
+        token_ids, rollout_id = chunks["token_ids.list.element"], chunks["rollout_id"]
+        assert token_ids.compression == rollout_id.compression == "ZSTD"
+        assert not token_ids.has_dictionary_page and "RLE_DICTIONARY" not in token_ids.encodings
+        assert rollout_id.has_dictionary_page
 
 
 def test_forget_user_is_scoped_to_its_tenant(full_lake: Lake) -> None:
