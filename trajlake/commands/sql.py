@@ -29,7 +29,7 @@ CELL_CHARS = 60
 """Longest cell text in the table format; longer values end in an ellipsis."""
 
 
-def sql_settings(lake: str | None) -> PlainSqlSettings | SqlSettings:
+def settings_for(lake: str | None) -> PlainSqlSettings | SqlSettings:
     """``SqlSettings`` (flags on top of TRAJLAKE_*), read without pydantic when the environment allows."""
     if (plain := plain_sql_settings(lake=lake)) is not None:
         return plain
@@ -56,7 +56,7 @@ def sql(
     from store.sql import query_lake, run_query
     from store.sql_rows import rows_at_most
 
-    settings = sql_settings(lake)
+    settings = settings_for(lake)
     if query == "-":
         query = sys.stdin.read()
     if format is OutputFormat.table and output is not None:
@@ -180,7 +180,7 @@ def tables(
 
     from store.sql import describe_views
 
-    settings = sql_settings(lake)
+    settings = settings_for(lake)
     views = describe_views(settings.open_lake())
     if as_json:
         for v in views:
