@@ -290,8 +290,19 @@ def define_fresh(con: duckdb.DuckDBPyConnection, statements: Mapping[str, str], 
 
 
 def _moved(lake: Lake, table: str, version: int) -> bool:
-    """Whether ``table`` has a log entry past ``version`` (-1: whether it exists now): one file stat."""
-    return _exists(lake, f"{table}/_delta_log/{version + 1:020d}.json")
+    """Whether ``table`` has a commit past ``version`` (-1: whether it exists now): one file stat, and when entry
+    ``version + 1`` is absent, its last checkpoint's version (forget deletes the log entries up to the version
+    before it, log cleanup the old ones: the table may have moved on without that entry). An unreadable checkpoint
+    counts as moved (the tail is then found by the marked offsets)."""
+    if _exists(lake, f"{table}/_delta_log/{version + 1:020d}.json"):
+        return True
+    checkpoint = _read(lake, f"{table}/_delta_log/_last_checkpoint")
+    if checkpoint is None:
+        return False
+    try:
+        return int(json.loads(checkpoint)["version"]) > version
+    except (ValueError, KeyError, TypeError):
+        return True
 
 
 def _is_table(lake: Lake, table: str) -> bool:

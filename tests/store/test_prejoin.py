@@ -207,6 +207,17 @@ def test_a_forgotten_rollout_leaves_the_compacted_tables(lake, offsets, tmp_path
     assert [r["rollout_id"] for r in same(lake, tmp_path, "compacted")["rollouts"]] == ["r2"]
 
 
+def test_rows_that_arrived_before_a_forget_stay_in_the_views(lake, offsets, tmp_path):
+    """forget deletes the log entries up to the version before it: the entry after the marks is gone then, yet the
+    rows those commits added are still the tail."""
+    offsets.write(lake, sample_rollout("r1"))
+    refresh(lake)
+    offsets.write(lake, sample_rollout("r2"))
+    offsets.write(lake, sample_rollout("r3"))
+    forget(lake, ForgetRequest(rollouts=("r1",)))
+    assert [r["rollout_id"] for r in same(lake, tmp_path, "+tail")["rollouts"]] == ["r2", "r3"]
+
+
 def test_retention_reaches_the_compacted_tables(lake, offsets, tmp_path):
     offsets.write(lake, sample_rollout("r1", tenant="acme") + sample_rollout("r2"))
     refresh(lake)
