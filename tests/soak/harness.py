@@ -254,12 +254,14 @@ class Cluster:
             os.kill(self.s3.pid, signal.SIGCONT)
             self.frozen = False
 
-    def restart_broker(self, *, down_s: float = 0.0) -> None:
+    def restart_broker(self, stop: threading.Event, *, down_s: float = 0.0) -> None:
         """Kill the broker, keep it down ``down_s``, start it again. The start is retried while the object store
         does not answer its storage check in time (moto at load average 25 did not): the fault is an outage of
-        ``down_s``, not a broker that never comes back, which would leave the rest of the run without one."""
+        ``down_s``, not a broker that never comes back, which would leave the rest of the run without one.
+        Once ``stop`` is set (the run is being torn down) it neither waits nor starts the broker again."""
         self.broker.kill()
-        time.sleep(down_s)
+        if stop.wait(down_s):
+            return
         deadline = time.monotonic() + BROKER_RESTART_S
         while True:
             try:
@@ -269,7 +271,8 @@ class Cluster:
                 if time.monotonic() > deadline:
                     raise
                 log.info("soak: broker restart failed, retrying: %s", exc)
-                time.sleep(2.0)
+                if stop.wait(2.0):
+                    return
         self.reaper.adopt()
 
     def stop(self) -> None:
@@ -514,7 +517,7 @@ def _run_faults(cluster: Cluster, schedule: list[Fault], report: Report, stop: t
             if pending and time.monotonic() - t0 >= pending[0].at_s:
                 fault = pending.pop(0)
                 began = time.monotonic()
-                if _inject(cluster, fault, rng):
+                if _inject(cluster, fault, rng, stop):
                     report.faults[fault.kind] += 1
                     report.fault_windows.append((fault.kind, began, time.monotonic()))
                 else:
@@ -528,7 +531,9 @@ def _run_faults(cluster: Cluster, schedule: list[Fault], report: Report, stop: t
         done.set()  # also when a fault failed: the load must not wait for it
 
 
-def _inject(cluster: Cluster, fault: Fault, rng: random.Random) -> bool:
+def _inject(cluster: Cluster, fault: Fault, rng: random.Random, stop: threading.Event) -> bool:
+    """Inject one fault and wait until it ended; a hold or an outage ends early once ``stop`` is set (a torn
+    down run must not wait out a 60-s broker outage before it stops its processes)."""
     log.info("soak: fault %s hold=%.1fs", fault.kind, fault.hold_s)
     if fault.kind == "ingester_kill":
         ripe = [i for i in cluster.ingesters if i.age_s >= cluster.plan.ingester_min_age_s]
@@ -538,16 +543,16 @@ def _inject(cluster: Cluster, fault: Fault, rng: random.Random) -> bool:
         victim.kill()
         victim.start()
     elif fault.kind == "broker_kill":
-        cluster.restart_broker()
+        cluster.restart_broker(stop)
     elif fault.kind == "broker_down":
-        cluster.restart_broker(down_s=fault.hold_s)
+        cluster.restart_broker(stop, down_s=fault.hold_s)
     elif fault.kind == "gateway_kill":
         assert cluster.gateway is not None
         cluster.gateway.kill()
         cluster.start_gateway()
     elif fault.kind == "store_freeze":
         cluster.freeze_store()
-        time.sleep(fault.hold_s)
+        stop.wait(fault.hold_s)
         cluster.thaw_store()
     else:
         raise ValueError(f"unknown fault kind {fault.kind!r}")

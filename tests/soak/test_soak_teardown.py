@@ -84,3 +84,39 @@ def test_the_reaper_spares_children_its_process_had_before_it():
     finally:
         session_server.kill()
         session_server.wait()
+
+
+class _RecordingBroker:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def kill(self) -> None:
+        self.calls.append("kill")
+
+    def start(self, timeout_s: float) -> None:
+        self.calls.append("start")
+
+
+@pytest.mark.parametrize("kind", ["broker_down", "store_freeze"])
+def test_a_fault_in_progress_ends_once_the_run_is_torn_down(kind):
+    """A SIGTERM during a 60-s broker outage waited it out (and the broker's restart, retried up to 5 minutes)
+    before the soak stopped its processes: the teardown test saw the harness alive 180 s after SIGTERM."""
+    import random
+    import threading
+
+    from tests.soak.harness import Cluster, Fault, _inject
+
+    cluster = Cluster.__new__(Cluster)  # only the parts a fault touches
+    cluster.broker, cluster.frozen = _RecordingBroker(), False
+    cluster.freeze_store = lambda: cluster.broker.calls.append("freeze")
+    cluster.thaw_store = lambda: cluster.broker.calls.append("thaw")
+    stop = threading.Event()
+    timer = threading.Timer(0.2, stop.set)
+    timer.start()
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (_inject(cluster, Fault(0.0, kind, hold_s=3600.0),
+                                                      random.Random(1), stop), done.set()), daemon=True)
+    worker.start()
+    worker.join(BOUND_S)
+    assert done.is_set(), f"the {kind} fault was still holding after the run was torn down"
+    assert cluster.broker.calls == {"broker_down": ["kill"], "store_freeze": ["freeze", "thaw"]}[kind]
