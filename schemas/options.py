@@ -10,15 +10,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-DEFAULT_TOPIC = "trajlake.events"
-"""Topic of trajectory events; here rather than in ``schemas.events`` (which re-exports it) so that reading the
-options does not build the event models."""
+from schemas.option_defaults import DEFAULT_LAKE, DEFAULT_TOPIC
 
 
 class CommonOptions(BaseModel):
     """Where the lake and the broker are (TRAJLAKE_LAKE, TRAJLAKE_BOOTSTRAP_SERVERS, TRAJLAKE_TOPIC in the shell)."""
 
-    lake: str = "./lake"
+    lake: str = DEFAULT_LAKE
     """Lake root: a local folder, or s3://bucket/prefix in production."""
     bootstrap_servers: str = "127.0.0.1:9092"
     """Kafka bootstrap servers (comma-separated)."""

@@ -17,12 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from schemas.option_defaults import DEFAULT_LAKE
+
 if TYPE_CHECKING:
     from store.lake import Lake
 
 ENV_PREFIX = "trajlake_"
-DEFAULT_LAKE = "./lake"
-"""``schemas.options.CommonOptions.lake``'s default."""
 SQL_MAX_ROWS = 100
 """Rows the table format of ``trajlake sql`` prints when --max-rows is not given (TRAJLAKE_SQL_MAX_ROWS)."""
 FREE_TEXT = frozenset({"lake", "bootstrap_servers", "topic", "home", "openlineage_transport", "openlineage_url",
