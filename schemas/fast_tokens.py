@@ -8,7 +8,8 @@ well-formed JSON, no Python objects made); simdjson parses each slice into a
 C array, and the batch's arrays become one flat NumPy column per field with
 a length per row (events of 8 KB or more have their arrays cut out of the
 bytes first, so that msgspec does not scan them: ``_cut_arrays``).
-``TokenColumns.pick`` turns the rows a batch keeps into
+``ts`` is read for the whole batch too (``_timestamps``: one Arrow cast for the
+usual spelling). ``TokenColumns.pick`` turns the rows a batch keeps into
 Arrow ``list<int32>`` / ``list<float32>`` columns with one gather (none when
 every row is kept).
 
@@ -222,7 +223,7 @@ def _timestamps(events: list[Any]) -> tuple[np.ndarray, set[int]]:
     """(``ts`` in microseconds per row, rows whose ``ts`` the contract refuses), for the batch's decoded events.
 
     One regex match and one cast over the batch instead of a regex, ``fromisoformat`` and a ``datetime`` per event
-    (~2.5 us of 4 KB workload event's decode). Strings of the usual spelling where Arrow's cast fails (a date
+    (~2.5 us of a 4 KB workload event's decode). Strings of the usual spelling where Arrow's cast fails (a date
     that does not exist, hour 24, second 60) make the whole batch read one by one: ``fast.parse_ts`` decides.
     """
     texts = pa.array([e.ts if e is not None else None for e in events], pa.string())
