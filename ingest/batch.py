@@ -17,6 +17,7 @@ import time
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import NamedTuple
 
 import pyarrow as pa
@@ -116,6 +117,8 @@ class Batch:
         first = columnar.events if columnar is not None else decode_batch(values, max_bytes=max_event_bytes)
         sources: list[int | tuple[list[int] | None, list[float] | None]] = []
         """Per kept event, where its tokens are: its row in ``columnar.tokens``, or its own lists."""
+        stamps: list[int | datetime] = []
+        """Per kept event, where its ``ts`` is: its row in ``columnar.ts``, or its own."""
         for row, (r, event) in enumerate(zip(self.records, first)):
             if r.offset > last.get(r.partition, -1):
                 last[r.partition] = r.offset
@@ -149,9 +152,12 @@ class Batch:
             events.append(event if redactor is None else redactor.redact(event))
             where.append(r)
             sources.append(row if in_columns else _token_lists(event))
-        tokens = columnar.tokens.pick(sources) if columnar is not None else None
-        return DecodedBatch(events_table(events, where, tokens=tokens), rejected, last, duplicates, unheld,
-                            key_mismatches)
+            stamps.append(row if in_columns else event.ts)
+        if columnar is None:
+            rows = events_table(events, where)
+        else:
+            rows = events_table(events, where, tokens=columnar.tokens.pick(sources), ts=columnar.timestamps(stamps))
+        return DecodedBatch(rows, rejected, last, duplicates, unheld, key_mismatches)
 
 
 def decode(raw: bytes | None, *, max_bytes: int, fast_tried: bool = True) -> Event | FastEvent:

@@ -8,7 +8,8 @@ well-formed JSON, no Python objects made); simdjson parses each slice into a
 C array, and the batch's arrays become one flat NumPy column per field with
 a length per row (events of 8 KB or more have their arrays cut out of the
 bytes first, so that msgspec does not scan them: ``_cut_arrays``).
-``TokenColumns.pick`` turns the rows a batch keeps into
+``ts`` is read for the whole batch too (``_timestamps``: one Arrow cast for the
+usual spelling). ``TokenColumns.pick`` turns the rows a batch keeps into
 Arrow ``list<int32>`` / ``list<float32>`` columns with one gather (none when
 every row is kept).
 
@@ -32,16 +33,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from typing import Any, ClassVar
 
 import msgspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import simdjson
 
 from schemas import compact_logprobs, fast
 from schemas.events import INT32_MAX, reference_problem
-from schemas.tables import LOGPROBS, TOKENS
+from schemas.tables import EVENTS, LOGPROBS, TOKENS
 from schemas.versions import MAX_EVENT_BYTES
 
 _NULL = b"null"
@@ -151,10 +154,23 @@ class TokenColumns:
 
 @dataclass
 class ColumnarBatch:
-    """``decode_batch_columnar``'s answer: per value an event (token fields not set) or None, and the tokens."""
+    """``decode_batch_columnar``'s answer: per value an event (token fields and ``ts`` not set) or None, the
+    tokens, and ``ts`` per value."""
 
     events: list[fast.FastEvent | None]
     tokens: TokenColumns
+    ts: np.ndarray
+    """int64 per value: ``ts`` in microseconds since the epoch, UTC (0 where the value was refused)."""
+
+    def timestamps(self, sources: Sequence[int | datetime]) -> pa.Array:
+        """The ``ts`` column for rows in order: a row of this batch, or the UTC ``ts`` of an event decoded one by
+        one."""
+        if all(isinstance(s, int) for s in sources):
+            micros = self.ts[np.fromiter(sources, np.int64, len(sources))]
+        else:
+            micros = np.fromiter((self.ts[s] if isinstance(s, int) else _micros(s) for s in sources), np.int64,
+                                 len(sources))
+        return pa.array(micros, TIMESTAMP)
 
 
 def decode_batch_columnar(values: Sequence[bytes | None], *, max_bytes: int = MAX_EVENT_BYTES) -> ColumnarBatch:
@@ -180,16 +196,57 @@ def decode_batch_columnar(values: Sequence[bytes | None], *, max_bytes: int = MA
     n = len(values)
     id_column, bad_ids = ids.column(n)
     logprob_column, bad_logprobs = logprobs.column(n)
-    for row in bad_ids | bad_logprobs:
+    ts, bad_ts = _timestamps(events)
+    for row in bad_ids | bad_logprobs | bad_ts:
         events[row] = None
-    return ColumnarBatch(events, TokenColumns(id_column, logprob_column))
+    return ColumnarBatch(events, TokenColumns(id_column, logprob_column), ts)
 
 
 def _decode(raw: bytes) -> Any:
+    """The event at the current version, ``ts`` still text (``_timestamps`` reads the batch's); None if refused."""
     try:
-        return fast._finish(_DECODER.decode(raw))
+        event = _DECODER.decode(raw)
     except (msgspec.MsgspecError, ValueError, RecursionError):
         return None
+    return event if fast.is_current(event) else None
+
+
+TIMESTAMP = EVENTS.field("ts").type
+_UTC_TS = r"^(?:000[1-9]|00[1-9]\d|0[1-9]\d\d|[1-9]\d{3})-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,6})?Z$"
+"""The usual spelling of ``ts`` (UTC, ``Z``, at most microseconds, year 1 or later), read by Arrow's cast for the
+whole batch; every other spelling the contract allows is read one by one as the contract reads it."""
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _timestamps(events: list[Any]) -> tuple[np.ndarray, set[int]]:
+    """(``ts`` in microseconds per row, rows whose ``ts`` the contract refuses), for the batch's decoded events.
+
+    One regex match and one cast over the batch instead of a regex, ``fromisoformat`` and a ``datetime`` per event
+    (~2.5 us of a 4 KB workload event's decode). Strings of the usual spelling where Arrow's cast fails (a date
+    that does not exist, hour 24, second 60) make the whole batch read one by one: ``fast.parse_ts`` decides.
+    """
+    texts = pa.array([e.ts if e is not None else None for e in events], pa.string())
+    usual = pc.fill_null(pc.match_substring_regex(texts, _UTC_TS), False)
+    micros = np.zeros(len(events), np.int64)
+    in_bulk = usual.to_numpy(zero_copy_only=False)
+    try:
+        micros[in_bulk] = texts.filter(usual).cast(TIMESTAMP).cast(pa.int64()).to_numpy()
+    except pa.ArrowInvalid:
+        in_bulk[:] = False
+    refused: set[int] = set()
+    for row in np.flatnonzero(~in_bulk).tolist():
+        if events[row] is not None:
+            parsed = fast.parse_ts(events[row].ts)
+            if parsed is None:
+                refused.add(row)
+            else:
+                micros[row] = _micros(parsed)
+    return micros, refused
+
+
+def _micros(ts: datetime) -> int:
+    return (ts - _EPOCH) // _MICROSECOND
 
 
 _CUT_MIN_BYTES = 8 * 1024

@@ -66,7 +66,7 @@ class Rejected:
 
 def events_table(
     events: Sequence[Event | FastEvent], coordinates: Sequence[KafkaCoordinates], *, ingested_at: datetime | None = None,
-    tokens: tuple[pa.Array, pa.Array] | None = None,
+    tokens: tuple[pa.Array, pa.Array] | None = None, ts: pa.Array | None = None,
 ) -> pa.Table:
     """Rows of the ``events`` table, one per event, in the given order.
 
@@ -74,7 +74,8 @@ def events_table(
     (same attribute names; their rows are byte-identical, which
     ``tests/schemas/test_fast_decode.py`` checks). Built column by column.
     ``tokens``: the ``token_ids`` and ``logprobs`` columns already built
-    (``schemas.fast_tokens``); the events' own token fields are then not read.
+    (``schemas.fast_tokens``); the events' own token fields are then not read. ``ts``: the ``ts`` column
+    already built (``ColumnarBatch.timestamps``), likewise.
 
     >>> events_table([event], [KafkaCoordinates("trajlake.events", 0, 41)])  # doctest: +SKIP
     """
@@ -84,7 +85,8 @@ def events_table(
     token_fields = [TOKEN_FIELDS.get(e.type, _NO_TOKENS) for e in events]
     stamp = ingested_at or datetime.now(timezone.utc)
     cols: dict[str, list[Any]] = {
-        **{name: [getattr(e, name) for e in events] for name in _ENVELOPE_COLUMNS},
+        **{name: [getattr(e, name) for e in events] for name in _ENVELOPE_COLUMNS if name != "ts" or ts is None},
+        **({"ts": ts} if ts is not None else {}),
         "harness_name": [h.name if h else None for h in harness],
         "harness_version": [h.version if h else None for h in harness],
         "harness_config_hash": [h.config_hash if h else None for h in harness],

@@ -115,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     columnar = timed("decode: msgspec, tokens to NumPy", n, lambda: decode_batch_columnar(values))
     if None in columnar.events:
         raise SystemExit("the columnar path refused a workload event: run tests/schemas/test_fast_tokens.py")
-    timed("events rows, tokens in Arrow", n, lambda: events_table(
-        columnar.events, coordinates, tokens=columnar.tokens.pick(list(range(n)))))
+    timed("events rows, tokens and ts in Arrow", n, lambda: events_table(
+        columnar.events, coordinates, tokens=columnar.tokens.pick(list(range(n))), ts=columnar.timestamps(range(n))))
     records = [Record("bench", c.partition, c.offset, e["rollout_id"].encode(), v)
                for c, e, v in zip(coordinates, events, values)]
     rows = timed("Batch.decode: the two above + dedupe", n, lambda: batch_decode(records)).events

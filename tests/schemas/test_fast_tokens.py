@@ -9,6 +9,7 @@ also when they sit among valid events of the same batch.
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 
 import pyarrow as pa
 import pytest
@@ -18,7 +19,7 @@ from test_wire_contract import event
 from devkit.workload import WorkloadConfig, generate_events
 from schemas import fast_tokens
 from schemas.fast_tokens import _cut_arrays, decode_batch_columnar
-from schemas.tables import LOGPROBS, TOKENS
+from schemas.tables import EVENTS, LOGPROBS, TOKENS
 from store.event_rows import events_table, typed_tables
 
 
@@ -34,7 +35,7 @@ def columnar_rows(values: list[bytes]):
     batch = decode_batch_columnar(values)
     assert None not in batch.events
     return events_table(batch.events, coordinates(len(values)), ingested_at=STAMP,
-                        tokens=batch.tokens.pick(list(range(len(values)))))
+                        tokens=batch.tokens.pick(list(range(len(values)))), ts=batch.timestamps(range(len(values))))
 
 
 def request(ids, **payload) -> dict:
@@ -186,3 +187,46 @@ def test_pick_mixes_batch_rows_and_the_lists_of_events_decoded_one_by_one():
     assert logprobs.to_pylist() == [None, [-1.0, -2.0], [-0.5, -0.25], None, None, None]
     assert (ids.type, logprobs.type) == (TOKENS, LOGPROBS)
     assert tokens.pick([]) == (pa.array([], TOKENS), pa.array([], LOGPROBS))
+
+
+TIMESTAMPS = [
+    "2026-01-01T00:00:00Z", "2026-01-01T00:00:00.5Z", "2026-07-04T12:34:56.123456Z", "0001-01-01T00:00:00Z",
+    "9999-12-31T23:59:59.999999Z", "2024-02-29T00:00:00Z", "1969-12-31T23:59:59.999999Z",
+    "2026-01-01T00:00:00.1234567Z", "2026-01-01t00:00:00z", "2026-06-01 12:00:00+05:30", "2026-01-01T23:59:59-00:00",
+    "2026-01-01T00:00:00+00:00", "2026-01-01T00:00:00+01:00", "9999-12-31T23:59:59+01:00",
+]
+"""Valid spellings of ``ts``, the usual one (read for the batch by Arrow) and others (read one by one)."""
+BAD_TIMESTAMPS = [
+    "0000-01-01T00:00:00Z", "2025-02-29T00:00:00Z", "2026-02-30T00:00:00Z", "2026-13-01T00:00:00Z",
+    "2026-00-10T00:00:00Z", "2026-01-00T00:00:00Z", "2026-01-01T24:00:00Z", "2026-01-01T23:60:00Z",
+    "2026-01-01T23:59:60Z", "2026-01-01T00:00:00", "2026-1-01T00:00:00Z", "2026-01-01T00:00:00ZZ", "",
+    "2026-01-01T00:00:00.000000Z\n", " 2026-01-01T00:00:00Z", "２０２６-01-01T00:00:00Z", "2026-01-01T00:00:00.Z",
+    "0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00",
+]
+"""Spellings the contract refuses, some of them the usual shape (Arrow's cast must not read them either)."""
+
+
+@pytest.mark.parametrize("ts", TIMESTAMPS + BAD_TIMESTAMPS)
+def test_each_ts_spelling_gives_the_contracts_row_or_reason(ts):
+    values = [json.dumps(event("reward", ts=ts, event_id="e-1")).encode(),
+              json.dumps({**request([1, 2]), "ts": ts, "event_id": "e-2"}).encode()]
+    assert batch_outcome(values) == contract_outcome(values)
+
+
+def test_a_batch_of_ts_spellings_gives_the_contracts_rows_and_reasons():
+    """Usual spellings the cast reads among ones read one by one and ones refused, in one batch (a refused
+    date of the usual shape makes the whole batch read one by one)."""
+    for spellings in (TIMESTAMPS, TIMESTAMPS + BAD_TIMESTAMPS):
+        values = [json.dumps(event("reward", ts=ts, event_id=f"e-{i}")).encode() for i, ts in enumerate(spellings)]
+        rows, reasons = batch_outcome(values)
+        assert (rows, reasons) == contract_outcome(values)
+        assert len(rows) == len(TIMESTAMPS)
+
+
+def test_timestamps_mix_batch_rows_and_the_ts_of_events_decoded_one_by_one():
+    values = [json.dumps(event("reward", ts=ts)).encode() for ts in ("2026-01-01T00:00:01Z", "2026-01-01T00:00:02Z")]
+    batch = decode_batch_columnar(values)
+    own = datetime(2020, 5, 6, 7, 8, 9, 10, tzinfo=timezone.utc)
+    assert batch.timestamps([1, own, 0]).to_pylist() == [
+        datetime(2026, 1, 1, 0, 0, 2, tzinfo=timezone.utc), own, datetime(2026, 1, 1, 0, 0, 1, tzinfo=timezone.utc)]
+    assert batch.timestamps([1]).type == batch.timestamps([own]).type == EVENTS.field("ts").type
