@@ -28,8 +28,8 @@ from kafka.producer.future import FutureRecordMetadata
 from pydantic import BaseModel
 
 from schemas.errors import BrokerUnreachable, InvalidEvent, TrajlakeError
-from schemas.events import DEFAULT_TOPIC, Event
-from schemas.versions import MAX_EVENT_BYTES, validate_event
+from schemas.events import DEFAULT_TOPIC, Event, omit_defaults
+from schemas.versions import MAX_EVENT_BYTES, SCHEMA_VERSION, validate_event
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,9 @@ def encode_event(event: Event | Mapping[str, Any], *, max_bytes: int = MAX_EVENT
     """Validate one event and return its Kafka ``(key, value)``.
 
     A dict is sent as given (so optional fields newer than this library
-    survive); a model is dumped in JSON mode. Both are validated first.
+    survive); a model is dumped in JSON mode. Both are validated first; then
+    an event of the current version loses the fields at their defaults
+    (``schemas.events.omit_defaults``: read back the same, fewer bytes).
     Raises ``InvalidEvent``.
     """
     if isinstance(event, BaseModel):
@@ -64,6 +66,8 @@ def encode_event(event: Event | Mapping[str, Any], *, max_bytes: int = MAX_EVENT
     else:
         raise InvalidEvent("(event)", f"must be an Event model or a dict, got {type(event).__name__}")
     rollout_id = validate_event(raw).rollout_id
+    if raw.get("schema_version") == SCHEMA_VERSION:
+        raw = omit_defaults(raw)
     try:
         value = json.dumps(raw, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
     except (TypeError, ValueError) as exc:

@@ -4,13 +4,16 @@ Every event is an envelope (identity, ordering, harness) plus a payload typed
 by ``type``. Non-Python producers write this directly; ``schemas/EVENTS.md``
 documents it field for field. Adding an optional field does not bump
 ``SCHEMA_VERSION``; a breaking change does, and ``schemas.versions`` upgrades
-every older version the ingester ever accepted.
+every older version the ingester ever accepted. A field at its default may be
+left out (the reader fills it in): the gateway and the SDK write events
+without them (``omit_defaults``; ``model_dump_json(exclude_defaults=True)``).
 """
 
 from __future__ import annotations
 
 import re
 from datetime import datetime, timezone
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
@@ -368,3 +371,28 @@ PAYLOAD_MODELS: dict[str, type[_Model]] = {
 }
 
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+def omit_defaults(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``raw``, a valid event of the current version as JSON values, without the fields a reader fills in when they
+    are absent: envelope, ``harness`` and payload fields whose value is their default (``null``, ``0``,
+    ``"default"``, ``{}``, ``"none"``), same JSON type. Everything else, unknown fields included, is kept as given,
+    so the event reads back the same. What ``model_dump_json(exclude_defaults=True)`` does for a model.
+
+    >>> omit_defaults({"type": "reward", "attempt": 0, "span_id": None, "payload": {"name": "r", "source": None}})
+    {'type': 'reward', 'payload': {'name': 'r'}}
+    """
+    out = _without_defaults(raw, _Envelope)
+    if isinstance(out.get("harness"), Mapping):
+        out["harness"] = _without_defaults(out["harness"], Harness)
+    model = PAYLOAD_MODELS.get(out.get("type"))  # type: ignore[arg-type]
+    if model is not None and isinstance(out.get("payload"), Mapping):
+        out["payload"] = _without_defaults(out["payload"], model)
+    return out
+
+
+def _without_defaults(raw: Mapping[str, Any], model: type[_Model]) -> dict[str, Any]:
+    fields = model.model_fields
+    return {name: value for name, value in raw.items() if not (
+        name in fields and not fields[name].is_required()
+        and type(value) is type(default := fields[name].get_default(call_default_factory=True)) and value == default)}

@@ -28,6 +28,19 @@ model, float32 values as the engine gives them) in every ``llm.response``,
 once as JSON numbers and once in the compact form (base64 float32, what the
 gateway writes by default: ``schemas.compact_logprobs``), and what the
 broker stores of each is compared.
+Batched: the references and full-events arms again with the rollouts in
+parallel (one thread each), so the gateway's emitter and producer batch
+the calls that arrive together (group commit, librdkafka's per-partition
+batches) as a busier gateway does; their stored bytes are reported apart.
+Token-id encodings: the references arm's events (real logprobs, compact)
+stored with response and prompt ids as JSON numbers, as base64 of
+little-endian uint32 and as base64 of LEB128 varints.
+Floor: the bytes references cannot remove, each rollout's own tokens (new
+prompt ids, response ids, logprobs: real, compact), measured like for like
+against the full events with the same real logprobs: on Kafka as bytes
+(those fields' JSON) and as stored records (the same batches, zstd), in
+the lake as the token columns' data (one copy: ``llm_requests``,
+``llm_responses``) against the full events' data.
 Writes ``bench/sessions/results.json`` (``bench.results`` format).
 
     .venv/bin/python bench/sessions/run.py [--rollouts 8] [--turns 30]
@@ -36,15 +49,18 @@ Writes ``bench/sessions/results.json`` (``bench.results`` format).
 from __future__ import annotations
 
 import argparse
+import base64
 import itertools
 import json
 import statistics
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 import tempfile
 import time
 import tracemalloc
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -144,10 +160,14 @@ def kafka_bytes(sink: ListSink) -> dict:
     messages + tools; the largest payload fields (``type.field``, compact JSON bytes) and the envelopes."""
     ids = history = 0
     parts: Counter[str] = Counter()
+    envelope: Counter[str] = Counter()
     for key, value in sink.records:
         event = json.loads(value)
         payload = event.pop("payload")
         parts["envelopes and keys"] += len(value) - len(json.dumps(payload, separators=(",", ":"))) + len(key)
+        envelope["(key)"] += len(key)
+        for name, field in event.items():  # "name":value, and its comma
+            envelope[name] += len(name) + 4 + len(json.dumps(field, separators=(",", ":"), ensure_ascii=False))
         for name, field in payload.items():
             size = len(json.dumps(field, separators=(",", ":"), ensure_ascii=False))
             parts[f"{event['type']}.{name}"] += size
@@ -156,11 +176,11 @@ def kafka_bytes(sink: ListSink) -> dict:
             if name in ("messages", "tools") and event["type"] == "llm.request":
                 history += size
     return {"total": sum(len(k) + len(v) for k, v in sink.records), "token_ids": ids, "messages": history,
-            "parts": parts}
+            "parts": parts, "envelope": envelope}
 
 
-def lake_bytes(sink: ListSink, root: Path, *, rollouts: int) -> dict:
-    """The ingested tables' bytes per rollout, written from the sink's events as the ingester writes them,
+def lake_bytes(records: list[tuple[bytes, bytes]], root: Path, *, rollouts: int) -> dict:
+    """The ingested tables' bytes per rollout, written from ``records`` (the events) as the ingester writes them,
     as the ingester leaves the lake and again after ``trajlake compact`` (``store.compact``, vacuumed at
     once: what the nightly compact leaves): Parquet data (column chunks, compressed), Parquet footers
     (each file's bytes outside its column chunks: schema, statistics, page index) and ``_delta_log``
@@ -173,7 +193,7 @@ def lake_bytes(sink: ListSink, root: Path, *, rollouts: int) -> dict:
     entries are per file and per commit: per rollout they shrink as more rollouts share a commit
     (``lake_commits``, ``lake_files`` give the counts to scale them).
     """
-    events = [EVENT_ADAPTER.validate_json(v) for _, v in sink.records]
+    events = [EVENT_ADAPTER.validate_json(v) for _, v in records]
     turns: dict[int, list] = {}
     seen: dict[str, set[str]] = {}
     for event in sorted(events, key=lambda e: e.seq):
@@ -191,10 +211,14 @@ def lake_bytes(sink: ListSink, root: Path, *, rollouts: int) -> dict:
 
 
 def lake_figures(root: Path, rollouts: int, *, prefix: str) -> dict:
-    """Bytes per rollout of the lake under ``root`` as it is now (every Parquet file there is live)."""
+    """Bytes per rollout of the ingested tables under ``root`` as they are now (every Parquet file there is live);
+    the tables ``trajlake compact`` derives from them (pre-joined calls, rollouts, tool steps and their marks: a
+    copy for fast reads) apart, as ``derived_all_bytes_per_rollout``."""
     parts: Counter[str] = Counter()
     files = 0
-    for table in sorted(p for p in root.iterdir() if p.is_dir()):
+    derived = sum(f.stat().st_size for table in root.iterdir() if table.is_dir() and table.name not in INGESTED_TABLES
+                  for f in table.rglob("*") if f.is_file())
+    for table in sorted(p for p in root.iterdir() if p.is_dir() and p.name in INGESTED_TABLES):
         for f in table.glob("*.parquet"):
             meta = pq.ParquetFile(f).metadata
             chunks = [meta.row_group(g).column(c) for g in range(meta.num_row_groups) for c in range(meta.num_columns)]
@@ -215,10 +239,16 @@ def lake_figures(root: Path, rollouts: int, *, prefix: str) -> dict:
         f"{prefix}log_bytes_per_rollout": per_rollout(lambda n: n.endswith("(_delta_log)")),
         f"{prefix}prompt_id_bytes_per_rollout": per_rollout(lambda n: n == "llm_requests.prompt_token_ids"),
         f"{prefix}message_bytes_per_rollout": per_rollout(lambda n: n in ("llm_requests.messages", "llm_requests.tools")),
+        f"{prefix}token_bytes_per_rollout": per_rollout(lambda n: n in TOKEN_COLUMNS),
         f"{prefix}files": files,
+        f"{prefix}derived_all_bytes_per_rollout": round(derived / rollouts),
         f"{prefix}tables_per_rollout": {t: per_rollout(lambda n, t=t: n.startswith(f"{t}.")) for t in tables},
         f"{prefix}largest_parts_per_rollout": largest(parts, rollouts, 10),
     }
+
+
+TOKEN_COLUMNS = ("llm_requests.prompt_token_ids", "llm_responses.response_token_ids", "llm_responses.logprobs")
+"""A rollout's own tokens in the lake, one copy (``events`` holds them again)."""
 
 
 def largest(parts: Counter[str], rollouts: int, n: int = 6) -> dict[str, int]:
@@ -232,7 +262,9 @@ def stored_bytes(broker: EmbeddedBroker, topic: str, records: int) -> int:
 
 
 def run_arm(engine_url: str, model_dir: Path, workdir: Path, broker: EmbeddedBroker, *, sessions: bool,
-            references: bool, rollouts: int, turns: int) -> tuple[dict, ListSink]:
+            references: bool, rollouts: int, turns: int, parallel: bool = False) -> tuple[dict, ListSink]:
+    """One arm: ``rollouts`` rollouts through a gateway, one after the other (each call's events one Kafka batch)
+    or ``parallel`` (one thread each: the calls that arrive together share batches; no lake then)."""
     settings = GatewaySettings(upstream_url=engine_url, gateway_keys=f"{KEY}=bench", spool_dir=workdir / "spool",
                                bootstrap_servers=broker.bootstrap_servers, topic=workdir.name, tokenizer=str(model_dir),
                                token_sessions=sessions, prefix_references=references)
@@ -243,10 +275,17 @@ def run_arm(engine_url: str, model_dir: Path, workdir: Path, broker: EmbeddedBro
     app = create_gateway_app(settings, emitter=emitter)
     latencies: list[float] = []
     with serve_in_thread(app, name="gateway") as url:
-        for k in range(rollouts):
+        def one(k: int) -> None:
             llm = OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0,
                          default_headers={"x-trajlake-task-id": "t", "x-trajlake-rollout-id": f"r-{k}"})
             rollout(llm, turns, latencies, task=k)
+
+        if parallel:
+            with ThreadPoolExecutor(rollouts) as pool:
+                list(pool.map(one, range(rollouts)))
+        else:
+            for k in range(rollouts):
+                one(k)
     emitter.close()
     assert emitter.spooled == 0, "the broker did not take every batch: the stored bytes would be short"
     per_rollout = samples(sink)
@@ -262,7 +301,11 @@ def run_arm(engine_url: str, model_dir: Path, workdir: Path, broker: EmbeddedBro
     out["kafka_token_id_bytes_per_rollout"] = round(kafka["token_ids"] / len(counts))
     out["kafka_message_bytes_per_rollout"] = round(kafka["messages"] / len(counts))
     out["kafka_largest_parts_per_rollout"] = largest(kafka["parts"], len(counts))
-    out.update(lake_bytes(sink, workdir / "lake", rollouts=len(counts)))
+    out["kafka_envelope_fields_per_rollout"] = largest(kafka["envelope"], len(counts), 20)
+    out["kafka_sends"] = len(sink.batches)
+    out["calls_per_send"] = round(len(sink.records) / 2 / len(sink.batches), 2)
+    if not parallel:
+        out.update(lake_bytes(sink.records, workdir / "lake", rollouts=len(counts)))
     return out, sink
 
 
@@ -293,6 +336,35 @@ def with_logprobs(batch: list[tuple[bytes, bytes]], pool: Iterator[float], encod
     return records, field
 
 
+Batches = list[list[tuple[bytes, bytes]]]
+
+
+def with_real_logprobs(batches: Batches, values: list[float], encode) -> tuple[Batches, int]:
+    """``batches`` with ``values`` (cycled from the start) as every response's logprobs, ``encode``-d; and the
+    logprobs' bytes."""
+    pool, out, field = itertools.cycle(values), [], 0
+    for batch in batches:
+        records, size = with_logprobs(batch, pool, encode)
+        out.append(records)
+        field += size
+    return out, field
+
+
+def resend(batches: Batches, broker: EmbeddedBroker, topic: str) -> int:
+    """The bytes the broker stores of ``batches``, each sent as one producer send (zstd) to a new ``topic``."""
+    broker.create_topic(topic, partitions=4)
+    kafka = KafkaSink(broker.bootstrap_servers, topic, timeout_s=30.0, compression="zstd")
+    for batch in batches:
+        if batch:
+            kafka.send(batch)
+    kafka.close()
+    return stored_bytes(broker, topic, sum(map(len, batches)))
+
+
+def key_value_bytes(batches: Batches) -> int:
+    return sum(len(k) + len(v) for batch in batches for k, v in batch)
+
+
 def logprob_encodings(sink: ListSink, full: ListSink, values: list[float], broker: EmbeddedBroker,
                       rollouts: int) -> dict:
     """Per rollout, with ``values`` (cycled) as every response's logprobs: the logprobs' bytes and the bytes the
@@ -303,20 +375,132 @@ def logprob_encodings(sink: ListSink, full: ListSink, values: list[float], broke
         "the engine's logprobs are not float32 values: the compact form would not be exact"
     out: dict = {}
     for name, encode in (("json", list), ("f32_base64", compact_logprobs.encode)):
-        pool, field = itertools.cycle(values), 0
-        topic = f"logprobs-{name}"
-        broker.create_topic(topic, partitions=4)
-        kafka = KafkaSink(broker.bootstrap_servers, topic, timeout_s=30.0, compression="zstd")
-        for batch in sink.batches:
-            records, size = with_logprobs(batch, pool, encode)
-            kafka.send(records)
-            field += size
-        kafka.close()
+        batches, field = with_real_logprobs(sink.batches, values, encode)
         out[f"{name}_logprob_bytes_per_rollout"] = round(field / rollouts)
-        out[f"{name}_stored_bytes_per_rollout"] = round(stored_bytes(broker, topic, len(sink.records)) / rollouts)
-    pool = itertools.cycle(values)
-    before = sum(len(k) + len(v) for batch in full.batches for k, v in with_logprobs(batch, pool, list)[0])
-    out["full_events_json_bytes_per_rollout"] = round(before / rollouts)
+        out[f"{name}_stored_bytes_per_rollout"] = round(resend(batches, broker, f"logprobs-{name}") / rollouts)
+    out["full_events_json_bytes_per_rollout"] = round(
+        key_value_bytes(with_real_logprobs(full.batches, values, list)[0]) / rollouts)
+    return out
+
+
+def batched(sinks: dict[str, ListSink], values: list[float], broker: EmbeddedBroker, rollouts: int) -> dict:
+    """Per rollout, the parallel arms' batches (as their gateways sent them) with real logprobs, compact: the
+    bytes the broker stores of the references and of the full events."""
+    out = {}
+    for name in ("with_sessions_batched", "with_sessions_full_prompts_batched"):
+        batches = with_real_logprobs(sinks[name].batches, values, compact_logprobs.encode)[0]
+        out[f"{name}_stored_bytes_per_rollout"] = round(resend(batches, broker, f"real-{name}") / rollouts)
+    return out
+
+
+def varint_base64(ids: list[int]) -> str:
+    """Base64 of the ids as LEB128 varints (7 bits a byte: 1 byte below 128, 2 below 16,384, 3 below 2,097,152)."""
+    out = bytearray()
+    for i in ids:
+        while i >= 0x80:
+            out.append(i & 0x7F | 0x80)
+            i >>= 7
+        out.append(i)
+    return base64.b64encode(bytes(out)).decode("ascii")
+
+
+def uint32_base64(ids: list[int]) -> str:
+    return base64.b64encode(np.asarray(ids, dtype="<u4").tobytes()).decode("ascii")
+
+
+def with_ids(batch: list[tuple[bytes, bytes]], encode: Callable[[list[int]], str]) -> tuple[list, int]:
+    """``batch`` with every token id array ``encode``-d; and their bytes."""
+    records, field = [], 0
+    for key, value in batch:
+        event = json.loads(value)
+        for name in ("prompt_token_ids", "response_token_ids"):
+            if event["payload"].get(name) is not None:
+                event["payload"][name] = encode(event["payload"][name])
+                field += len(event["payload"][name]) + 2
+        records.append((key, json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode()))
+    return records, field
+
+
+def id_encodings(real: Batches, broker: EmbeddedBroker, rollouts: int) -> dict:
+    """Per rollout, the references arm's events (``real``: real logprobs, compact) with their token ids as JSON
+    numbers, as base64 of little-endian uint32 and as base64 of LEB128 varints: the ids' bytes and what the
+    broker stores (each batch as the gateway sent it, zstd)."""
+    out = {}
+    for name, encode in (("json", None), ("uint32_base64", uint32_base64), ("varint_base64", varint_base64)):
+        if encode is None:
+            batches, field = real, sum(len(json.dumps(json.loads(v)["payload"].get(f), separators=(",", ":")))
+                                       for batch in real for _, v in batch
+                                       for f in ("prompt_token_ids", "response_token_ids")
+                                       if json.loads(v)["payload"].get(f) is not None)
+        else:
+            pairs = [with_ids(batch, encode) for batch in real]
+            batches, field = [records for records, _ in pairs], sum(size for _, size in pairs)
+        out[f"{name}_id_bytes_per_rollout"] = round(field / rollouts)
+        out[f"{name}_stored_bytes_per_rollout"] = round(resend(batches, broker, f"ids-{name}") / rollouts)
+    return out
+
+
+CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def base32_id(text: str) -> str:
+    """A UUID's 128 bits as 26 Crockford base32 characters (ULID's form: sorts as the UUID does)."""
+    n = uuid.UUID(text).int
+    return "".join(CROCKFORD[(n >> (5 * i)) & 31] for i in range(25, -1, -1))
+
+
+def with_short_ids(batch: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """``batch`` with every event id and gateway call id (``call-`` + a UUID) in 26-character base32."""
+    records = []
+    for key, value in batch:
+        event = json.loads(value)
+        event["event_id"] = base32_id(event["event_id"])
+        payload = event["payload"]
+        for name in ("call_id", "extends_call_id"):
+            if payload.get(name):
+                payload[name] = "call-" + base32_id(payload[name].removeprefix("call-"))
+        records.append((key, json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode()))
+    return records
+
+
+def id_forms(real: Batches, broker: EmbeddedBroker, rollouts: int) -> dict:
+    """Per rollout, the references arm's events (``real``) with event and call ids as UUID text (36 characters)
+    and as 26-character base32: key + value bytes, and what the broker stores (each batch as sent, zstd)."""
+    short = [with_short_ids(batch) for batch in real]
+    return {"uuid_bytes_per_rollout": round(key_value_bytes(real) / rollouts),
+            "base32_bytes_per_rollout": round(key_value_bytes(short) / rollouts),
+            "uuid_stored_bytes_per_rollout": round(resend(real, broker, "ids-uuid") / rollouts),
+            "base32_stored_bytes_per_rollout": round(resend(short, broker, "ids-base32") / rollouts)}
+
+
+OWN_FIELDS = ("prompt_token_ids", "response_token_ids", "logprobs")
+"""What references cannot remove: a rollout's own tokens (a reference's prompt ids are only the new ones)."""
+
+
+def floor(references: Batches, full: Batches, broker: EmbeddedBroker, workdir: Path, rollouts: int) -> dict:
+    """Per rollout, the bytes references cannot remove against the full events, like for like (both with the
+    same real logprobs, compact): on Kafka the own fields' JSON bytes and the records of only those fields
+    (same keys and batches) as stored; in the lake the token columns' data of the references lake (one copy)
+    against the full events lake's data, as ingested and after compact."""
+    own_batches, own = [], 0
+    for batch in references:
+        records = []
+        for key, value in batch:
+            payload = json.loads(value)["payload"]
+            fields = {name: payload[name] for name in OWN_FIELDS if payload.get(name) is not None}
+            if fields:
+                records.append((key, json.dumps(fields, separators=(",", ":")).encode()))
+                own += sum(len(json.dumps(v, separators=(",", ":"))) for v in fields.values())
+        own_batches.append(records)
+    out = {"kafka_own_bytes_per_rollout": round(own / rollouts),
+           "kafka_own_stored_bytes_per_rollout": round(resend(own_batches, broker, "floor-own") / rollouts),
+           "kafka_full_bytes_per_rollout": round(key_value_bytes(full) / rollouts),
+           "kafka_full_stored_bytes_per_rollout": round(resend(full, broker, "floor-full") / rollouts)}
+    kept = ("lake_bytes_per_rollout", "lake_token_bytes_per_rollout", "lake_compacted_bytes_per_rollout",
+            "lake_compacted_token_bytes_per_rollout")
+    for name, batches in (("references", references), ("full", full)):
+        lake = lake_bytes([r for batch in batches for r in batch], workdir / f"floor-{name}", rollouts=rollouts)
+        out[f"lake_{name}"] = {key: lake[key] for key in kept}
     return out
 
 
@@ -374,15 +558,26 @@ def main() -> None:
                                     "to an engine that samples non-canonical splits")
     model_dir = build_tiny_model(default_model_dir())
     results: dict = {"turns": args.turns}
-    arms = (("without_sessions", False, False), ("with_sessions", True, True), ("with_sessions_full_prompts", True, False))
+    arms = (("without_sessions", False, False, False), ("with_sessions", True, True, False),
+            ("with_sessions_full_prompts", True, False, False), ("with_sessions_batched", True, True, True),
+            ("with_sessions_full_prompts_batched", True, False, True))
     sinks = {}
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker, \
             serve_in_thread(create_split_engine(model_dir), name="engine") as engine:
-        for name, sessions, references in arms:
+        for name, sessions, references, parallel in arms:
             results[name], sinks[name] = run_arm(f"{engine}/v1", model_dir, Path(tmp) / name, broker, sessions=sessions,
-                                                 references=references, rollouts=args.rollouts, turns=args.turns)
+                                                 references=references, rollouts=args.rollouts, turns=args.turns,
+                                                 parallel=parallel)
+        values = engine_logprobs(model_dir, 4096)
         results["logprobs"] = logprob_encodings(sinks["with_sessions"], sinks["with_sessions_full_prompts"],
-                                                engine_logprobs(model_dir, 4096), broker, args.rollouts)
+                                                values, broker, args.rollouts)
+        results["batched"] = batched(sinks, values, broker, args.rollouts)
+        real = {name: with_real_logprobs(sinks[name].batches, values, compact_logprobs.encode)[0]
+                for name in ("with_sessions", "with_sessions_full_prompts")}
+        results["token_ids"] = id_encodings(real["with_sessions"], broker, args.rollouts)
+        results["id_forms"] = id_forms(real["with_sessions"], broker, args.rollouts)
+        results["floor"] = floor(real["with_sessions"], real["with_sessions_full_prompts"], broker, Path(tmp),
+                                 args.rollouts)
     results["planner"] = plan_cost(model_dir, args.turns)
     from transformers import AutoTokenizer
 
@@ -395,7 +590,10 @@ def main() -> None:
 
 def write(recorder: Recorder, results: dict) -> None:
     off, on, full = results["without_sessions"], results["with_sessions"], results["with_sessions_full_prompts"]
+    on_par, full_par = results["with_sessions_batched"], results["with_sessions_full_prompts_batched"]
     planner, memory, logprobs = results["planner"], results["memory"], results["logprobs"]
+    real_par, ids, fl, forms = results["batched"], results["token_ids"], results["floor"], results["id_forms"]
+    lake_on, lake_full = fl["lake_references"], fl["lake_full"]
 
     def kb(a: dict, b: dict, key: str) -> str:
         return f"{a[key] / 1e3:,.1f} vs {b[key] / 1e3:,.1f} KB"
@@ -436,7 +634,39 @@ def write(recorder: Recorder, results: dict) -> None:
               [fewer("kafka_message_bytes_per_rollout")]),
         Ratio("lake_message_bytes", "lake messages + tools bytes (llm_requests) per rollout, full / references",
               [fewer("lake_message_bytes_per_rollout")]),
+        Ratio("kafka_batched_stored_bytes", f"Kafka bytes stored per rollout, {on_par['rollouts']} rollouts in parallel "
+              f"(the gateway batches calls that arrive together: {on_par['calls_per_send']} calls a send with "
+              "references), full events / references; the split engine's constant logprobs",
+              [round(full_par["kafka_stored_bytes_per_rollout"] / on_par["kafka_stored_bytes_per_rollout"], 2)]),
+        Ratio("kafka_batched_real_logprobs", "the same with real engine logprobs (compact both), full events / "
+              "references", [round(real_par["with_sessions_full_prompts_batched_stored_bytes_per_rollout"]
+                                   / real_par["with_sessions_batched_stored_bytes_per_rollout"], 2)], goal=10.0),
+        Ratio("kafka_batched_before_after_real_logprobs", "Kafka bytes per rollout with real engine logprobs: full "
+              "events uncompressed, JSON logprobs (before) / references stored zstd, compact logprobs, rollouts in "
+              "parallel (now, batched)", [round(logprobs["full_events_json_bytes_per_rollout"]
+                                               / real_par["with_sessions_batched_stored_bytes_per_rollout"], 2)],
+              goal=10.0),
+        Ratio("kafka_floor", "the most references allow on Kafka, uncompressed: full events / a rollout's own tokens "
+              "(new prompt ids, response ids, real logprobs compact)",
+              [round(fl["kafka_full_bytes_per_rollout"] / fl["kafka_own_bytes_per_rollout"], 2)]),
+        Ratio("kafka_stored_floor", "the same stored (zstd, one call per batch): full events / records of only a "
+              "rollout's own tokens", [round(fl["kafka_full_stored_bytes_per_rollout"]
+                                             / fl["kafka_own_stored_bytes_per_rollout"], 2)]),
+        Ratio("lake_floor", "the most references allow in the lake, data as ingested: full events / a rollout's own "
+              "token columns, one copy (real logprobs)", [round(lake_full["lake_bytes_per_rollout"]
+                                                                / lake_on["lake_token_bytes_per_rollout"], 2)]),
+        Ratio("lake_compacted_floor", "the same after compact",
+              [round(lake_full["lake_compacted_bytes_per_rollout"]
+                     / lake_on["lake_compacted_token_bytes_per_rollout"], 2)]),
+        Ratio("kafka_id_encoding", "Kafka bytes stored per rollout with token ids as JSON numbers / as base64 LEB128 "
+              "varints (references, real logprobs; kept as JSON)",
+              [round(ids["json_stored_bytes_per_rollout"] / ids["varint_base64_stored_bytes_per_rollout"], 2)]),
+        Ratio("kafka_short_ids", "Kafka bytes stored per rollout with event and call ids as UUID text / as 26-character "
+              "base32 (references, real logprobs; kept as UUIDs)",
+              [round(forms["uuid_stored_bytes_per_rollout"] / forms["base32_stored_bytes_per_rollout"], 2)]),
     ]
+    envelope = ", ".join(f"{name} {size / 1e3:.1f}" for name, size in list(
+        on["kafka_envelope_fields_per_rollout"].items())[:6])
     left = ", ".join(f"{name} {size / 1e3:.1f}" for name, size in list(on["kafka_largest_parts_per_rollout"].items())[:4])
     left_lake = ", ".join(f"{name} {size / 1e3:.1f}" for name, size in list(
         (n, b) for n, b in on["lake_compacted_largest_parts_per_rollout"].items() if "(" not in n)[:3])
@@ -459,7 +689,26 @@ def write(recorder: Recorder, results: dict) -> None:
                f"{logprobs['f32_base64_stored_bytes_per_rollout'] / 1e3:,.1f} KB compact, base64 float32 (logprobs "
                f"{logprobs['json_logprob_bytes_per_rollout'] / 1e3:,.1f} vs "
                f"{logprobs['f32_base64_logprob_bytes_per_rollout'] / 1e3:,.1f} KB uncompressed; full events "
-               f"{logprobs['full_events_json_bytes_per_rollout'] / 1e3:,.1f} KB uncompressed); planning p50 {planner['plan_p50_ms']:.1f} ms, "
+               f"{logprobs['full_events_json_bytes_per_rollout'] / 1e3:,.1f} KB uncompressed); envelope fields (KB "
+               f"per rollout, fields at their defaults left out): {envelope}; batched ({on_par['rollouts']} rollouts "
+               f"in parallel, {on_par['calls_per_send']} calls a send with references, {full_par['calls_per_send']} "
+               f"full) stored {kb(on_par, full_par, 'kafka_stored_bytes_per_rollout')}, with real logprobs "
+               f"{real_par['with_sessions_batched_stored_bytes_per_rollout'] / 1e3:,.1f} vs "
+               f"{real_par['with_sessions_full_prompts_batched_stored_bytes_per_rollout'] / 1e3:,.1f} KB; floor (real "
+               f"logprobs, compact): a rollout's own tokens {fl['kafka_own_bytes_per_rollout'] / 1e3:,.1f} KB on Kafka "
+               f"({fl['kafka_own_stored_bytes_per_rollout'] / 1e3:,.1f} stored) vs full events "
+               f"{fl['kafka_full_bytes_per_rollout'] / 1e3:,.1f} ({fl['kafka_full_stored_bytes_per_rollout'] / 1e3:,.1f} "
+               f"stored), lake token columns {lake_on['lake_token_bytes_per_rollout'] / 1e3:,.1f} KB "
+               f"({lake_on['lake_compacted_token_bytes_per_rollout'] / 1e3:,.1f} after compact) vs full events' data "
+               f"{lake_full['lake_bytes_per_rollout'] / 1e3:,.1f} ({lake_full['lake_compacted_bytes_per_rollout'] / 1e3:,.1f}); "
+               f"token ids stored {ids['json_stored_bytes_per_rollout'] / 1e3:,.1f} KB as JSON, "
+               f"{ids['uint32_base64_stored_bytes_per_rollout'] / 1e3:,.1f} as base64 uint32, "
+               f"{ids['varint_base64_stored_bytes_per_rollout'] / 1e3:,.1f} as base64 varints (uncompressed "
+               f"{ids['json_id_bytes_per_rollout'] / 1e3:,.1f}, {ids['uint32_base64_id_bytes_per_rollout'] / 1e3:,.1f}, "
+               f"{ids['varint_base64_id_bytes_per_rollout'] / 1e3:,.1f}); event and call ids as UUID text vs 26-character "
+               f"base32: {forms['uuid_bytes_per_rollout'] / 1e3:,.1f} vs "
+               f"{forms['base32_bytes_per_rollout'] / 1e3:,.1f} KB uncompressed, stored "
+               f"{forms['uuid_stored_bytes_per_rollout'] / 1e3:,.1f} vs {forms['base32_stored_bytes_per_rollout'] / 1e3:,.1f} KB; planning p50 {planner['plan_p50_ms']:.1f} ms, "
                f"{planner['plan_at_last_turn_ms']:.1f} ms at turn {results['turns']} "
                f"({planner['prompt_tokens_at_last_turn']:,}-token prompt); client p50 per call {on['latency_p50_ms']:.0f} ms "
                f"with sessions vs {off['latency_p50_ms']:.0f} ms without; session memory {memory['measured_mib']:.0f} MiB "

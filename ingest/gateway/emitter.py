@@ -49,12 +49,14 @@ KeyValue = tuple[bytes, bytes]
 
 
 def encode(event: Event | RejectedInput, *, compact_logprobs: bool = False) -> KeyValue:
-    """Kafka (key, value) of one validated event (key = rollout_id, value = compact JSON), or of a rejected input.
+    """Kafka (key, value) of one validated event (key = rollout_id, value = compact JSON without the fields at
+    their defaults, which readers fill in), or of a rejected input.
 
     ``compact_logprobs``: logprobs as base64 float32 where that is exact (``schemas.compact_logprobs``)."""
     if isinstance(event, RejectedInput):
         return event.record()
-    value = event.model_dump_json(context={COMPACT_LOGPROBS: True} if compact_logprobs else None).encode()
+    value = event.model_dump_json(exclude_defaults=True,
+                                  context={COMPACT_LOGPROBS: True} if compact_logprobs else None).encode()
     if len(value) > MAX_EVENT_BYTES:
         raise InvalidEvent("(event)", f"{len(value)} bytes exceeds the {MAX_EVENT_BYTES}-byte limit")
     return event.rollout_id.encode(), value

@@ -38,6 +38,19 @@ def test_dicts_and_models_arrive_keyed_by_rollout_as_compact_json(broker, topic)
     assert validate_event(json.loads(messages[b"r-b"])) == model
 
 
+def test_fields_at_their_defaults_are_left_out_and_everything_else_kept():
+    event = {**reward_event(source=None, future_field=None), "attempt": 0, "span_id": None, "tenant": "default",
+             "harness": {"name": "h", "version": "1", "config_hash": None}, "future_envelope_field": 0}
+    sent = json.loads(encode_event(event)[1])
+    assert sent == {**reward_event(future_field=None), "harness": {"name": "h", "version": "1"},
+                    "future_envelope_field": 0}  # unknown fields are kept as given, null or not
+    assert validate_event(sent) == validate_event(event)
+    llm = {**reward_event(), "type": "llm.request", "payload": {
+        "call_id": "c", "messages": [{"role": "assistant", "content": None}], "params": {}, "tools": None}}
+    assert json.loads(encode_event(llm)[1])["payload"] == {  # free-form values are never touched
+        "call_id": "c", "messages": [{"role": "assistant", "content": None}]}
+
+
 def test_a_rollout_stays_on_one_partition_in_send_order(broker, topic):
     events = list(generate_events(WorkloadConfig(tasks=2, rollouts_per_task=3, max_context_tokens=512)))
     with EventProducer(broker.bootstrap_servers, topic=topic, compression="gzip") as producer:

@@ -164,6 +164,19 @@ def test_workload_events_give_byte_identical_rows(workload, separators):
         assert rows.equals(typed_tables(theirs)[name])
 
 
+def test_events_without_their_defaults_give_the_same_rows(workload):
+    """What the gateway and the SDK write (``omit_defaults``) reads back as the full events, on both paths."""
+    full = [json.dumps(e).encode() for e in workload]
+    short = [json.dumps(contract.omit_defaults(e)).encode() for e in workload]
+    assert sum(map(len, short)) < sum(map(len, full))
+    expected = pydantic_rows(full)
+    assert fast_rows(short).equals(expected) and pydantic_rows(short).equals(expected)
+    models = [decode_event(v) for v in full]
+    dumped = [m.model_dump_json(exclude_defaults=True).encode() for m in models]
+    assert [decode_event(v) for v in dumped] == models
+    assert fast_rows(dumped).equals(expected)
+
+
 def variants() -> list[dict]:
     """Valid events that probe formatting and parsing corners."""
     out = [event(t) for t in contract.EVENT_TYPES]

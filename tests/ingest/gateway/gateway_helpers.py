@@ -11,6 +11,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from ingest.gateway.emitter import Emitter, SinkUnavailable
 from ingest.spool import Spool
+from schemas.events import PAYLOAD_MODELS, Harness, _Envelope
 from trajlake.background import serve_in_thread as serve  # noqa: F401  (re-exported for the gateway tests)
 
 KEY = "sk-test-acme"
@@ -41,6 +42,21 @@ def memory_emitter(tmp_path: Path, *, max_bytes: int = 1 << 20) -> tuple[Emitter
     return Emitter(sink, Spool(tmp_path / "spool", max_bytes=max_bytes), retry_interval_s=0.05), sink
 
 
+def wire_event(value: bytes) -> dict:
+    """An event's JSON as a reader takes it: the fields the gateway left out at their defaults filled in."""
+    event = json.loads(value)
+
+    def filled(raw: dict, model) -> dict:
+        return {**{name: f.get_default(call_default_factory=True) for name, f in model.model_fields.items()
+                   if not f.is_required()}, **raw}
+
+    event = filled(event, _Envelope)
+    if event["harness"] is not None:
+        event["harness"] = filled(event["harness"], Harness)
+    event["payload"] = filled(event["payload"], PAYLOAD_MODELS[event["type"]])
+    return event
+
+
 def wait_for(predicate, *, timeout_s: float = 20.0, what: str = "condition", detail=None) -> None:
     """Poll ``predicate`` until true; on timeout, fail naming ``what`` and ``detail()`` (state to debug with)."""
     deadline = time.monotonic() + timeout_s
@@ -67,10 +83,10 @@ def read_topic(bootstrap_servers: str, topic: str, *, count: int, timeout_s: flo
         deadline = time.monotonic() + timeout_s
         while len(out) < count and time.monotonic() < deadline:
             for records in consumer.poll(timeout_ms=200).values():
-                out.extend(json.loads(r.value) for r in records)
+                out.extend(wire_event(r.value) for r in records)
         # one more short poll: anything beyond ``count`` would be a duplicate
         for records in consumer.poll(timeout_ms=300).values():
-            out.extend(json.loads(r.value) for r in records)
+            out.extend(wire_event(r.value) for r in records)
         return out
     finally:
         consumer.close()

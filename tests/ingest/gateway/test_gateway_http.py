@@ -6,7 +6,7 @@ import json
 
 import httpx
 import pytest
-from gateway_helpers import KEY, OTHER_KEY, TENANT, memory_emitter, serve, wait_for
+from gateway_helpers import KEY, OTHER_KEY, TENANT, memory_emitter, serve, wait_for, wire_event
 from prometheus_client.parser import text_string_to_metric_families
 
 from devkit.ports import free_port
@@ -28,7 +28,7 @@ def gateway(settings, tmp_path):
 
 def events(sink, n: int) -> list[dict]:
     wait_for(lambda: len(sink.records) >= n, what=f"{n} events")
-    return [json.loads(v) for _, v in sink.records]
+    return [wire_event(v) for _, v in sink.records]
 
 
 def sse_chunks(text: str) -> list[dict]:
@@ -224,7 +224,7 @@ def test_idempotent_retry_gets_the_recorded_answer_and_is_recorded_once(gateway,
                               headers={"authorization": f"Bearer {OTHER_KEY}", "idempotency-key": "retry-me"})
     assert "idempotent-replayed" not in other_tenant.headers
     emitter.close()
-    recorded = [json.loads(v) for _, v in sink.records]
+    recorded = [wire_event(v) for _, v in sink.records]
     assert len(recorded) == 4 and {e["tenant"] for e in recorded} == {TENANT, "globex"}
     assert recorded[0]["payload"]["idempotency_key"] == "retry-me"
 

@@ -11,7 +11,7 @@ import json
 
 import httpx
 import pytest
-from gateway_helpers import KEY, TENANT, memory_emitter, read_topic, serve, wait_for
+from gateway_helpers import KEY, TENANT, memory_emitter, read_topic, serve, wait_for, wire_event
 from openai import OpenAI
 from transformers import AutoTokenizer
 
@@ -138,7 +138,7 @@ def test_engine_without_ids_is_retokenized_with_the_configured_tokenizer(setting
         answer = client(f"{url}/v1").chat.completions.create(model="fake-noids", messages=messages, tools=TOOLS)
         assert answer.choices[0].message.tool_calls
     wait_for(lambda: len(sink.records) == 2, what="2 events")
-    request, response = (json.loads(v) for _, v in sink.records)
+    request, response = (wire_event(v) for _, v in sink.records)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     expected = tokenizer.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=True)
     expected = expected["input_ids"] if hasattr(expected, "keys") else expected
@@ -163,7 +163,7 @@ def test_tool_call_streams_the_client_closes_at_done_are_recorded_complete(setti
             chunks = list(through.chat.completions.create(model=model, messages=messages, tools=TOOLS, stream=True))
             assert chunks[-1].choices[0].finish_reason == "tool_calls"
         emitter.close()
-    responses = [json.loads(v)["payload"] for _, v in sink.records if json.loads(v)["type"] == "llm.response"]
+    responses = [wire_event(v)["payload"] for _, v in sink.records if json.loads(v)["type"] == "llm.response"]
     assert len(responses) == len(models)
     assert [r["error"] for r in responses] == [None] * len(models)
     assert all(r["finish_reason"] == "tool_calls" and r["tool_calls"] and r["response_token_ids"] for r in responses)

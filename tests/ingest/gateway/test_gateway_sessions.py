@@ -16,7 +16,7 @@ import shutil
 import httpx
 import numpy as np
 import pytest
-from gateway_helpers import KEY, memory_emitter, serve, wait_for
+from gateway_helpers import KEY, memory_emitter, serve, wait_for, wire_event
 from openai import OpenAI
 
 from devkit.split_engine import create_split_engine
@@ -97,7 +97,7 @@ def tool_rollout(llm: OpenAI, *, turns: int, stream: bool, model: str = "split",
 
 def recorded(sink) -> list[tuple[dict, dict]]:
     """(llm.request payload + envelope, llm.response payload) per call, in request order."""
-    events = [json.loads(v) for _, v in sink.records]
+    events = [wire_event(v) for _, v in sink.records]
     responses = {e["payload"]["call_id"]: e["payload"] for e in events if e["type"] == "llm.response"}
     requests = sorted((e for e in events if e["type"] == "llm.request"), key=lambda e: e["seq"])
     return [(r, responses[r["payload"]["call_id"]]) for r in requests]
