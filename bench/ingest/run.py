@@ -532,7 +532,9 @@ def main_soak(args: argparse.Namespace) -> int:
     first, last = sampler.samples[0][1], sampler.samples[-1][1]
     recorder.write(ratios=[growth], summary=f"RSS {first:,.0f} -> {after_1_min:,.0f} MB after 1 min -> {last:,.0f} MB "
                    f"at the end; slope after minute 2 {slope_after_2_min:+.1f} MB/min (second half {slope:+.1f}, after the "
-                   f"first minute {slope_after_warm_up:+.1f}); allocators {args.soak_allocators}; threads {sampler.threads[0]} -> {sampler.threads[-1]}; {stats.events:,} events",
+                   f"first minute {slope_after_warm_up:+.1f}); allocators {args.soak_allocators}"
+                   f"{f'; trajlake compact every {args.soak_compact_every_s:g} s' if args.soak_compact_every_s else ''}; "
+                   f"data files {sampler.files[0]:,} -> {sampler.files[-1]:,}; threads {sampler.threads[0]} -> {sampler.threads[-1]}; {stats.events:,} events",
                    peak_rss_mb={"soak": sampler.peak}, detail=result, path=Path(args.soak_out))
     print(f"soak: {args.soak_minutes} min, {stats.events:,} events in {stats.batches:,} batches; RSS {first:,.0f} -> "
           f"{last:,.0f} MB (peak {sampler.peak:,.0f}); slope after minute 2 {slope_after_2_min:+.2f} MB/min, over the second "
