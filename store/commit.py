@@ -67,16 +67,15 @@ per event, same 11.3 MB) and serve no filter; key columns keep theirs (Delta dat
 
 COMMIT_ATTEMPTS = 8
 """Tries per commit against concurrent deletes; with the backoff below they span ~4 s."""
-REOPEN_AFTER_COMMITS = 50
-"""Reopen a table's snapshot (from its checkpoint) after at least this many commits through it. delta-rs's
-``update_incremental`` keeps what each commit added to a long-lived snapshot: 600 commits of 200 rows to a
-3-column table took a process 115 -> 164 MB and still growing; reopened every 50 commits it stayed at 144 MB
-(deltalake 1.6.6; upstream delta-io/delta-rs#4241). The ingester holds ~10 tables open and commits each per
-batch. The reopen waits for a version at a checkpoint (``_near_checkpoint``): loading a snapshot reads every log
-entry since the checkpoint at once, one tokio blocking thread each on a local lake, and the pool keeps its
-threads (9 tables reopened 50 entries past their checkpoints took the commit loop from 34 to 98 threads)."""
-REOPEN_MAX_LOG_ENTRIES = 4
-"""A reopen reads at most this many log entries past the table's checkpoint (unless none is written)."""
+REOPEN_AFTER_COMMITS = 20
+"""Reload a table's snapshot from a checkpoint after this many commits through it: the commit that reaches it also
+writes a checkpoint at its version (``_checkpoint``), and the table is opened again from there. delta-rs 1.6.6 keeps
+what each commit adds to a long-lived snapshot (``update_incremental``, and a commit through the table): measured in
+the ingester's 9 tables, ~55 KB per commit per table more than the same version loaded from a checkpoint (~2.4 KB per
+live file), so a snapshot reopened every 100 commits swung ~40 MB between reopens (upstream delta-io/delta-rs#4241).
+The reopen reads the checkpoint and the few entries other writers committed since: one tokio blocking thread per log
+entry read at once, and the pool keeps its threads (9 tables reopened 50 entries past their checkpoints took the
+commit loop from 34 to 98 threads), hence a checkpoint of our own rather than a wait for the table's next one."""
 DELTA_CHECKPOINT_INTERVAL = 100
 """A checkpoint is written at every version divisible by this (``delta.checkpointInterval``'s default)."""
 NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
@@ -144,12 +143,8 @@ class MarkedTable:
         return {p: versions[app] for p, app in apps.items()}
 
     def _refresh(self) -> None:
-        """Bring the snapshot up to date; reopen the table (from its checkpoint) every ``REOPEN_AFTER_COMMITS``
-        commits, and when log entries it would read are gone: ``store.forget`` drops the log entries older than
-        its delete."""
-        if self._commits_since_open >= REOPEN_AFTER_COMMITS and self._near_checkpoint():
-            self._table, self._commits_since_open = self._reopen(), 0
-            return
+        """Bring the snapshot up to date; reopen the table when log entries it would read are gone: ``store.forget``
+        drops the log entries older than its delete."""
         try:
             self._table.update_incremental()
         except DeltaError as exc:
@@ -157,26 +152,25 @@ class MarkedTable:
                 raise
             self._table = self._reopen()
 
-    def _near_checkpoint(self) -> bool:
-        """Whether a reopen now reads few log entries: the version is just past a checkpoint, or the table went
-        a whole interval past the reopen budget without one (a writer that does not checkpoint)."""
-        interval = self._checkpoint_interval()
-        return self._table.version() % interval <= REOPEN_MAX_LOG_ENTRIES \
-            or self._commits_since_open >= REOPEN_AFTER_COMMITS + interval
-
     def _checkpoint_interval(self) -> int:
         configured = self._table.metadata().configuration.get("delta.checkpointInterval")
         return int(configured) if configured else DELTA_CHECKPOINT_INTERVAL
 
     def _checkpoint(self) -> None:
-        """What delta-rs's post-commit hook does, one table at a time: a checkpoint at every interval's version,
-        then the log entries past ``delta.logRetentionDuration`` removed (unless the table turns that off)."""
-        if self._table.version() % self._checkpoint_interval():
+        """What delta-rs's post-commit hook does, one table at a time: a checkpoint at every interval's version, then
+        the log entries past ``delta.logRetentionDuration`` removed (unless the table turns that off). Also a checkpoint
+        once the snapshot took ``REOPEN_AFTER_COMMITS`` commits, and the table reopened from it."""
+        at_interval = self._table.version() % self._checkpoint_interval() == 0
+        reopen = self._commits_since_open >= REOPEN_AFTER_COMMITS
+        if not (at_interval or reopen):
             return
         with _LOG_REPLAYS:
             self._table.create_checkpoint()
-            if self._table.metadata().configuration.get("delta.enableExpiredLogCleanup", "true").lower() != "false":
+            if at_interval and \
+                    self._table.metadata().configuration.get("delta.enableExpiredLogCleanup", "true").lower() != "false":
                 self._table.cleanup_metadata()
+        if reopen:
+            self._table, self._commits_since_open = self._reopen(), 0
 
     def _reopen(self) -> DeltaTable:
         """Open the table afresh; retried while a forget swaps the checkpoint it starts from."""

@@ -39,7 +39,10 @@ malloc's bytes in use and kept free, Python's allocated blocks, the thread count
 delta-rs's tokio pool grows with the file operations in flight, and resident MB
 by kind of mapping), RSS at each minute and the slopes (MB per minute, least
 squares, after the first minute, after minute 2 and over the second half) in
-``bench/ingest/soak.json``.
+``bench/ingest/soak.json``, with the data files in the lake (``live_files_samples``: each commit adds
+one per table that got rows, and every open snapshot holds the list of live files).
+``--soak-compact-every-s S`` also runs ``trajlake compact`` on those tables (vacuum after 0 h, so that the
+files on disk are the live ones) in its own process every S seconds, as an operator's schedule would.
 
 Writes bench/ingest/results.json (format: ``bench.results``).
 """
@@ -73,10 +76,12 @@ from ingest import allocators  # noqa: E402
 from devkit.workload import WorkloadConfig, generate_events  # noqa: E402
 from ingest.consumer import FETCH_MAX_WAIT_MS, AssignmentFlag, Record, open_consumer  # noqa: E402
 from ingest.ingester import IngesterConfig, IngestStats, run_ingester  # noqa: E402
+from schemas.tables import EVENTS_TABLE, QUARANTINE_TABLE, TYPED_TABLES  # noqa: E402
 
 PARTITIONS = (0, 1, 2, 3)
 GOAL = 0.70
 SOAK_SAMPLE_S = 10.0
+INGESTED_TABLES = (EVENTS_TABLE, *(name for name, _ in TYPED_TABLES.values()), QUARANTINE_TABLE)
 
 
 @dataclass(frozen=True)
@@ -122,9 +127,10 @@ class RssSampler:
     to tell Arrow buffers, live objects and memory an allocator keeps from each other; ``by_region``: also resident
     MB by kind of mapping (``resident_by_region_mb``, a read of /proc/self/smaps: for the soak's slow samples)."""
 
-    def __init__(self, every_s: float, *, by_region: bool = False) -> None:
+    def __init__(self, every_s: float, *, by_region: bool = False, lake: Path | None = None) -> None:
         self.every_s, self.samples, self.arrow, self.malloc, self.python_blocks = every_s, [], [], [], []
-        self.by_region = by_region
+        self.by_region, self.lake = by_region, lake
+        self.files: list[int] = []
         self.threads: list[int] = []
         self.regions: list[dict[str, float]] = []
         self._stop = threading.Event()
@@ -141,6 +147,8 @@ class RssSampler:
             if self.by_region:
                 self.regions.append(resident_by_region_mb() | {"python_arenas": python_arenas_mb(),
                                                                "glibc_mmapped": glibc_mmapped_mb()})
+            if self.lake is not None:
+                self.files.append(data_files(self.lake))
             if self._stop.wait(self.every_s):
                 return
 
@@ -162,6 +170,12 @@ def rss_mb() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError("no VmRSS in /proc/self/status (Linux only)")
+
+
+def data_files(lake: Path) -> int:
+    """Parquet data files of the ingested tables of a local lake (outside ``_delta_log``), committed or being written."""
+    return sum(1 for table in INGESTED_TABLES for path in (lake / table).rglob("*.parquet")
+               if "_delta_log" not in path.parts)
 
 
 def threading_native_count() -> int:
@@ -475,12 +489,20 @@ def main_soak(args: argparse.Namespace) -> int:
                                 group="soak", partitions=PARTITIONS, dedupe_max_ids=args.soak_dedupe_ids)
         timer = threading.Timer(seconds + 5, stop.set)
         timer.start()
-        sampler = RssSampler(SOAK_SAMPLE_S, by_region=True)
+        sampler = RssSampler(SOAK_SAMPLE_S, by_region=True, lake=Path(config.lake))
+        compactions: list[float] = []
+        compactor = threading.Thread(target=compact_every, args=(config.lake, args.soak_compact_every_s, stop, compactions),
+                                     daemon=True)
         try:
             with sampler:
+                if args.soak_compact_every_s:
+                    compactor.start()
                 stats = run_ingester(config, stop)
         finally:
             timer.cancel()
+            stop.set()
+            if compactor.is_alive():
+                compactor.join()
             feeder.wait(60)
     slope = slope_mb_per_min(sampler.samples, after_s=seconds / 2)
     slope_after_warm_up = slope_mb_per_min(sampler.samples, after_s=60)
@@ -502,16 +524,34 @@ def main_soak(args: argparse.Namespace) -> int:
               "arrow_pool_mb_samples": [round(mb, 1) for mb in sampler.arrow],
               "glibc_malloc_mb_in_use_free_samples": sampler.malloc,
               "python_allocated_blocks_samples": sampler.python_blocks, "threads_samples": sampler.threads,
+              "live_files_samples": sampler.files, "compact_every_s": args.soak_compact_every_s,
+              "compactions_s": [round(c, 1) for c in compactions],
+              "live_files_per_min_after_minute_2": slope_mb_per_min(
+                  [(t, n) for (t, _), n in zip(sampler.samples, sampler.files)], after_s=120),
               "resident_mb_by_region_samples": sampler.regions}
     first, last = sampler.samples[0][1], sampler.samples[-1][1]
     recorder.write(ratios=[growth], summary=f"RSS {first:,.0f} -> {after_1_min:,.0f} MB after 1 min -> {last:,.0f} MB "
                    f"at the end; slope after minute 2 {slope_after_2_min:+.1f} MB/min (second half {slope:+.1f}, after the "
-                   f"first minute {slope_after_warm_up:+.1f}); allocators {args.soak_allocators}; threads {sampler.threads[0]} -> {sampler.threads[-1]}; {stats.events:,} events",
+                   f"first minute {slope_after_warm_up:+.1f}); allocators {args.soak_allocators}"
+                   f"{f'; trajlake compact every {args.soak_compact_every_s:g} s' if args.soak_compact_every_s else ''}; "
+                   f"data files {sampler.files[0]:,} -> {sampler.files[-1]:,}; threads {sampler.threads[0]} -> {sampler.threads[-1]}; {stats.events:,} events",
                    peak_rss_mb={"soak": sampler.peak}, detail=result, path=Path(args.soak_out))
     print(f"soak: {args.soak_minutes} min, {stats.events:,} events in {stats.batches:,} batches; RSS {first:,.0f} -> "
           f"{last:,.0f} MB (peak {sampler.peak:,.0f}); slope after minute 2 {slope_after_2_min:+.2f} MB/min, over the second "
           f"half {slope:+.2f}")
     return 0
+
+
+def compact_every(lake: str, every_s: float, stop: threading.Event, took_s: list[float]) -> None:
+    """Run ``trajlake compact`` on the ingested tables of ``lake`` in its own process every ``every_s`` seconds until
+    ``stop``; the seconds each run took go to ``took_s``. Removed files are vacuumed at once, so that the files on disk
+    are the live ones."""
+    tables = [arg for name in INGESTED_TABLES for arg in ("--table", name)]
+    while not stop.wait(every_s):
+        started = time.monotonic()
+        subprocess.run([sys.executable, "-c", "from trajlake.cli import main; main()", "compact", "--lake", lake,
+                        "--vacuum-hours", "0", *tables], check=True, stdout=subprocess.DEVNULL)
+        took_s.append(time.monotonic() - started)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -528,6 +568,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--soak-allocators", choices=("configured", "default"), default="configured",
                         help="the ingester's allocator settings (ingest.allocators, as `trajlake ingest` applies "
                              "them) or the libraries' defaults")
+    parser.add_argument("--soak-compact-every-s", type=float, default=0,
+                        help="during the soak, run `trajlake compact` every this many seconds (0: never)")
     parser.add_argument("--soak-producer", metavar="BOOTSTRAP", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     unknown = set(args.workloads.split(",")) - WORKLOADS.keys()

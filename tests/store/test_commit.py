@@ -147,24 +147,25 @@ def test_a_replay_that_ends_below_a_marker_does_not_move_it_back(lake):
     assert offsets(lake) == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (1, 0)]  # offset 3 once
 
 
-def test_a_table_reopened_after_its_commit_budget_still_sees_every_marker_and_conflict(lake, monkeypatch):
-    monkeypatch.setattr(store.commit, "REOPEN_AFTER_COMMITS", 2)
-    monkeypatch.setattr(store.commit, "DELTA_CHECKPOINT_INTERVAL", 2)
-    monkeypatch.setattr(store.commit, "REOPEN_MAX_LOG_ENTRIES", 0)
+def test_a_table_reopened_after_its_commit_budget_from_its_own_checkpoint_still_sees_every_marker_and_conflict(
+        lake, monkeypatch):
+    monkeypatch.setattr(store.commit, "REOPEN_AFTER_COMMITS", 3)
     t = table(lake)
     t.load([0])
     reopened = []
     monkeypatch.setattr(t, "_reopen", lambda real=t._reopen: reopened.append(t._table.version()) or real())
-    for i in range(5):  # checkpoints at versions 2 and 4; reopened there, before the 3rd and the 5th commit
+    for i in range(7):  # the 3rd and the 6th commit (versions 3 and 6) write a checkpoint, then reopen from it
         assert t.commit(rows(0, [i]), {0: i}, refresh_offsets=0) == 1
-    assert reopened == [2, 4]
-    assert offsets(lake) == [(0, i) for i in range(5)]
-    assert lake.marker("quarantine", marker_app_id("g", "t", 0)) == 4
+    assert reopened == [3, 6]
+    log = Path(lake.uri("quarantine")) / "_delta_log"
+    assert sorted(p.name.split(".")[0] for p in log.glob("*.checkpoint.parquet")) == [f"{v:020d}" for v in (3, 6)]
+    assert offsets(lake) == [(0, i) for i in range(7)]
+    assert lake.marker("quarantine", marker_app_id("g", "t", 0)) == 6
     other = table(lake)  # another owner moves the marker: the reopened snapshot must see it
     other.load([0])
-    other.commit(rows(0, [5]), {0: 5}, refresh_offsets=0)
+    other.commit(rows(0, [7]), {0: 7}, refresh_offsets=0)
     with pytest.raises(OffsetConflict):
-        t.commit(rows(0, [5, 6]), {0: 6}, refresh_offsets=0)
+        t.commit(rows(0, [7, 8]), {0: 8}, refresh_offsets=0)
 
 
 def test_commits_write_a_checkpoint_at_every_interval_one_table_at_a_time(lake, monkeypatch):
