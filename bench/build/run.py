@@ -4,11 +4,15 @@ Generates two lakes with the workload generator (``--rollouts`` and 4x that),
 then, for ``--rounds`` rounds, runs on each lake, each in its own process and
 timed after the imports: the bare scans (``scan.py``: every prompt/response id
 and logprob read and summed, with Arrow and with DuckDB), the pipeline build,
-and on the small lake the naive per-call loop (``naive.py``, whose sample and
+the floor of any build that writes its output (``floor.py``: the Arrow scan
+beside writing the rows the pipeline just built with the same writer), and
+on the small lake the naive per-call loop (``naive.py``, whose sample and
 token counts must equal the pipeline's). Ratios are per round (ours / a
 baseline measured moments apart on the same machine), reported as medians:
 wall time of the build / the faster scan (goal <= 2x, both sizes), the same
-in CPU seconds (steadier on a loaded machine), naive / build wall time, and
+in CPU seconds (steadier on a loaded machine), the build / read + write and
+read + write / the faster scan (when that alone is >= 2x, no build that
+writes its output meets the goal), naive / build wall time, and
 the build's peak RSS (VmHWM) on the large lake / the small (goal <= 1.1x).
 Prints CPU seconds by stage
 (``stages.py``) and writes ``bench/build/results.json`` (``bench.results``
@@ -36,7 +40,8 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 
 from bench.results import Ratio, Recorder, peak_rss_mb  # noqa: E402
 
-KINDS = ("scan-arrow", "scan-duckdb", "pipeline", "naive")
+KINDS = ("scan-arrow", "scan-duckdb", "pipeline", "read-write", "naive")
+"""Measured in this order each round: ``read-write`` writes the rows ``pipeline`` just built."""
 SCAN_GOAL = 2.0
 """Build wall time / bare scan wall time (issue 14)."""
 RSS_GOAL = 1.1
@@ -45,6 +50,7 @@ RSS_GOAL = 1.1
 
 def child(kind: str, lake_root: str) -> None:
     """Run one build (or scan) in this process and print its figures as JSON."""
+    from floor import built_batches, read_write
     from naive import naive_build
     from scan import arrow_scan, duckdb_scan
     from stages import cpu_by_stage, process_cpu
@@ -53,6 +59,7 @@ def child(kind: str, lake_root: str) -> None:
     from store.lake import Lake
 
     lake = Lake(lake_root)
+    built = built_batches(lake, "bench") if kind == "read-write" else []
     cpu = process_cpu()
     started = time.perf_counter()
     if kind == "pipeline":
@@ -62,6 +69,8 @@ def child(kind: str, lake_root: str) -> None:
         figures = {"rollouts": counts["rollouts"]["in_dataset"], "samples": counts["samples"],
                    "tokens": counts["tokens"], "trained_tokens": counts["trained_tokens"],
                    "content_hash": result.content_hash, "cpu_s_by_stage": dict(stages)}
+    elif kind == "read-write":
+        figures = {"sum": read_write(lake, built)}
     elif kind == "naive":
         figures = naive_build(lake, "bench_naive")
     else:
@@ -134,6 +143,15 @@ def write_results(recorder: Recorder, small: int, inputs: dict[int, tuple[str, d
         *(Ratio(f"build_over_scan_cpu_{n}", f"CPU seconds, build / bare token scan, {n} rollouts (steadier under load)",
                 [round(r[n]["pipeline"]["cpu_seconds"] / _scan_cpu_seconds(r[n]), 2) for r in rounds],
                 better="lower") for n in (small, large)),
+        *(Ratio(f"build_over_read_write_{n}", f"wall time, build / read + write (the floor), {n} rollouts",
+                [round(r[n]["pipeline"]["seconds"] / r[n]["read-write"]["seconds"], 2) for r in rounds],
+                better="lower") for n in (small, large)),
+        *(Ratio(f"read_write_over_scan_{n}", f"wall time, read + write / bare token scan, {n} rollouts",
+                [round(r[n]["read-write"]["seconds"] / _scan_seconds(r[n]), 2) for r in rounds],
+                better="lower") for n in (small, large)),
+        *(Ratio(f"read_write_over_scan_cpu_{n}", f"CPU seconds, read + write / bare token scan, {n} rollouts",
+                [round(r[n]["read-write"]["cpu_seconds"] / _scan_cpu_seconds(r[n]), 2) for r in rounds],
+                better="lower") for n in (small, large)),
         Ratio(f"naive_over_build_{small}", f"wall time, naive per-call loop / build, {small} rollouts",
               [round(r[small]["naive"]["seconds"] / r[small]["pipeline"]["seconds"], 2) for r in rounds]),
         Ratio("rss_growth_4x_input", f"peak RSS of the build, {large} / {small} rollouts",
@@ -146,7 +164,8 @@ def write_results(recorder: Recorder, small: int, inputs: dict[int, tuple[str, d
 
     summary = (f"{large} rollouts / {inputs[large][1]['tokens'] / 1e6:.1f}M input tokens in "
                f"{median(large, 'pipeline', 'seconds'):.2f} s (bare scan {median(large, 'scan-arrow', 'seconds'):.2f} s"
-               f" Arrow, {median(large, 'scan-duckdb', 'seconds'):.2f} s DuckDB); same output as naive: {same}")
+               f" Arrow, {median(large, 'scan-duckdb', 'seconds'):.2f} s DuckDB, read + write "
+               f"{median(large, 'read-write', 'seconds'):.2f} s); same output as naive: {same}")
     result = recorder.write(
         ratios=ratios, summary=summary,
         peak_rss_mb={f"build {n}": round(median(n, "pipeline", "peak_rss_mb")) for n in (small, large)},

@@ -23,6 +23,7 @@ from typing import Any
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from kafka.errors import KafkaError
 
 from pipelines.datasets.advantages import group_advantages, token_weights
@@ -185,11 +186,6 @@ def _with_trained_tokens(
 
 
 def _lineage(con: duckdb.DuckDBPyConnection, plan: RolloutPlan, samples_per_rollout: dict[str, int]) -> pa.Table:
-    events = con.execute(
-        """SELECT rollout_id, list(req_event_id ORDER BY seq) || list(resp_event_id ORDER BY seq) AS call_event_ids
-           FROM call_index WHERE status = 'ok' GROUP BY rollout_id"""
-    ).to_arrow_table()
-    by_rollout = dict(zip(events["rollout_id"].to_pylist(), events["call_event_ids"].to_pylist()))
     return pa.table(
         {
             "rollout_id": plan.rollout_ids,
@@ -197,10 +193,37 @@ def _lineage(con: duckdb.DuckDBPyConnection, plan: RolloutPlan, samples_per_roll
             "reward": pa.array(plan.rewards, pa.float64()),
             "advantage": pa.array(plan.advantages, pa.float32()),
             "n_samples": pa.array([samples_per_rollout[r] for r in plan.rollout_ids], pa.int32()),
-            "call_event_ids": pa.array([by_rollout[r] for r in plan.rollout_ids], pa.list_(pa.string())),
+            "call_event_ids": _call_event_ids(con, plan.rollout_ids),
             "reward_event_ids": pa.array(plan.reward_event_ids, pa.list_(pa.string())),
         }
     )
+
+
+def _call_event_ids(con: duckdb.DuckDBPyConnection, rollout_ids: list[str]) -> pa.ListArray:
+    """Per rollout (in ``rollout_ids`` order): its ok calls' request event ids by seq, then their response event ids.
+
+    Laid out with array operations on one sorted query (a SQL ``list()`` per rollout converted to Python lists
+    took ~0.3 s CPU at 1,600 rollouts / 34k calls).
+    """
+    calls = con.execute(
+        """SELECT rollout_id, req_event_id, resp_event_id FROM call_index WHERE status = 'ok'
+           ORDER BY rollout_id, seq, req_event_id"""
+    ).to_arrow_table()
+    n = calls.num_rows
+    run_ends = pc.run_end_encode(calls["rollout_id"].combine_chunks())
+    ends = run_ends.run_ends.to_numpy().astype(np.int64)
+    starts = np.concatenate(([0], ends[:-1]))
+    counts = ends - starts
+    # Output position p of rollout r (starting at 2 * starts[r]) takes request j = starts[r] + local while local
+    # < counts[r], then response j - counts[r] (responses follow the requests in the combined array, offset n).
+    local = np.arange(2 * n, dtype=np.int64) - np.repeat(2 * starts, 2 * counts)
+    first = np.repeat(starts, 2 * counts)
+    within = np.repeat(counts, 2 * counts)
+    source = np.where(local < within, first + local, n + first + local - within)
+    values = pa.concat_arrays([calls[name].combine_chunks() for name in ("req_event_id", "resp_event_id")])
+    lists = pa.ListArray.from_arrays(pa.array(np.concatenate(([0], 2 * ends)).astype(np.int32)), values.take(source))
+    found = pc.index_in(pa.array(rollout_ids, pa.string()), value_set=run_ends.values)
+    return lists.take(found)
 
 
 def _manifest(
