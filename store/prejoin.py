@@ -425,13 +425,18 @@ def _overwrite(lake: Lake, table: str, data: pa.Table) -> None:
 
 
 def _append(lake: Lake, table: str, data: pa.Table, *, mode: str, predicate: str | None = None) -> None:
+    """Write with the compaction's Parquet settings (dictionary pages for scalar columns, none for token lists and
+    free text): what its optimize would leave, written once. Measured on the 1M-call bench lake's pre-joined tables,
+    bare ``read_parquet`` with 2 threads at load ~12: ``model, finish_reason`` group-by with ``avg(latency_ms)`` over
+    1M calls 0.16 -> 0.07 CPU s, ``name`` group-by over 900k tool steps 0.08 -> 0.03, same bytes (+1%). Dictionary
+    pages on token lists cost: ``sum(len(prompt_token_ids))`` over 53M ids 0.58 CPU s with them, 0.43 without."""
     from deltalake import write_deltalake
 
-    from store.commit import WRITER_PROPERTIES
+    from store.compact import COMPACT_WRITER_PROPERTIES  # store.compact imports this module
 
     write_deltalake(lake.write_uri(table), data, mode=mode, predicate=predicate,
                     schema_mode="overwrite" if mode == "overwrite" and predicate is None else None,
-                    storage_options=dict(lake.storage_options), writer_properties=WRITER_PROPERTIES)
+                    storage_options=dict(lake.storage_options), writer_properties=COMPACT_WRITER_PROPERTIES)
 
 
 def _in(ids: list[str]) -> str:

@@ -71,6 +71,10 @@ def questions(rollout_id: str) -> list[Question]:
                  f"r AS ({_RESPONSE.format(cols='n_response_tokens, finish_reason', where=one)}) "
                  "SELECT seq, call_id, n_prompt_tokens, n_response_tokens, finish_reason "
                  "FROM q LEFT JOIN r USING (tenant, rollout_id, call_id) ORDER BY seq, call_id"),
+        Question("prompt_tokens_counted", "scalar",  # the token total users ask for: from the per-call count column
+                 "SELECT sum(n_prompt_tokens) AS tokens FROM llm_calls",
+                 "SELECT sum(n) AS tokens FROM (SELECT arg_min_null(n_prompt_tokens, (seq, ts, event_id)) AS n "
+                 "FROM llm_requests GROUP BY tenant, rollout_id, call_id)"),
         Question("prompt_token_total", "tokens",
                  "SELECT sum(len(prompt_token_ids)) AS ids FROM llm_calls",
                  "SELECT sum(ids) AS ids FROM (SELECT arg_min_null(len(prompt_token_ids), (seq, ts, event_id)) AS ids "

@@ -13,6 +13,11 @@ every question of ``questions.py`` in both forms once to warm up, then
 the same rows, and records each question's view / raw ratio per round (goal
 <= 1.5x) with the median warm seconds of each form against the absolute
 goals (< 0.1 s scalar and group-by answers, < 1 s token-list aggregates).
+On the compacted lake each round also asks the view's form over a bare
+``read_parquet`` of the pre-joined table's files (``floor_s``: what DuckDB
+takes for those columns on this machine now, with its CPU seconds,
+``floor_cpu_s``, beside the view's, ``view_cpu_s``: under load the wall time
+is several times the CPU time).
 The 1-minute load average is recorded beside every figure: on a shared
 machine absolute times move with it, ratios less so. Writes
 ``bench/sql/results.json`` (``bench.results`` format) after every answer, so
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -42,6 +48,7 @@ from bench.results import Ratio, Recorder, peak_rss_mb, results_path  # noqa: E4
 from bench.sql.lake import ensure_lakes, ensure_tail  # noqa: E402
 from bench.sql.questions import Question, questions  # noqa: E402
 from store.lake import Lake  # noqa: E402
+from store.prejoin import PREJOINED  # noqa: E402
 from store.sql import connect  # noqa: E402
 
 GOALS_S = {"scalar": 0.1, "tokens": 1.0}
@@ -60,8 +67,11 @@ def seconds(run: Callable[[], Any]) -> float:
     return time.perf_counter() - started
 
 
-def bench_lake(root: Path, rounds: int, out: dict[str, Any], save: Callable[[], None]) -> None:
-    """Ask every question on the lake at ``root``; ``out`` gets each answer's figures as they come, then ``save``."""
+def bench_lake(root: Path, rounds: int, out: dict[str, Any], save: Callable[[], None], *,
+               floors: bool = False) -> None:
+    """Ask every question on the lake at ``root``; ``out`` gets each answer's figures as they come, then ``save``.
+
+    ``floors``: also ask each view's form over the pre-joined tables' files (a compacted lake with nothing new)."""
     lake = Lake(str(root))
     started = time.perf_counter()
     con = connect(lake)
@@ -69,33 +79,59 @@ def bench_lake(root: Path, rounds: int, out: dict[str, Any], save: Callable[[], 
     (rollout_id,) = con.execute("SELECT rollout_id FROM rollout_starts ORDER BY rollout_id LIMIT 1").fetchone()
     out["questions"] = []
     for q in questions(rollout_id):
-        out["questions"].append(_bench_question(con, q, rounds))
+        out["questions"].append(_bench_question(con, q, rounds, floor=floor_sql(lake, q.view) if floors else None))
         print(json.dumps(out["questions"][-1]), flush=True)
         save()
     con.close()
 
 
-def _bench_question(con: Any, q: Question, rounds: int) -> dict[str, Any]:
-    """One warm-up of each form, then ``rounds`` of (view, raw) back to back: times, ratios, same rows?"""
+def floor_sql(lake: Lake, sql: str) -> str | None:
+    """``sql`` with the view it reads replaced by a bare ``read_parquet`` of its pre-joined table's files; None when
+    it reads none of them or another table too."""
+    views = "|".join(PREJOINED)
+    read = set(re.findall(rf"\bFROM ({views})\b", sql))
+    if len(read) != 1 or len(re.findall(r"\bFROM\b", sql)) != 1:
+        return None
+    (view,) = read
+    files = ", ".join("'" + uri.replace("'", "''") + "'" for uri in lake.table(PREJOINED[view][0]).file_uris())
+    return re.sub(rf"\bFROM {view}\b", f"FROM read_parquet([{files}])", sql)
+
+
+def _bench_question(con: Any, q: Question, rounds: int, *, floor: str | None = None) -> dict[str, Any]:
+    """One warm-up of each form, then ``rounds`` of (view, raw[, floor]) back to back: times, ratios, same rows?"""
     load_before = load()
 
     def answer(sql: str) -> list[dict[str, Any]]:
         return con.execute(sql).to_arrow_table().to_pylist()
 
+    def timed(sql: str, wall: list[float], cpu: list[float]) -> None:
+        started = time.process_time()
+        wall.append(seconds(lambda: answer(sql)))
+        cpu.append(time.process_time() - started)
+
     view_rows, raw_rows = answer(q.view), answer(q.raw)
-    view_s, raw_s = [], []
+    floor_rows = answer(floor) if floor else None
+    view_s, raw_s, floor_s, view_cpu, floor_cpu, raw_cpu = [], [], [], [], [], []
     for _ in range(rounds):
-        view_s.append(seconds(lambda: answer(q.view)))
-        raw_s.append(seconds(lambda: answer(q.raw)))
+        timed(q.view, view_s, view_cpu)
+        timed(q.raw, raw_s, raw_cpu)
+        if floor:
+            timed(floor, floor_s, floor_cpu)
     same = sorted(view_rows, key=repr) == sorted(raw_rows, key=repr)
     if not same:
         print(f"ANSWERS DIFFER for {q.name}:\n view {sorted(view_rows, key=repr)[:5]}\n raw  {sorted(raw_rows, key=repr)[:5]}",
               file=sys.stderr)
     view, raw = statistics.median(view_s), statistics.median(raw_s)
-    return {"question": q.name, "kind": q.kind, "view_s": round(view, 3), "raw_s": round(raw, 3),
-            "ratios": [round(v / r, 2) for v, r in zip(view_s, raw_s)], "same_answer": same,
-            "goal_s": GOALS_S[q.kind], "meets_goal_s": view < GOALS_S[q.kind],
-            "load": round((load_before + load()) / 2, 1)}
+    result = {"question": q.name, "kind": q.kind, "view_s": round(view, 3), "raw_s": round(raw, 3),
+              "view_cpu_s": round(statistics.median(view_cpu), 3),
+              "raw_cpu_s": round(statistics.median(raw_cpu), 3),
+              "ratios": [round(v / r, 2) for v, r in zip(view_s, raw_s)], "same_answer": same,
+              "goal_s": GOALS_S[q.kind], "meets_goal_s": view < GOALS_S[q.kind],
+              "load": round((load_before + load()) / 2, 1)}
+    if floor:
+        result.update(floor_s=round(statistics.median(floor_s), 3), floor_cpu_s=round(statistics.median(floor_cpu), 3),
+                      floor_same_answer=sorted(floor_rows, key=repr) == sorted(view_rows, key=repr))
+    return result
 
 
 def ratios(results: dict[str, Any]) -> list[Ratio]:
@@ -114,7 +150,8 @@ def summary(results: dict[str, Any]) -> str:
         if results.get(lake, {}).get("questions"):
             qs = results[lake]["questions"]
             met = sum(q["meets_goal_s"] for q in qs)
-            times = ", ".join(f"{q['question']} {q['view_s']:.2f}" for q in qs)
+            times = ", ".join(f"{q['question']} {q['view_s']:.2f}"
+                              + (f" (floor {q['floor_s']:.2f})" if "floor_s" in q else "") for q in qs)
             parts.append(f"{lake}: warm s through the views {times}; {met}/{len(qs)} within < 0.1 s scalar / "
                          f"< 1 s tokens (load {min(q['load'] for q in qs):.0f}-{max(q['load'] for q in qs):.0f})")
     return "; ".join(parts)
@@ -148,7 +185,7 @@ def main() -> int:
 
     for name in args.lakes:
         print(f"== {name}", flush=True)
-        bench_lake(args.workdir / name, args.rounds, results.setdefault(name, {}), save)
+        bench_lake(args.workdir / name, args.rounds, results.setdefault(name, {}), save, floors=name == "compacted")
     differ = [q["question"] for lake in LAKES for q in results.get(lake, {}).get("questions", [])
               if not q["same_answer"]]
     if differ:
