@@ -51,6 +51,7 @@ import hashlib
 import json
 import logging
 import marshal
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +108,8 @@ class Plan:
     """The kinds of this call's messages (``_kind``)."""
     context: bytes = b""
     prompt_ids: list[int] = field(default_factory=list)
+    packed: array | None = None
+    """``prompt_ids`` as the session keeps them (a stitched call): kept when the engine saw exactly these."""
     upstream_body: dict[str, Any] | None = None
     """The completions request of a stitched call."""
     parser: ToolParser | None = None
@@ -152,6 +155,17 @@ def _raw(messages: list[dict], known: int) -> tuple[bytes, bytes]:
     head = digest.digest()
     digest.update(memoryview(marshal.dumps(messages[known:], 2))[5:])
     return head, digest.digest()
+
+
+def _joined(prompt: array, sampled: array, suffix: list[int]) -> array:
+    """The previous prompt, its sampled ids and the new ids as one array (``pack_ids``' type): a copy of memory,
+    not a list of ints packed again."""
+    try:
+        if prompt.typecode == sampled.typecode:
+            return prompt + sampled + array(prompt.typecode, suffix)
+    except OverflowError:  # a new id past the 2-byte type
+        pass
+    return pack_ids([*prompt, *sampled, *suffix])
 
 
 def _kind(message: dict[str, Any]) -> tuple:
@@ -223,12 +237,14 @@ class Stitcher:
         suffix = self._suffix(session, messages, body.get("tools"), plan)
         if suffix is None:
             return plan
-        prompt_ids = session.prompt_ids.tolist() + session.sampled_ids.tolist() + suffix
+        packed = _joined(session.prompt_ids, session.sampled_ids, suffix)
+        prompt_ids = packed.tolist()
         upstream = completion_body(body, prompt_ids)
         if upstream is None:
             plan.reason = "unsupported_params"
             return plan
         plan.made, plan.reason, plan.prompt_ids, plan.upstream_body = "stitched", None, prompt_ids, upstream
+        plan.packed = packed
         plan.parser = self.parser if parses else None
         return plan
 
@@ -369,7 +385,8 @@ class Stitcher:
         if plan.key is None or not plan.digests or not prompt_ids or not sampled_ids:
             return
         answer = message_digest({"role": "assistant", "content": content, "tool_calls": tool_calls})
+        packed = plan.packed if plan.packed is not None and prompt_ids == plan.prompt_ids else pack_ids(prompt_ids)
         self.store.put(plan.key, Session(
-            messages=plan.digests + answer, context=plan.context, prompt_ids=pack_ids(prompt_ids),
+            messages=plan.digests + answer, context=plan.context, prompt_ids=packed,
             sampled_ids=pack_ids(sampled_ids), call_id=call_id, raw=plan.raw, kinds=plan.kinds,
         ))
