@@ -1,12 +1,14 @@
 """The two servers of the session latency benchmark, each run as its own process by ``run.py``.
 
-``engine``: a fast fake engine with one canned answer (a Hermes tool call and
-its token ids): chat calls get the prompt ids of the conversation, rendered
-through the chat template and tokenized on every call as a real engine does;
-completion calls echo the token-id prompt. So without sessions the engine
-renders, with sessions it does not: the bench measures both processes. ``gateway``: the real gateway
-app (``ingest.gateway``) with token sessions on or off, its events encoded
-and dropped (no Kafka: the bench measures the planner, not the broker).
+``engine``: a minimal engine that costs ~nothing: canned answers (one Hermes
+tool call and its token ids) as prebuilt bytes, a bare ASGI app (no
+framework). Chat calls get the prompt ids of their conversation, rendered
+once per conversation length (the bench's rollouts all send the same turns);
+token-id completion calls echo their prompt (one answer kept per prompt). So
+both arms meet an engine that neither renders nor tokenizes and the bench
+measures the gateway. ``gateway``: the real gateway app (``ingest.gateway``)
+with token sessions on or off, its events encoded and dropped (no Kafka: the
+bench measures the planner, not the broker).
 
     python bench/session_latency/serve.py engine PORT MODEL_DIR
     python bench/session_latency/serve.py gateway PORT MODEL_DIR UPSTREAM_URL SPOOL_DIR on|off
@@ -14,12 +16,12 @@ and dropped (no Kafka: the bench measures the planner, not the broker).
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
-
-from fastapi import FastAPI, Request
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT)]
@@ -27,35 +29,64 @@ sys.path[:0] = [str(ROOT)]
 KEY = "sk-bench"
 ANSWER = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1 + 1"}}\n</tool_call>'
 CALL = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "1 + 1"}'}}
+MODELS = json.dumps({"object": "list", "data": [{"id": "bench", "object": "model", "owned_by": "bench"}]}).encode()
+
+Asgi = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
 
-def create_engine(model_dir: Path) -> Any:
+def create_engine(model_dir: Path) -> Asgi:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     sampled = [*tokenizer.encode(ANSWER, add_special_tokens=False), tokenizer.convert_tokens_to_ids(tokenizer.eos_token)]
-    app = FastAPI()
+    chat_answers: dict[int, bytes] = {}
+    completion_answers: dict[tuple[int, ...], bytes] = {}
 
     def head(kind: str, prompt_ids: list[int]) -> dict[str, Any]:
         return {"id": "cmpl-1", "object": kind, "created": int(time.time()), "model": "bench",
                 "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(sampled),
                           "total_tokens": len(prompt_ids) + len(sampled)}}
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> dict[str, Any]:
-        body = await request.json()
-        prompt = list(tokenizer.apply_chat_template(body["messages"], tools=body.get("tools"), tokenize=True,
-                                                    add_generation_prompt=True, return_dict=False))
-        return {**head("chat.completion", prompt), "prompt_token_ids": prompt, "choices": [{
-            "index": 0, "finish_reason": "tool_calls", "token_ids": sampled, "logprobs": None,
-            "message": {"role": "assistant", "content": None, "tool_calls": [CALL]}}]}
+    def chat(body: dict[str, Any]) -> bytes:
+        found = chat_answers.get(len(body["messages"]))
+        if found is None:
+            prompt = list(tokenizer.apply_chat_template(body["messages"], tools=body.get("tools"), tokenize=True,
+                                                        add_generation_prompt=True, return_dict=False))
+            found = chat_answers[len(body["messages"])] = json.dumps({
+                **head("chat.completion", prompt), "prompt_token_ids": prompt, "choices": [{
+                    "index": 0, "finish_reason": "tool_calls", "token_ids": sampled, "logprobs": None,
+                    "message": {"role": "assistant", "content": None, "tool_calls": [CALL]}}]}).encode()
+        return found
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> dict[str, Any]:
-        body = await request.json()
-        return {**head("text_completion", body["prompt"]), "choices": [{
-            "index": 0, "text": ANSWER, "finish_reason": "stop", "prompt_token_ids": body["prompt"],
-            "token_ids": sampled, "logprobs": None}]}
+    def completion(body: dict[str, Any]) -> bytes:
+        prompt = tuple(body["prompt"])
+        found = completion_answers.get(prompt)
+        if found is None:
+            found = completion_answers[prompt] = json.dumps({
+                **head("text_completion", body["prompt"]), "choices": [{
+                    "index": 0, "text": ANSWER, "finish_reason": "stop", "prompt_token_ids": body["prompt"],
+                    "token_ids": sampled, "logprobs": None}]}).encode()
+        return found
+
+    routes = {"/v1/chat/completions": chat, "/v1/completions": completion}
+
+    async def app(scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable[[dict], Awaitable[None]]) -> None:
+        if scope["type"] == "lifespan":
+            while (message := await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        raw, more = b"", True
+        while more:
+            message = await receive()
+            raw += message.get("body", b"")
+            more = message.get("more_body", False)
+        route = routes.get(scope["path"])
+        status, body = (200, MODELS) if scope["path"] == "/v1/models" else (200, route(json.loads(raw))) if route \
+            else (404, b'{"error": {"message": "not found"}}')
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
 
     return app
 

@@ -170,10 +170,11 @@ def test_a_checked_shape_renders_a_window_and_gives_the_ids_the_whole_conversati
     plan, messages = call(messages, 2)
     assert plan.made == "stitched" and len(renders) == 3  # the window would be the whole conversation
     plan, messages = call(messages, 3)
-    assert plan.made == "stitched" and renders[:3] == [4, 5, 3] and len(renders) == 6  # new shape: whole + window
+    # A new shape: the whole conversation, its window, the window with the new text as sentinels (the skeleton).
+    assert plan.made == "stitched" and renders[:3] == [4, 5, 3] and len(renders) == 8
     kept = store.get(key)
     plan, _ = call(messages, 4)
-    assert plan.made == "stitched" and renders == [3, 4]  # checked shape: the window only
+    assert plan.made == "stitched" and renders == []  # checked shape: its skeleton filled with the new text
     store.put(key, kept)
     whole = Stitcher(tok, store).plan({"model": "m", "messages": messages, "tools": tools}, key)
     assert whole.made == "stitched" and whole.prompt_ids == plan.prompt_ids

@@ -1,0 +1,172 @@
+"""A shape's rendered tail with the new messages' text left as slots: filled per call instead of rendered.
+
+Once a shape's window has been checked (``stitch``), what follows the answer
+(the bridge, the new turns, the generation prompt) is rendered once more with
+each text field of the new messages replaced by a sentinel. When every
+sentinel comes out verbatim (the template neither escapes, trims nor splits
+that text: the sentinels hold quotes, a backslash, ``<&>`` and edge
+whitespace) and filling the real text back in gives exactly what the template
+rendered for the call, the shape keeps the text between the sentinels, and
+the shape's next calls join it with their new messages' text: no Jinja render
+on the hot path (two window renders were ~0.6 of the planner's 0.96 ms per call,
+bench/session_latency).
+
+The assumption: a template treats a new message's text as opaque (outputs it,
+or not), and looks into it only through the string literals of its source
+(``'</think>' in content``, ``content.startswith('<tool_response>')``, a
+method's or a filter's argument). A text that holds one of those literals
+takes the render path, so does any text a template could branch on that the
+sentinels cannot stand for (a list of parts rather than a string).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from jinja2 import Environment, TemplateSyntaxError, nodes
+from jinja2.ext import loopcontrols
+
+log = logging.getLogger(__name__)
+
+_OPEN, _CLOSE = "\ue000", "\ue001"  # private-use code points: no template writes them
+_EDGE = " \t\n'\"\\<&>"
+"""Around each sentinel: what an escaping (``tojson``, ``escape``) or trimming template would change."""
+_SENTINEL = re.compile(re.escape(_EDGE + _OPEN) + r"(\d+)" + re.escape(_CLOSE + _EDGE[::-1]))
+_UNGUARDED_FILTERS = frozenset({"join", "default", "d", "tojson", "indent", "format"})
+"""Filters whose string arguments join or format output rather than test a text."""
+_OPAQUE_FIELDS = frozenset({"role", "type"})
+"""Fields never slotted: a literal compared with them (``message.role == 'user'``) does not guard the text."""
+
+Slot = tuple[int, str]
+"""(index among the new messages, field name)."""
+
+
+def _sentinel(n: int) -> str:
+    return f"{_EDGE}{_OPEN}{n}{_CLOSE}{_EDGE[::-1]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Skeleton:
+    """The tail of one shape: ``parts[0] + text(slots[0]) + parts[1] + ... + parts[-1]``."""
+
+    parts: tuple[str, ...]
+    slots: tuple[Slot, ...]
+    fields: tuple[tuple[str, ...], ...]
+    """The text fields of each new message, in order: a call whose new messages fill others renders."""
+
+
+class Literals:
+    """The string literals a chat template tests text against; a text holding one is rendered, never filled."""
+
+    def __init__(self, template: str | None) -> None:
+        self.usable = False
+        self._pattern: re.Pattern[str] | None = None
+        if not isinstance(template, str):
+            return  # several named templates: which one renders depends on the call
+        try:
+            ast = Environment(extensions=[loopcontrols]).parse(template)
+        except TemplateSyntaxError as exc:  # a tag of the engine's own environment: no slots, the render path
+            log.debug("event=session_skeleton_unparsed error=%r", exc)
+            return
+        needles = sorted(_needles(ast), key=len, reverse=True)
+        self._pattern = re.compile("|".join(map(re.escape, needles))) if needles else None
+        self.usable = True
+
+    def guard(self, text: str) -> bool:
+        """True when the template could look into ``text`` (it holds a tested literal)."""
+        return self._pattern is not None and self._pattern.search(text) is not None
+
+
+def _needles(ast: nodes.Template) -> set[str]:
+    found: set[str] = set()
+    for compare in ast.find_all(nodes.Compare):
+        operands = [compare.expr, *(op.expr for op in compare.ops)]
+        if any(_names_field(x) in _OPAQUE_FIELDS for x in operands):
+            continue  # message.role == 'user', part.type == 'text'
+        found.update(_strings(compare))
+    for call in ast.find_all((nodes.Call, nodes.Filter, nodes.Test)):
+        if isinstance(call, nodes.Filter) and call.name in _UNGUARDED_FILTERS:
+            continue
+        for arg in [*call.args, *(kw.value for kw in call.kwargs)]:
+            found.update(_strings(arg))
+    for assign in ast.find_all(nodes.Assign):  # {% set needle = '</think>' %} ... needle in content
+        found.update(_strings(assign.node))
+    return {s for s in found if s}
+
+
+def _names_field(node: nodes.Node) -> str | None:
+    if isinstance(node, nodes.Getattr):
+        return node.attr
+    if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const):
+        return str(node.arg.value)
+    return None
+
+
+def _strings(node: nodes.Node) -> set[str]:
+    consts = [node] if isinstance(node, nodes.Const) else list(node.find_all(nodes.Const))
+    return {c.value for c in consts if isinstance(c.value, str)}
+
+
+def text_fields(message: dict[str, Any]) -> tuple[str, ...] | None:
+    """The fields of a new message that can be slots (filled strings but the role); None: one is not a string."""
+    out = []
+    for name, value in message.items():
+        if name in _OPAQUE_FIELDS or value in (None, "", []):
+            continue
+        if not isinstance(value, str):
+            return None  # tool calls, parts, objects: the template may read into them
+        out.append(name)
+    return tuple(out)
+
+
+def with_sentinels(new: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], tuple[tuple[str, ...], ...]] | None:
+    """The new messages with each text field replaced by a numbered sentinel, and their text fields."""
+    out, fields, n = [], [], 0
+    for message in new:
+        names = text_fields(message)
+        if names is None:
+            return None
+        copy = dict(message)
+        for name in names:
+            copy[name] = _sentinel(n)
+            n += 1
+        out.append(copy)
+        fields.append(names)
+    return out, tuple(fields)
+
+
+def build(rendered: str, fields: tuple[tuple[str, ...], ...]) -> Skeleton | None:
+    """The skeleton of a tail rendered with sentinels; None when a sentinel did not come out verbatim."""
+    numbered = [(i, name) for i, names in enumerate(fields) for name in names]
+    matches = list(_SENTINEL.finditer(rendered))
+    if len(matches) != rendered.count(_OPEN) or rendered.count(_OPEN) != rendered.count(_CLOSE):
+        return None  # a sentinel was cut, escaped or rewritten
+    parts, slots, at = [], [], 0
+    for match in matches:
+        n = int(match.group(1))
+        if n >= len(numbered):
+            return None
+        parts.append(rendered[at: match.start()])
+        slots.append(numbered[n])
+        at = match.end()
+    parts.append(rendered[at:])
+    return Skeleton(tuple(parts), tuple(slots), fields)
+
+
+def fill(skeleton: Skeleton, new: list[dict[str, Any]], literals: Literals) -> str | None:
+    """The tail of a call of the skeleton's shape; None when its text must be rendered."""
+    if len(new) != len(skeleton.fields):
+        return None
+    for message, names in zip(new, skeleton.fields, strict=True):
+        if text_fields(message) != names:
+            return None
+        if any(literals.guard(message[name]) for name in names):
+            return None
+    out = [skeleton.parts[0]]
+    for (i, name), part in zip(skeleton.slots, skeleton.parts[1:], strict=True):
+        out.append(new[i][name])
+        out.append(part)
+    return "".join(out)

@@ -1,0 +1,87 @@
+"""A checked shape's skeleton: the new turns filled in from the new messages' text, never different from a render."""
+
+from __future__ import annotations
+
+import pytest
+
+from ingest.gateway.sessions.skeleton import Literals
+from ingest.gateway.sessions.state import SessionStore
+from ingest.gateway.sessions.stitch import Stitcher
+
+TEXTS = ['plain', ' "quoted" \\ back\\slash ', '<tag> & </tag>\n\nnext line', 'ünïcödé ✓ \t', '{"a": 1}']
+
+
+def template(content: str) -> str:
+    """A ChatML template that writes each message's text through ``content`` (a Jinja expression of ``m``)."""
+    return ("{%- for m in messages -%}<|im_start|>{{ m.role }}\n{{ " + content + " }}<|im_end|>\n{%- endfor -%}"
+            "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}")
+
+
+def rollout(tok, texts: list[str]) -> list[tuple[str, int, bool]]:
+    """Each call's (how made, renders, same ids as rendering the whole conversation) over tool turns of ``texts``."""
+    renders: list[int] = []
+    render = tok.apply_chat_template
+    tok.apply_chat_template = lambda messages, **kw: renders.append(len(messages)) or render(messages, **kw)
+    store = SessionStore(max_bytes=1 << 20, ttl_s=60)
+    stitcher = Stitcher(tok, store, parser="hermes")
+    key = ("t", "r", 0, None)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    messages: list[dict] = [{"role": "system", "content": "s"}, {"role": "user", "content": "go"}]
+    out = []
+    for n, text in enumerate([*texts, None]):  # call n's new message holds texts[n - 1]
+        kept = store.get(key)
+        renders.clear()
+        plan = stitcher.plan({"model": "m", "messages": messages}, key)
+        made = (plan.made if plan.made == "stitched" else plan.reason, len(renders))
+        same = True
+        if kept is not None:
+            store.put(key, kept)
+            whole = Stitcher(tok, store, parser="hermes").plan({"model": "m", "messages": messages}, key)
+            same = whole.prompt_ids == plan.prompt_ids
+        stitcher.remember(plan, prompt_ids=plan.prompt_ids or [1, 2], sampled_ids=tok.encode(f"step {n}") + [end],
+                          content=f"step {n}", tool_calls=None)
+        out.append((*made, same))
+        messages = [*messages, {"role": "assistant", "content": f"step {n}"}, {"role": "tool", "content": text}]
+    tok.apply_chat_template = render
+    return out
+
+
+@pytest.fixture
+def tok(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def test_a_template_that_writes_the_text_as_is_fills_its_skeleton_with_the_ids_a_render_gives(tok):
+    tok.chat_template = template("m.content or ''")
+    calls = rollout(tok, TEXTS)
+    assert all(same for *_, same in calls) and all(made == "stitched" for made, _, _ in calls[1:])
+    assert [renders for _, renders, _ in calls[3:]] == [0] * (len(calls) - 3)  # filled, not rendered
+
+
+@pytest.mark.parametrize("content", ["(m.content or '') | trim", "(m.content or '') | tojson",
+                                     "(m.content or '').replace('\"', '')"])
+def test_a_template_that_rewrites_the_text_renders_every_call(tok, content):
+    tok.chat_template = template(content)
+    calls = rollout(tok, TEXTS)
+    assert all(same for *_, same in calls) and all(made == "stitched" for made, _, _ in calls[1:])
+    assert all(renders > 0 for _, renders, _ in calls[1:])  # the sentinels did not come out verbatim: no skeleton
+
+
+def test_a_text_holding_a_literal_the_template_tests_is_rendered(tok):
+    tok.chat_template = template("'(hidden)' if '<secret>' in (m.content or '') else (m.content or '')")
+    calls = rollout(tok, ["a", "b", "c", "a <secret> b", "d"])
+    assert all(same for *_, same in calls) and all(made == "stitched" for made, _, _ in calls[1:])
+    assert [renders for _, renders, _ in calls[3:]] == [0, 2, 0]  # the secret's call renders its window
+
+
+def test_the_literals_are_those_a_text_is_tested_against_not_roles_or_joins():
+    literals = Literals("{%- for m in messages -%}{%- if m.role == 'user' and m['type'] != 'text' -%}"
+                        "{{ m.content.startswith('<tool_response>') }}{{ '</think>' in m.content }}"
+                        "{{ m.content | replace('<a>', '<b>') }}{{ m.names | join(', ') }}{%- endif -%}{%- endfor -%}")
+    assert literals.usable
+    assert [literals.guard(t) for t in ("<tool_response>x", "a</think>", "<a>", "user", "text", "x, y", "plain")] \
+        == [True, True, True, False, False, False, False]
+    assert not Literals("{% generation %}{{ x }}{% endgeneration %}").usable  # another environment's tags
+    assert not Literals(None).usable
