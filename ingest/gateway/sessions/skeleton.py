@@ -37,6 +37,11 @@ _EDGE = " \t\n'\"\\<&>"
 _SENTINEL = re.compile(re.escape(_EDGE + _OPEN) + r"(\d+)" + re.escape(_CLOSE + _EDGE[::-1]))
 _UNGUARDED_FILTERS = frozenset({"join", "default", "d", "tojson", "indent", "format"})
 """Filters whose string arguments join or format output rather than test a text."""
+_MEASURING_FILTERS = frozenset({"length", "count", "wordcount", "truncate", "wordwrap", "center", "batch", "slice",
+                                "first", "last", "list", "reverse", "sort", "unique", "max", "min"})
+"""Filters whose output depends on a text's length or characters, not only on the text as a whole."""
+_LISTS = frozenset({"messages", "tools"})
+"""The template's own lists: measuring or slicing them (``messages|length``, ``messages[::-1]``) is fine."""
 _OPAQUE_FIELDS = frozenset({"role", "type"})
 """Fields never slotted: a literal compared with them (``message.role == 'user'``) does not guard the text."""
 
@@ -71,6 +76,8 @@ class Literals:
         except TemplateSyntaxError as exc:  # a tag of the engine's own environment: no slots, the render path
             log.debug("event=session_skeleton_unparsed error=%r", exc)
             return
+        if _measures_text(ast):
+            return  # a text's length or a slice of it decides what comes out: the sentinels cannot stand for it
         needles = sorted(_needles(ast), key=len, reverse=True)
         self._pattern = re.compile("|".join(map(re.escape, needles))) if needles else None
         self.usable = True
@@ -95,6 +102,23 @@ def _needles(ast: nodes.Template) -> set[str]:
     for assign in ast.find_all(nodes.Assign):  # {% set needle = '</think>' %} ... needle in content
         found.update(_strings(assign.node))
     return {s for s in found if s}
+
+
+def _measures_text(ast: nodes.Template) -> bool:
+    """True when the template measures or slices anything but the message and tool lists (``content|length >
+    1000``, ``content[:200]``, ``content|truncate(50)``): a sentinel's length is not the text's, so a filled
+    skeleton could differ from a render for a text longer or shorter than the call that built it."""
+    for node in ast.find_all(nodes.Filter):
+        if node.name in _MEASURING_FILTERS and not _is_list(node.node):
+            return True
+    for node in ast.find_all(nodes.Getitem):
+        if isinstance(node.arg, nodes.Slice) and not _is_list(node.node):
+            return True
+    return False
+
+
+def _is_list(node: nodes.Node | None) -> bool:
+    return isinstance(node, nodes.Name) and node.name in _LISTS
 
 
 def _names_field(node: nodes.Node) -> str | None:
