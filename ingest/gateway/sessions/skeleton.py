@@ -38,8 +38,13 @@ _SENTINEL = re.compile(re.escape(_EDGE + _OPEN) + r"(\d+)" + re.escape(_CLOSE + 
 _UNGUARDED_FILTERS = frozenset({"join", "default", "d", "tojson", "indent", "format"})
 """Filters whose string arguments join or format output rather than test a text."""
 _MEASURING_FILTERS = frozenset({"length", "count", "wordcount", "truncate", "wordwrap", "center", "batch", "slice",
-                                "first", "last", "list", "reverse", "sort", "unique", "max", "min"})
+                                "first", "last", "list", "reverse", "sort", "unique", "max", "min", "upper", "lower",
+                                "title", "capitalize", "int", "float"})
 """Filters whose output depends on a text's length or characters, not only on the text as a whole."""
+_CHARACTER_METHODS = frozenset({"upper", "lower", "title", "capitalize", "swapcase", "casefold", "isdigit", "isnumeric",
+                                "isdecimal", "isalpha", "isalnum", "isspace", "isupper", "islower", "istitle",
+                                "isascii", "isidentifier", "isprintable", "zfill", "expandtabs", "splitlines"})
+"""String methods that read a text's characters without a literal to guard (``content.isdigit()``)."""
 _LISTS = frozenset({"messages", "tools"})
 """The template's own lists: measuring or slicing them (``messages|length``, ``messages[::-1]``) is fine."""
 _OPAQUE_FIELDS = frozenset({"role", "type"})
@@ -105,14 +110,18 @@ def _needles(ast: nodes.Template) -> set[str]:
 
 
 def _measures_text(ast: nodes.Template) -> bool:
-    """True when the template measures or slices anything but the message and tool lists (``content|length >
-    1000``, ``content[:200]``, ``content|truncate(50)``): a sentinel's length is not the text's, so a filled
-    skeleton could differ from a render for a text longer or shorter than the call that built it."""
+    """True when the template measures, slices or reads the characters of anything but the message and tool lists
+    (``content|length > 1000``, ``content[:200]``, ``content|truncate(50)``, ``content.isdigit()``): a sentinel's
+    length and characters are not the text's, so a filled skeleton could differ from a render for a text other
+    than the one of the call that built it."""
     for node in ast.find_all(nodes.Filter):
         if node.name in _MEASURING_FILTERS and not _is_list(node.node):
             return True
     for node in ast.find_all(nodes.Getitem):
         if isinstance(node.arg, nodes.Slice) and not _is_list(node.node):
+            return True
+    for node in ast.find_all(nodes.Call):
+        if isinstance(node.node, nodes.Getattr) and node.node.attr in _CHARACTER_METHODS:
             return True
     return False
 

@@ -88,12 +88,13 @@ def test_the_literals_are_those_a_text_is_tested_against_not_roles_or_joins():
 
 
 @pytest.mark.parametrize("content", ["(m.content or '')[:40]", "(m.content or '') | truncate(40, True, '')",
-                                     "'long' if (m.content or '') | length > 40 else (m.content or '')"])
+                                     "'long' if (m.content or '') | length > 40 else (m.content or '')",
+                                     "'a number' if (m.content or '').isdigit() else (m.content or '')"])
 def test_a_template_that_measures_or_slices_the_text_renders_every_call(tok, content):
-    """The sentinel (21 characters) comes out whole where a longer text is cut: filled, the skeleton would
-    write the whole text."""
+    """The sentinel (21 characters, no digit only) comes out whole where a longer text is cut or a number is
+    replaced: filled, the skeleton would write the text as it is."""
     tok.chat_template = template(content)
-    calls = rollout(tok, ["a", "b", "c", "a text longer than the forty characters the template keeps", "d"])
+    calls = rollout(tok, ["a", "b", "c", "a text longer than the forty characters the template keeps", "42", "d"])
     assert all(same for *_, same in calls) and all(made == "stitched" for made, _, _ in calls[1:])
     assert all(renders > 0 for _, renders, _ in calls[1:])
     assert Literals("{% for m in messages[::-1] %}{{ m.content }}{{ messages | length }}{% endfor %}").usable
