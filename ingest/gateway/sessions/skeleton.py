@@ -16,7 +16,9 @@ or not), and looks into it only through the string literals of its source
 (``'</think>' in content``, ``content.startswith('<tool_response>')``, a
 method's or a filter's argument). A text that holds one of those literals
 takes the render path, so does any text a template could branch on that the
-sentinels cannot stand for (a list of parts rather than a string).
+sentinels cannot stand for (a list of parts rather than a string). A template
+that measures, slices or reads the characters of a text (``|length``, ``[:n]``,
+``|truncate``, ``.isdigit()``, ``|upper``) gets no skeleton at all.
 """
 
 from __future__ import annotations
