@@ -18,7 +18,11 @@ method's or a filter's argument). A text that holds one of those literals
 takes the render path, so does any text a template could branch on that the
 sentinels cannot stand for (a list of parts rather than a string). A template
 that measures, slices or reads the characters of a text (``|length``, ``[:n]``,
-``|truncate``, ``.isdigit()``, ``|upper``) gets no skeleton at all.
+``|truncate``, ``.isdigit()``, ``|upper``) gets no skeleton at all. Shapes are
+shared by rollouts, so a skeleton is kept only when its tail renders the same
+with the earlier window messages' text masked (it neither shows nor branches on
+it), and a call whose earlier window messages hold a tested literal renders. A
+new message must match the skeleton's keys exactly (``""`` is not absent).
 """
 
 from __future__ import annotations
@@ -66,8 +70,9 @@ class Skeleton:
 
     parts: tuple[str, ...]
     slots: tuple[Slot, ...]
-    fields: tuple[tuple[str, ...], ...]
-    """The text fields of each new message, in order: a call whose new messages fill others renders."""
+    signatures: tuple[tuple[tuple[str, str], ...], ...]
+    """Each new message's keys in order, each with what it holds (``signature``): a call whose new messages
+    differ in any key, even one holding ``""`` instead of being absent (``is defined`` tells them apart), renders."""
 
 
 class Literals:
@@ -145,37 +150,51 @@ def _strings(node: nodes.Node) -> set[str]:
     return {c.value for c in consts if isinstance(c.value, str)}
 
 
-def text_fields(message: dict[str, Any]) -> tuple[str, ...] | None:
-    """The fields of a new message that can be slots (filled strings but the role); None: one is not a string."""
+def signature(message: dict[str, Any]) -> tuple[tuple[str, str], ...] | None:
+    """A new message's keys in order, each with ``"text"`` (a non-empty string other than the role: a slot) or the
+    repr of what it holds (the role's value, ``None``, ``""``, ``[]``); None when a value is anything else (tool
+    calls, parts, objects: the template may read into them)."""
     out = []
     for name, value in message.items():
         if name in _OPAQUE_FIELDS or value in (None, "", []):
-            continue
-        if not isinstance(value, str):
-            return None  # tool calls, parts, objects: the template may read into them
-        out.append(name)
+            out.append((name, repr(value)))
+        elif isinstance(value, str):
+            out.append((name, "text"))
+        else:
+            return None
     return tuple(out)
 
 
-def with_sentinels(new: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], tuple[tuple[str, ...], ...]] | None:
-    """The new messages with each text field replaced by a numbered sentinel, and their text fields."""
-    out, fields, n = [], [], 0
+def _slots(sig: tuple[tuple[str, str], ...]) -> list[str]:
+    return [name for name, held in sig if held == "text"]
+
+
+def with_sentinels(new: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], tuple] | None:
+    """The new messages with each text field replaced by a numbered sentinel, and their signatures."""
+    out, signatures, n = [], [], 0
     for message in new:
-        names = text_fields(message)
-        if names is None:
+        sig = signature(message)
+        if sig is None:
             return None
         copy = dict(message)
-        for name in names:
+        for name in _slots(sig):
             copy[name] = _sentinel(n)
             n += 1
         out.append(copy)
-        fields.append(names)
-    return out, tuple(fields)
+        signatures.append(sig)
+    return out, tuple(signatures)
 
 
-def build(rendered: str, fields: tuple[tuple[str, ...], ...]) -> Skeleton | None:
+def masked(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with every non-empty string field but the role (top level) replaced by a marker: a tail that
+    renders the same with and without them does not depend on those messages' text."""
+    return [{name: f"{_CLOSE}masked {n}.{name}{_OPEN}" if name not in _OPAQUE_FIELDS and isinstance(value, str)
+             and value else value for name, value in message.items()} for n, message in enumerate(messages)]
+
+
+def build(rendered: str, signatures: tuple) -> Skeleton | None:
     """The skeleton of a tail rendered with sentinels; None when a sentinel did not come out verbatim."""
-    numbered = [(i, name) for i, names in enumerate(fields) for name in names]
+    numbered = [(i, name) for i, sig in enumerate(signatures) for name in _slots(sig)]
     matches = list(_SENTINEL.finditer(rendered))
     if len(matches) != rendered.count(_OPEN) or rendered.count(_OPEN) != rendered.count(_CLOSE):
         return None  # a sentinel was cut, escaped or rewritten
@@ -188,20 +207,35 @@ def build(rendered: str, fields: tuple[tuple[str, ...], ...]) -> Skeleton | None
         slots.append(numbered[n])
         at = match.end()
     parts.append(rendered[at:])
-    return Skeleton(tuple(parts), tuple(slots), fields)
+    return Skeleton(tuple(parts), tuple(slots), signatures)
 
 
-def fill(skeleton: Skeleton, new: list[dict[str, Any]], literals: Literals) -> str | None:
-    """The tail of a call of the skeleton's shape; None when its text must be rendered."""
-    if len(new) != len(skeleton.fields):
+def fill(skeleton: Skeleton, new: list[dict[str, Any]], literals: Literals, *, before: list[dict[str, Any]]) -> str | None:
+    """The tail of a call of the skeleton's shape; None when its text must be rendered. ``before``: the window's
+    messages up to the answer; a text of theirs holding a tested literal renders too (``'x' in messages[0].content``
+    may choose how the new turns look)."""
+    if len(new) != len(skeleton.signatures):
         return None
-    for message, names in zip(new, skeleton.fields, strict=True):
-        if text_fields(message) != names:
+    for message, sig in zip(new, skeleton.signatures, strict=True):
+        if signature(message) != sig:
             return None
-        if any(literals.guard(message[name]) for name in names):
+        if any(literals.guard(message[name]) for name in _slots(sig)):
             return None
+    if any(literals.guard(text) for text in _texts(before)):
+        return None
     out = [skeleton.parts[0]]
     for (i, name), part in zip(skeleton.slots, skeleton.parts[1:], strict=True):
         out.append(new[i][name])
         out.append(part)
     return "".join(out)
+
+
+def _texts(value: Any) -> list[str]:
+    """Every string inside ``value`` (messages, their tool calls and arguments)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _texts(v)]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _texts(v)]
+    return []

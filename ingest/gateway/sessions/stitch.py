@@ -295,7 +295,8 @@ class Stitcher:
             plan.context, sampled_end, k % 2, plan.kinds,
             tuple((_kind(messages[n]), n - before > 1) for before, n in zip([-1, *window], window)))
         windowed = self._shapes.get(shape) if shape is not None else False
-        text = skeleton.fill(windowed, messages[k + 1:], self._literals) if isinstance(windowed, Skeleton) else None
+        text = skeleton.fill(windowed, messages[k + 1:], self._literals, before=[messages[n] for n in window if n <= k]) \
+            if isinstance(windowed, Skeleton) else None
         if text is None and windowed:
             text = self._try_tail([messages[n] for n in window], window.index(k), tools, sampled_end, checked=True)
             if text is None:  # the shape's window no longer renders: render whole from now on
@@ -326,10 +327,14 @@ class Stitcher:
         blank = skeleton.with_sentinels(window[answer + 1:])
         if blank is None:
             return None
-        new, fields = blank
-        rendered = self._try_tail([*window[: answer + 1], *new], answer, tools, sampled_end, checked=True)
-        found = skeleton.build(rendered, fields) if rendered is not None else None
-        if found is None or skeleton.fill(found, window[answer + 1:], self._literals) != text:
+        new, signatures = blank
+        before = window[: answer + 1]
+        rendered = self._try_tail([*before, *new], answer, tools, sampled_end, checked=True)
+        found = skeleton.build(rendered, signatures) if rendered is not None else None
+        if found is None or skeleton.fill(found, window[answer + 1:], self._literals, before=before) != text:
+            return None
+        # shapes are shared by rollouts: a tail that shows or branches on an earlier message's text gets no skeleton
+        if self._try_tail([*skeleton.masked(before), *new], answer, tools, sampled_end, checked=True) != rendered:
             return None
         return found
 

@@ -71,9 +71,10 @@ def test_a_template_that_rewrites_the_text_renders_every_call(tok, content):
 
 def test_a_text_holding_a_literal_the_template_tests_is_rendered(tok):
     tok.chat_template = template("'(hidden)' if '<secret>' in (m.content or '') else (m.content or '')")
-    calls = rollout(tok, ["a", "b", "c", "a <secret> b", "d"])
+    calls = rollout(tok, ["a", "b", "c", "a <secret> b", "d", "e"])
     assert all(same for *_, same in calls) and all(made == "stitched" for made, _, _ in calls[1:])
-    assert [renders for _, renders, _ in calls[3:]] == [0, 2, 0]  # the secret's call renders its window
+    # the secret's call renders its window, so does the next (the secret is then in the window, before the answer)
+    assert [renders for _, renders, _ in calls[3:]] == [0, 2, 2, 0]
 
 
 def test_the_literals_are_those_a_text_is_tested_against_not_roles_or_joins():

@@ -170,8 +170,9 @@ def test_a_checked_shape_renders_a_window_and_gives_the_ids_the_whole_conversati
     plan, messages = call(messages, 2)
     assert plan.made == "stitched" and len(renders) == 3  # the window would be the whole conversation
     plan, messages = call(messages, 3)
-    # A new shape: the whole conversation, its window, the window with the new text as sentinels (the skeleton).
-    assert plan.made == "stitched" and renders[:3] == [4, 5, 3] and len(renders) == 8
+    # A new shape: the whole conversation, its window, the window with the new text as sentinels (the skeleton),
+    # and once more with the earlier messages' text masked (a skeleton must not depend on it).
+    assert plan.made == "stitched" and renders[:3] == [4, 5, 3] and len(renders) == 10
     kept = store.get(key)
     plan, _ = call(messages, 4)
     assert plan.made == "stitched" and renders == []  # checked shape: its skeleton filled with the new text
