@@ -89,6 +89,9 @@ FRESH = "_fresh"
 TOUCHED = "_touched"
 MAX_TOUCHED = 5_000
 """Most tail rollouts a reader recomputes (per query); past it the views read the typed tables."""
+MAX_MATERIALIZED = 500
+"""Most tail rollouts whose typed rows a connection copies into memory once (token lists included: a long-context
+rollout holds millions of ids); past it they are filtered views, read again by each query."""
 BUCKET_CALLS = 200_000
 """LLM calls per bucket of a whole write (one bucket's rows, token lists included, are in memory at once)."""
 _ORDER = {LLM_CALLS_VIEW: "tenant, rollout_id, seq, call_id", TOOL_STEPS_VIEW: "tenant, rollout_id, seq, call_id",
@@ -153,7 +156,8 @@ def prejoined_views(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapp
         return {}
     if touched:
         _touched_table(con, touched)  # the compacted rows of the touched rollouts are left out by a hash lookup
-        define_fresh(con, statements, _touched_filter(touched), wanted=wanted, materialize=True)
+        define_fresh(con, statements, _touched_filter(touched), wanted=wanted,
+                     materialize=len(touched) <= MAX_MATERIALIZED)
     result = {}
     for name in wanted:
         compacted = f'SELECT * FROM "_{PREJOINED[name][0]}"'

@@ -213,6 +213,25 @@ def test_a_tail_too_long_reads_the_typed_tables(lake, offsets, tmp_path, monkeyp
     same(lake, tmp_path, "typed")
 
 
+@pytest.mark.parametrize("bound, kind", [(500, "BASE TABLE"), (0, "VIEW")])
+def test_a_tail_is_copied_into_the_connection_only_up_to_a_bound(lake, offsets, tmp_path, monkeypatch, bound, kind):
+    """A tail's typed rows are read once per connection while few; past ``MAX_MATERIALIZED`` rollouts (token lists
+    in memory at every connect) they are filtered views: the same answers either way."""
+    offsets.write(lake, sample_rollout("r1"))
+    refresh(lake)
+    offsets.write(lake, sample_rollout("r2"))
+    monkeypatch.setattr(prejoin, "MAX_MATERIALIZED", bound)
+    same(lake, tmp_path, "+tail")
+    con = connect(lake)
+    try:
+        kinds = {r[0] for r in con.execute(
+            "SELECT table_type FROM information_schema.tables WHERE table_schema = '_fresh' "
+            "AND table_name IN ('llm_requests', 'llm_responses')").fetchall()}
+    finally:
+        con.close()
+    assert kinds == {kind}
+
+
 def test_a_forgotten_rollout_leaves_the_compacted_tables(lake, offsets, tmp_path):
     offsets.write(lake, sample_rollout("r1") + sample_rollout("r2"))
     refresh(lake)
