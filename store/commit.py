@@ -280,7 +280,11 @@ class MarkedTable:
         )
         self._markers.update(marks)
         self._commits_since_open += 1
-        self._checkpoint()
+        try:
+            self._checkpoint()
+        except (DeltaError, OSError) as exc:  # the commit landed: a failed checkpoint must not fail (and retry) it
+            log.warning("event=checkpoint_failed table=%s version=%d error=%r: the commit landed; the next commit "
+                        "tries the checkpoint again", self.name, self._table.version(), exc)
         log.debug("commit table=%s rows=%d version=%d", self.name, rows.num_rows, self._table.version())
         return rows.num_rows
 

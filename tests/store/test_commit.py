@@ -177,3 +177,23 @@ def test_commits_write_a_checkpoint_at_every_interval_one_table_at_a_time(lake, 
     log = Path(lake.uri("quarantine")) / "_delta_log"
     assert sorted(p.name.split(".")[0] for p in log.glob("*.checkpoint.parquet")) == [f"{v:020d}" for v in (3, 6)]
     assert lake.marker("quarantine", marker_app_id("g", "t", 0)) == 6
+
+
+def test_a_checkpoint_that_fails_after_its_commit_landed_fails_nothing(lake, monkeypatch):
+    """The commit is in the log with its markers: raising would make the caller retry a batch already written
+    (and count 0 rows); the next commit tries the checkpoint again."""
+    from deltalake.exceptions import DeltaError
+
+    monkeypatch.setattr(store.commit, "DELTA_CHECKPOINT_INTERVAL", 1)
+    t = table(lake)
+    t.load([0])
+
+    def failing(self) -> None:
+        raise DeltaError("object store unavailable")
+
+    monkeypatch.setattr(type(t._table), "create_checkpoint", failing)
+    assert t.commit(rows(0, [0, 1]), {0: 1}, refresh_offsets=0) == 2
+    assert lake.marker("quarantine", marker_app_id("g", "t", 0)) == 1
+    monkeypatch.undo()
+    assert t.commit(rows(0, [2]), {0: 2}, refresh_offsets=0) == 1
+    assert offsets(lake) == [(0, 0), (0, 1), (0, 2)]
