@@ -111,27 +111,45 @@ def _digest(value: Any) -> bytes:
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
+@dataclass(frozen=True)
+class Digests:
+    """Digests of one call's full messages and tools, made once (``digests``) when a caller both compares the
+    call with the previous one and remembers it."""
+
+    messages: tuple[bytes, ...]
+    tools: bytes | None
+
+
+def digests(messages: list[dict[str, Any]] | None, tools: list[dict[str, Any]] | None) -> Digests:
+    return Digests(tuple(_digest(m) for m in messages or ()), None if tools is None else _digest(tools))
+
+
 def remembered(call_id: str, messages: list[dict[str, Any]] | None, tools: list[dict[str, Any]] | None, *,
-               answer: dict[str, Any] | None = None) -> PreviousMessages:
+               answer: dict[str, Any] | None = None, digested: Digests | None = None) -> PreviousMessages:
     """What to keep of a call (its FULL messages and tools, and the message its recorded answer rebuilds to,
-    ``schemas.answer_message``; None for a failed call) for the next call's reference."""
-    return PreviousMessages(call_id, tuple(_digest(m) for m in messages or ()),
-                            None if tools is None else _digest(tools), None if answer is None else _digest(answer))
+    ``schemas.answer_message``; None for a failed call) for the next call's reference. ``digested``: the
+    call's ``digests``, when already made."""
+    made = digested or digests(messages, tools)
+    return PreviousMessages(call_id, made.messages, made.tools, None if answer is None else _digest(answer))
 
 
 def shared_messages(messages: list[dict[str, Any]] | None, tools: list[dict[str, Any]] | None,
-                    previous: PreviousMessages) -> MessagesReference | None:
+                    previous: PreviousMessages, *, digested: Digests | None = None) -> MessagesReference | None:
     """The reference of a call with these full ``messages`` and ``tools`` against ``previous``; None when it
-    shares neither a leading message nor its tools."""
+    shares neither a leading message nor its tools. ``digested``: the call's ``digests``, when already made
+    (without them, messages are digested only as far as they match)."""
+    mine = digested.messages if digested is not None else (_digest(m) for m in messages or ())
     shared = 0
-    for digest, message in zip(previous.messages, messages or ()):
-        if _digest(message) != digest:
+    for digest, message_digest in zip(previous.messages, mine):
+        if message_digest != digest:
             break
         shared += 1
-    if shared == len(previous.messages) and previous.answer is not None and messages and len(messages) > shared \
-            and _digest(messages[shared]) == previous.answer:
-        shared += 1  # the harness's echo of the answer, exactly as it rebuilds
-    same_tools = tools is not None and previous.tools is not None and _digest(tools) == previous.tools
+    if shared == len(previous.messages) and previous.answer is not None and messages and len(messages) > shared:
+        echo = digested.messages[shared] if digested is not None else _digest(messages[shared])
+        if echo == previous.answer:
+            shared += 1  # the harness's echo of the answer, exactly as it rebuilds
+    tools_digest = digested.tools if digested is not None else (None if tools is None else _digest(tools))
+    same_tools = tools is not None and previous.tools is not None and tools_digest == previous.tools
     if shared == 0 and not same_tools:
         return None
     return MessagesReference(previous.call_id, shared or None, messages[shared:] if shared else messages, same_tools)

@@ -161,7 +161,7 @@ def main() -> None:
 
 def record(recorder: Recorder, results: dict) -> None:
     """results.json in the common format (``bench.results``); every figure above goes under ``detail``."""
-    at_200 = results["rates"].get("200")
+    at_200 = results["rates"].get(200)
     latency = (f"200 req/s: p50 +{at_200['overhead_p50_ms']:.2f} ms, p99 +{at_200['overhead_p99_ms']:.2f} ms "
                "(goal p50 <= 1 ms, p99 <= 5 ms); " if at_200 else "")
     summary = (f"{latency}max {results['max_gateway']['req_s']:,.0f} proxied req/s (goal >= 1,000; direct "

@@ -26,7 +26,8 @@ from ingest.gateway.retokenize import Retokenizer
 from ingest.gateway.tokens import Completion, Kind, read_completion
 from ingest.ids import uuid7
 from ingest.gateway.sessions.state import SessionKey, SessionStore
-from ingest.prefix_refs import MessagesReference, PreviousCall, Reference, remembered, shared_messages, shared_prefix
+from ingest.prefix_refs import Digests, MessagesReference, PreviousCall, Reference, digests, remembered, shared_messages, \
+    shared_prefix
 from schemas.answer_message import answer_message
 from schemas.events import Event, LlmRequest, LlmRequestEvent, LlmResponse, LlmResponseEvent
 from schemas.versions import SCHEMA_VERSION
@@ -100,13 +101,15 @@ class Recorder:
                 and source == "engine" and prompt_ids:  # (a keyed retry recorded again is not its own reference)
             reference = shared_prefix(prompt_ids, previous)  # measured id by id, never assumed
         key = self._history_key(captured)
-        shared = self._messages_reference(key, captured, reference)
+        body = captured.request
+        tools = body.get("tools") if isinstance(body.get("tools"), list) else None
+        digested = digests(body["messages"], tools) if key is not None else None  # once, for both uses below
+        shared = self._messages_reference(key, captured, reference, digested)
         request = self._request(captured, prompt_ids, reference, shared)
         if key is not None:  # the next call may reference this one: its request is recorded
-            body = captured.request
-            tools = body.get("tools") if isinstance(body.get("tools"), list) else None
             answer = answer_message(done.text, done.tool_calls) if done is not None and not captured.error else None
-            self.history.put(key, remembered(captured.call.call_id, body["messages"], tools, answer=answer))
+            self.history.put(key, remembered(captured.call.call_id, body["messages"], tools, answer=answer,
+                                             digested=digested))
         return [request, self._response(captured, done, response_ids, source)]
 
     def _history_key(self, captured: CapturedCall) -> SessionKey | None:
@@ -116,8 +119,8 @@ class Recorder:
             return None
         return captured.tenant, rollout.rollout_id, rollout.attempt, rollout.span_id
 
-    def _messages_reference(self, key: SessionKey | None, captured: CapturedCall, reference: Reference | None
-                            ) -> MessagesReference | None:
+    def _messages_reference(self, key: SessionKey | None, captured: CapturedCall, reference: Reference | None,
+                            digested: Digests | None) -> MessagesReference | None:
         """The rollout's last chat call's messages and tools this call shares (compared exactly). None when it
         shares none, when its prompt ids reference another call, or when the last call is this one (a keyed
         retry recorded again)."""
@@ -126,7 +129,7 @@ class Recorder:
             return None
         body = captured.request
         tools = body.get("tools") if isinstance(body.get("tools"), list) else None
-        shared = shared_messages(body["messages"], tools, previous)
+        shared = shared_messages(body["messages"], tools, previous, digested=digested)
         if shared is None or (reference is not None and reference.extends_call_id != shared.extends_call_id):
             return None  # one call is referenced: the prompt ids' reference wins (rare: a session older than this)
         return shared
