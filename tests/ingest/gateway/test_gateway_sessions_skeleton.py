@@ -17,16 +17,19 @@ def template(content: str) -> str:
             "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}")
 
 
-def rollout(tok, texts: list[str]) -> list[tuple[str, int, bool]]:
-    """Each call's (how made, renders, same ids as rendering the whole conversation) over tool turns of ``texts``."""
+def rollout(tok, texts: list[str | dict], *, system: str = "s", stitcher: Stitcher | None = None,
+            rollout_id: str = "r") -> list[tuple[str, int, bool]]:
+    """Each call's (how made, renders, same ids as rendering the whole conversation) over tool turns of ``texts``
+    (a text: the tool message's content; a dict: the tool message itself). ``stitcher``: one shared with other
+    rollouts (shapes and skeletons are per stitcher)."""
     renders: list[int] = []
     render = tok.apply_chat_template
     tok.apply_chat_template = lambda messages, **kw: renders.append(len(messages)) or render(messages, **kw)
-    store = SessionStore(max_bytes=1 << 20, ttl_s=60)
-    stitcher = Stitcher(tok, store, parser="hermes")
-    key = ("t", "r", 0, None)
+    stitcher = stitcher or Stitcher(tok, SessionStore(max_bytes=1 << 20, ttl_s=60), parser="hermes")
+    store = stitcher.store
+    key = ("t", rollout_id, 0, None)
     end = tok.convert_tokens_to_ids("<|im_end|>")
-    messages: list[dict] = [{"role": "system", "content": "s"}, {"role": "user", "content": "go"}]
+    messages: list[dict] = [{"role": "system", "content": system}, {"role": "user", "content": "go"}]
     out = []
     for n, text in enumerate([*texts, None]):  # call n's new message holds texts[n - 1]
         kept = store.get(key)
@@ -41,7 +44,8 @@ def rollout(tok, texts: list[str]) -> list[tuple[str, int, bool]]:
         stitcher.remember(plan, prompt_ids=plan.prompt_ids or [1, 2], sampled_ids=tok.encode(f"step {n}") + [end],
                           content=f"step {n}", tool_calls=None)
         out.append((*made, same))
-        messages = [*messages, {"role": "assistant", "content": f"step {n}"}, {"role": "tool", "content": text}]
+        tool = text if isinstance(text, dict) else {"role": "tool", "content": text}
+        messages = [*messages, {"role": "assistant", "content": f"step {n}"}, tool]
     tok.apply_chat_template = render
     return out
 
@@ -99,3 +103,34 @@ def test_a_template_that_measures_or_slices_the_text_renders_every_call(tok, con
     assert all(same for *_, same in calls) and all(made == "stitched" for made, _, _ in calls[1:])
     assert all(renders > 0 for _, renders, _ in calls[1:])
     assert Literals("{% for m in messages[::-1] %}{{ m.content }}{{ messages | length }}{% endfor %}").usable
+
+
+@pytest.mark.parametrize("content, tools", [
+    # a key holding "" counts as present: `is defined` tells it from an absent one
+    ("m.content ~ (('|' ~ m.name) if m.name is defined else '')",
+     [{"role": "tool", "content": "a"}, {"role": "tool", "content": "b"}, {"role": "tool", "content": "c"},
+      {"role": "tool", "content": "d", "name": ""}]),
+    ("(m.content if m.content is defined else '(no content)')",
+     [{"role": "tool", "content": "a"}, {"role": "tool", "content": ""}, {"role": "tool", "content": ""},
+      {"role": "tool"}]),
+])
+def test_a_new_message_fills_a_skeleton_only_with_the_same_keys(tok, content, tools):
+    tok.chat_template = template(content)
+    assert all(same for *_, same in rollout(tok, tools))
+
+
+@pytest.mark.parametrize("content, systems", [
+    # the system prompt chooses how tool results are wrapped (a literal tested on an earlier message)
+    ("('<tool_response>' ~ m.content ~ '</tool_response>') if m.role == 'tool' and 'tools as xml' in "
+     "messages[0].content else m.content", ["s, tools as xml", "s"]),
+    # each tool turn repeats the system prompt (an earlier message's text shown in the new turns)
+    ("('(' ~ messages[0].content ~ ') ' ~ m.content) if m.role == 'tool' else m.content", ["be brief", "be thorough"]),
+])
+def test_a_skeleton_shared_by_rollouts_never_carries_one_rollouts_text_into_another(tok, content, systems):
+    """Shapes (and their skeletons) are shared by the rollouts of a gateway; the new turns may depend on the text
+    of an earlier message that differs between them."""
+    tok.chat_template = template(content)
+    stitcher = Stitcher(tok, SessionStore(max_bytes=1 << 20, ttl_s=60), parser="hermes")
+    calls = [c for n, system in enumerate(systems)
+             for c in rollout(tok, ["t0", "t1", "t2"], system=system, stitcher=stitcher, rollout_id=f"r{n}")]
+    assert all(same for *_, same in calls), calls
