@@ -24,9 +24,10 @@ rollout ids are read from the data files the later commits added (a delete's rew
 forget, until the next compaction, the rollouts in them are recomputed; by the marked offsets where log entries
 are gone or a tail file was rewritten since; ``refresh`` always uses the offsets) and the view is the table
 without those rollouts plus ``_fresh``'s view of them. Their rows of the typed tables are read once per connection,
-into tables of the connection (up to ``MAX_MATERIALIZED`` rollouts; past it, views read at each query), through a condition DuckDB checks inside the Parquet scan (``_touched_filter``: id
-ranges, then list membership): row groups outside the ranges are skipped, and the other columns, token lists
-included, are decoded only where those rows are; views.sql's statements then run over those rows at each query.
+into tables of the connection (up to ``MAX_MATERIALIZED`` rollouts; past it, views read at each query), through
+a condition DuckDB checks inside the Parquet scan (``_touched_filter``: id ranges, then list membership): row
+groups outside the ranges are skipped, and the other columns, token lists included, are decoded only where those
+rows are; views.sql's statements then run over those rows at each query.
 Measured on the 1M-call bench lake with a 207-rollout tail (100 of its rows resent responses of old rollouts), load
 16-18: connect 4.9 s, then 0.04-0.4 s a scalar question. An ``IN`` filter (a subquery, or a long literal list, which
 DuckDB turns into a join) is checked after the scan, which then decodes whole files: 2-7 s a question read per

@@ -210,7 +210,8 @@ def build(rendered: str, signatures: tuple) -> Skeleton | None:
     return Skeleton(tuple(parts), tuple(slots), signatures)
 
 
-def fill(skeleton: Skeleton, new: list[dict[str, Any]], literals: Literals, *, before: list[dict[str, Any]]) -> str | None:
+def fill(skeleton: Skeleton, new: list[dict[str, Any]], literals: Literals, *,
+         before: list[dict[str, Any]]) -> str | None:
     """The tail of a call of the skeleton's shape; None when its text must be rendered. ``before``: the window's
     messages up to the answer; a text of theirs holding a tested literal renders too (``'x' in messages[0].content``
     may choose how the new turns look)."""

@@ -295,8 +295,10 @@ class Stitcher:
             plan.context, sampled_end, k % 2, plan.kinds,
             tuple((_kind(messages[n]), n - before > 1) for before, n in zip([-1, *window], window)))
         windowed = self._shapes.get(shape) if shape is not None else False
-        text = skeleton.fill(windowed, messages[k + 1:], self._literals, before=[messages[n] for n in window if n <= k]) \
-            if isinstance(windowed, Skeleton) else None
+        text = None
+        if isinstance(windowed, Skeleton):
+            before = [messages[n] for n in window if n <= k]
+            text = skeleton.fill(windowed, messages[k + 1:], self._literals, before=before)
         if text is None and windowed:
             text = self._try_tail([messages[n] for n in window], window.index(k), tools, sampled_end, checked=True)
             if text is None:  # the shape's window no longer renders: render whole from now on
