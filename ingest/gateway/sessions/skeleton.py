@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,12 +232,14 @@ def fill(skeleton: Skeleton, new: list[dict[str, Any]], literals: Literals, *,
     return "".join(out)
 
 
-def _texts(value: Any) -> list[str]:
-    """Every string inside ``value`` (messages, their tool calls and arguments)."""
+def _texts(value: Any) -> Iterator[str]:
+    """Every string inside ``value`` (messages, their tool calls and arguments), lazily: ``fill`` stops at the
+    first that holds a literal."""
     if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _texts(v)]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _texts(v)]
-    return []
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _texts(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _texts(v)
