@@ -104,7 +104,7 @@ class Recorder:
         body = captured.request
         tools = body.get("tools") if isinstance(body.get("tools"), list) else None
         digested = digests(body["messages"], tools) if key is not None else None  # once, for both uses below
-        shared = self._messages_reference(key, captured, reference, digested)
+        shared = self._messages_reference(key, captured, tools, reference, digested)
         request = self._request(captured, prompt_ids, reference, shared)
         if key is not None:  # the next call may reference this one: its request is recorded
             answer = answer_message(done.text, done.tool_calls) if done is not None and not captured.error else None
@@ -119,17 +119,15 @@ class Recorder:
             return None
         return captured.tenant, rollout.rollout_id, rollout.attempt, rollout.span_id
 
-    def _messages_reference(self, key: SessionKey | None, captured: CapturedCall, reference: Reference | None,
-                            digested: Digests | None) -> MessagesReference | None:
+    def _messages_reference(self, key: SessionKey | None, captured: CapturedCall, tools: list[dict] | None,
+                            reference: Reference | None, digested: Digests | None) -> MessagesReference | None:
         """The rollout's last chat call's messages and tools this call shares (compared exactly). None when it
         shares none, when its prompt ids reference another call, or when the last call is this one (a keyed
         retry recorded again)."""
         previous = self.history.get(key) if key is not None else None
         if previous is None or previous.call_id == captured.call.call_id:
             return None
-        body = captured.request
-        tools = body.get("tools") if isinstance(body.get("tools"), list) else None
-        shared = shared_messages(body["messages"], tools, previous, digested=digested)
+        shared = shared_messages(captured.request["messages"], tools, previous, digested=digested)
         if shared is None or (reference is not None and reference.extends_call_id != shared.extends_call_id):
             return None  # one call is referenced: the prompt ids' reference wins (rare: a session older than this)
         return shared
