@@ -46,7 +46,6 @@ FREE_TEXT_COLUMNS = frozenset({"payload", "text", "prompt", *JSON_COLUMNS})
 """Long JSON/text columns nobody range-filters: no Parquet min/max statistics for them."""
 
 
-
 def writer_properties(*, dictionary_columns: Iterable[str] = ()) -> WriterProperties:
     """The ingested tables' Parquet settings (``WRITER_PROPERTIES``), with dictionary pages for
     ``dictionary_columns`` (top-level columns; compaction's choice, ``store.compact``)."""
