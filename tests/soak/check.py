@@ -152,3 +152,11 @@ def stopped_stats(path: Path) -> Counter[str]:
             for k, v in re.findall(r"(\w+)=(\d+)", m.group(1)):
                 totals[k] += int(v)
     return totals
+
+
+def last_words(path: Path, *, chars: int = 600) -> str:
+    """The end of what a process printed in its last run (after the harness's ``==== start`` line), on one
+    line, DEBUG lines left out: an error message rich wrapped over several lines reads whole."""
+    run = path.read_text(errors="replace").rsplit("\n==== start ", 1)[-1].splitlines()[1:]
+    said = " ".join(line.strip() for line in run if line.strip() and " DEBUG " not in line)
+    return said[-chars:] or "(printed nothing)"

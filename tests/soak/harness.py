@@ -53,6 +53,7 @@ from tests.soak.check import (
     LogRead,
     account_for_log,
     events_markers,
+    last_words,
     query,
     read_log,
     stopped_stats,
@@ -144,6 +145,8 @@ class Process:
         self.starts = 0
         self.exits: Counter[int] = Counter()
         """Exit codes of the runs that ended (-9: our SIGKILL)."""
+        self.failures: list[str] = []
+        """For each run that ended with an error code of its own: the code and the last lines it printed."""
 
     def start(self) -> None:
         with open(self.log_path, "ab") as out:
@@ -167,7 +170,10 @@ class Process:
         """True (once) when the process has exited since it was started."""
         if self.proc is None or self.proc.poll() is None:
             return False
-        self.exits[self.proc.returncode] += 1
+        code = self.proc.returncode
+        self.exits[code] += 1
+        if code > 0:
+            self.failures.append(f"{self.name} exited {code}: {last_words(self.log_path)}")
         self.proc = None
         return True
 
@@ -393,6 +399,8 @@ class Report:
     not_in_log: int = 0
     """Answered calls whose events never reached the topic (lost before the ingester: gateway, spool, broker)."""
     ingester_exits: Counter[int] = field(default_factory=Counter)
+    ingester_failures: list[str] = field(default_factory=list)
+    """Why ingesters exited on their own (code and last words), so a failed run in CI says it without its logs."""
     ingester_stats: Counter[str] = field(default_factory=Counter)
     """Totals of the ``ingester stopped`` lines (clean exits only: a SIGKILLed run prints none)."""
     drained: bool = True
@@ -425,6 +433,7 @@ class Report:
             f"log: {dict(self.log_accounting)}; quarantined rows {self.quarantined}; "
             f"answered calls not in the log {self.not_in_log}",
             f"ingester exits by code: {dict(self.ingester_exits)}; clean-exit stats: {dict(self.ingester_stats)}",
+            *[f"  {f}" for f in self.ingester_failures[:4]],
             f"phases (s): {', '.join(f'{k} {v:.0f}' for k, v in self.phases.items())}; drain: {self._drain_rate()}",
             *[f"NOTE: {n}" for n in self.notes],
             f"logs: {self.workdir}",
@@ -498,6 +507,7 @@ def _run(plan: SoakPlan, workdir: Path, s3: S3Server, own: bool, reaper: Reaper,
         report.wall_s = time.monotonic() - started
     for ingester in cluster.ingesters:
         report.ingester_exits.update(ingester.exits)
+        report.ingester_failures.extend(ingester.failures)
         report.ingester_stats.update(stopped_stats(ingester.log_path))
     return report
 

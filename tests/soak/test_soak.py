@@ -8,12 +8,14 @@ call must be in the lake exactly once (``tests/soak/harness.py`` says how it is 
 from __future__ import annotations
 
 import os
+import sys
 from collections import Counter
 
 import pytest
 
 from tests.soak.check import account_for_log
-from tests.soak.harness import FAULT_KINDS, SoakPlan, fault_schedule, run_soak
+from tests.soak.harness import FAULT_KINDS, Process, SoakPlan, fault_schedule, run_soak
+from tests.soak.reaper import Reaper
 
 SEED = int(os.environ.get("TRAJLAKE_SOAK_SEED", "1"))
 
@@ -48,3 +50,20 @@ def test_every_message_of_the_log_is_accounted_for():
     assert account_for_log(log, stored, quarantined={(1, 4)}, markers={0: 3, 1: 5}) == Counter(
         stored=3, duplicate=1, quarantined=1, unaccounted=1, behind=1, moved=0)
     assert account_for_log([(2, 0, "x")], {}, set(), markers={})["behind"] == 1
+
+
+def test_an_ingester_that_exits_with_an_error_says_why_in_the_report(tmp_path):
+    """A failed soak in CI has no logs to read: the report carries each self-exit's code and last words."""
+    log_path = tmp_path / "ingester-0.log"
+    log_path.write_text("\n==== start 0 at 00:00:00\nearlier run: fine\n")
+    script = ("import sys; print('2026-01-01 DEBUG noise'); "
+              "print('error: topic t no longer matches the lake\\'s markers:'); print('  partition 0: marker 4'); "
+              "sys.exit(3)")
+    with Reaper() as reaper:
+        process = Process("ingester-0", [sys.executable, "-c", script], {}, log_path, reaper)
+        process.start()
+        process.proc.wait(30)
+        assert process.reap()
+    assert process.exits == Counter({3: 1})
+    assert process.failures == [
+        "ingester-0 exited 3: error: topic t no longer matches the lake's markers: partition 0: marker 4"]
