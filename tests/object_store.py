@@ -1,4 +1,5 @@
-"""A real S3-compatible server on loopback for the tests: ``moto_server`` from ``moto[server]``.
+"""A real S3-compatible server on loopback for the tests: ``moto_server`` from ``moto[server]`` (its conditional
+writes made atomic, as S3's are: ``tests/moto_atomic.py``).
 
 One server per test session (it starts in ~1 s); each test gets its own bucket,
 so lakes never see each other. ``S3Server.env`` holds the ``AWS_*`` settings a
@@ -18,6 +19,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 
 from devkit.ports import free_port
 
@@ -47,7 +49,7 @@ class S3Server:
 
     def start(self) -> "S3Server":
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, str(Path(__file__).with_name("moto_atomic.py")), "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             env={**os.environ, **self.env, **({"INITIAL_NO_AUTH_ACTION_COUNT": "0"} if self.check_keys else {})},
         )
