@@ -414,7 +414,8 @@ class Redactor:
 def _in_stored_messages(steps: tuple[Step, ...], payload: Any) -> tuple[Step, ...] | None:
     """A field rule's path in the payload as stored: ``messages[N]`` names the N-th message of the call's FULL
     messages, which a messages reference (``extends_messages`` = k) stores from k on: there it is ``[N - k]``,
-    and None when N < k (that message is stored, and was redacted, in the referenced call)."""
+    and None when N < k (that message was stored, and redacted, in an earlier call of the chain, or it is an
+    answer's echo, which a producer counts only when the rules leave it as it is: ``changes_history``)."""
     shared = getattr(payload, "extends_messages", None)
     if not shared or steps[0] != "messages" or len(steps) < 2 or not isinstance(steps[1], int):
         return steps
