@@ -43,9 +43,9 @@ tenants = ["globex"]
 """
 
 
-def rules_file(tmp_path: Path) -> Path:
+def rules_file(tmp_path: Path, rules: str = RULES) -> Path:
     path = tmp_path / "redaction.toml"
-    path.write_text(RULES, encoding="utf-8")
+    path.write_text(rules, encoding="utf-8")
     return path
 
 
@@ -161,10 +161,8 @@ def test_messages_references_hide_nothing_from_the_rules(settings, engine, broke
     still hold: an echo a rule would change is sent (and redacted) in the call that echoes it, and a call the rules
     changed is no reference base (a later call would store its secret-bearing history only as a reference, and keep
     prompt ids that encode the secret)."""
-    path = tmp_path / "redaction.toml"
-    path.write_text(REFERENCE_RULES, encoding="utf-8")
     settings.bootstrap_servers, settings.topic = broker.bootstrap_servers, topic
-    settings.redaction_rules = path
+    settings.redaction_rules = rules_file(tmp_path, REFERENCE_RULES)
     llm = httpx.Client(headers={"Authorization": f"Bearer {KEY}", "X-Trajlake-Task-Id": "task-r",
                                 "X-Trajlake-Rollout-Id": "ro-ref"}, timeout=30)
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is up"}]
