@@ -47,7 +47,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -235,11 +235,50 @@ class RolloutPlan:
         return "succeeded", None
 
 
-class _RolloutSim:
+class AgentTurns:
+    """An agent's turn, shared by the event workload and ``bench/sql``'s vectorised lake (same draws, same order
+    of random numbers): an LLM call, then the tool it asked for (a sub-agent's delegation only from the root),
+    or on the agent's last call its final answer, which a sub-agent reports to its parent. Subclasses set
+    ``rng`` and ``subagent_rate`` and make the call, the tool step, the ids and the report their own way."""
+
+    rng: random.Random
+    subagent_rate: float
+
+    def _step(self, agent: Any, *, crash: bool = False, finish_reason: str = "stop") -> None:
+        """One turn of ``agent`` (``RolloutPlan.drive``'s step)."""
+        final = agent.calls_left == 1
+        tool = None
+        if not final:
+            use_delegate = agent.report_to is None and self.rng.random() < self.subagent_rate
+            tool = (DELEGATE if use_delegate else self.rng.choice(TOOLS), self._id("tool"))
+        body = self._llm_call(agent, tool, finish_reason if final else "tool_calls")
+        agent.calls_left -= 1
+        if tool is not None:
+            self._tool(agent, *tool, crash=crash)
+        elif agent.report_to is not None:
+            self._report(agent.report_to, body)
+
+    def _id(self, prefix: str) -> str:
+        return f"{prefix}-{self.rng.getrandbits(64):016x}"
+
+    def _llm_call(self, agent: Any, tool: tuple[str, str] | None, finish_reason: str) -> Any:
+        """One request/response pair; returns the response body as the report needs it."""
+        raise NotImplementedError
+
+    def _tool(self, agent: Any, name: str, call_id: str, *, crash: bool) -> None:
+        raise NotImplementedError
+
+    def _report(self, parent: Any, body: Any) -> None:
+        """A sub-agent's final answer ``body`` joins its parent's pending messages."""
+        raise NotImplementedError
+
+
+class _RolloutSim(AgentTurns):
     """Builds one rollout's events on a simulated clock."""
 
     def __init__(self, config: WorkloadConfig, *, task: int, index: int, start_ms: int) -> None:
         self.config = config
+        self.subagent_rate = config.subagent_rate
         seed = config.seed
         self.rng = random.Random(f"trajlake-workload/{seed}/rollout/{task}/{index}")
         self.arrays = np.random.Generator(np.random.PCG64(self.rng.getrandbits(64)))
@@ -279,9 +318,6 @@ class _RolloutSim:
 
     def _words(self, n: int) -> str:
         return " ".join(self.rng.choices(_WORDS, k=max(1, min(40, n))))
-
-    def _id(self, prefix: str) -> str:
-        return f"{prefix}-{self.rng.getrandbits(64):016x}"
 
     def _emit(self, event_type: str, payload: dict, agent: _Agent) -> dict:
         event = {
@@ -429,19 +465,8 @@ class _RolloutSim:
         content = "error: tool process crashed" if crash else self._words(8)
         agent.messages = [*agent.messages, {"role": "tool", "content": content}]
 
-    def _step(self, agent: _Agent, *, crash: bool = False, finish_reason: str = "stop") -> None:
-        """One agent turn: an LLM call, then its tool (or, on the last call, the final answer)."""
-        final = agent.calls_left == 1
-        tool = None
-        if not final:
-            use_delegate = agent.report_to is None and self.rng.random() < self.config.subagent_rate
-            tool = (DELEGATE if use_delegate else self.rng.choice(TOOLS), self._id("tool"))
-        body = self._llm_call(agent, tool, finish_reason if final else "tool_calls")
-        agent.calls_left -= 1
-        if tool is not None:
-            self._tool(agent, *tool, crash=crash)
-        elif agent.report_to is not None:
-            agent.report_to.pending += self._block(ROLE_USER, body)
+    def _report(self, parent: _Agent, body: list[int]) -> None:
+        parent.pending += self._block(ROLE_USER, body)
 
     # ------------------------------------------------------------ the rollout
 

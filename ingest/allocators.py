@@ -6,8 +6,8 @@ jemalloc (its Rust side: log replays, Parquet writes, object_store). Each keeps 
 reuse, per thread or per arena, and the ingester runs ~140 threads (delta-rs's blocking pool).
 ``configure`` makes each hand memory back sooner:
 
-* glibc: at most ``GLIBC_ARENAS`` arenas (``mallopt(M_ARENA_MAX)``; default 8 per core, each
-  keeping its own free lists);
+* glibc: at most ``GLIBC_ARENAS`` arenas (``store.arenas``: ``mallopt(M_ARENA_MAX)``; default 8 per
+  core, each keeping its own free lists);
 * Arrow: the system pool (``ARROW_DEFAULT_MEMORY_POOL=system``: glibc, so its frees join the
   above instead of mimalloc's segments);
 * delta-rs's jemalloc: dirty pages returned after 1 s instead of 10 (``_RJEM_MALLOC_CONF``, which
@@ -28,9 +28,9 @@ import os
 import sys
 import time
 
-GLIBC_ARENAS = 2
-M_ARENA_MAX = -8
-"""glibc's ``mallopt`` parameter number (malloc.h)."""
+from store.arenas import ARENAS as GLIBC_ARENAS
+from store.arenas import limit_arenas
+
 ENVIRONMENT = {
     "ARROW_DEFAULT_MEMORY_POOL": "system",
     "_RJEM_MALLOC_CONF": "dirty_decay_ms:1000,muzzy_decay_ms:0",
@@ -52,12 +52,8 @@ def configure() -> list[str]:
             late.append(name)
         else:
             os.environ[name] = value
-    if "MALLOC_ARENA_MAX" not in os.environ:
-        try:
-            if not ctypes.CDLL(None).mallopt(M_ARENA_MAX, GLIBC_ARENAS):
-                late.append("M_ARENA_MAX")
-        except (OSError, AttributeError):  # not glibc (musl, macOS): it has no arenas to limit
-            pass
+    if not limit_arenas(GLIBC_ARENAS):
+        late.append("M_ARENA_MAX")
     return late
 
 

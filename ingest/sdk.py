@@ -42,7 +42,8 @@ call's messages (compared exactly, message by message) go as a reference
 plus only the new messages (the echo of that call's answer counts when it
 is exactly what ``schemas.answer_message`` rebuilds), and tools equal to
 that call's as a reference (``extends_messages``, ``extends_tools``). Off by default: readers older than
-references would see partial prompts and messages.
+references would see partial prompts and messages. Give it the ingester's redaction rules
+(``redactor=``, ``TRAJLAKE_REDACTION_RULES``), so that a reference hides nothing from them (``ingest.redaction``).
 
 An asyncio harness writes ``async with client.rollout(...) as r:``: the same
 events, and the rollout-end flush runs in a worker thread.
@@ -61,6 +62,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -68,6 +70,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from ingest.ids import rfc3339, uuid7
 from ingest.prefix_refs import PreviousCall, PreviousMessages, remembered, shared_messages, shared_prefix
 from ingest.producer import EventProducer, encode_event
+from ingest.redaction import Redactor, load_redactor
 from schemas.answer_message import answer_message
 from schemas.events import DEFAULT_TOPIC, Harness, RolloutStatus
 from schemas.versions import SCHEMA_VERSION
@@ -98,6 +101,9 @@ class SdkSettings(BaseSettings):
     """How long a flush (rollout end, close) waits for the broker's acknowledgement."""
     compression: str | None = None
     """gzip, snappy, lz4 or zstd; None sends uncompressed."""
+    redaction_rules: Path | None = None
+    """The rules file the ingester applies (TRAJLAKE_REDACTION_RULES): with ``prefix_references`` they decide what
+    a reference may share."""
 
 
 def harness_identity(name: str, version: str, config: Mapping[str, Any] | None = None) -> Harness:
@@ -232,6 +238,13 @@ class Span:
                 reference.update(extends_call_id=same.extends_call_id, extends_messages=same.extends_messages,
                                  extends_tools=True if same.extends_tools else None)
                 messages, tools = same.new_messages, None if same.extends_tools else tools
+        answer = answer_message(text, tool_calls) if error is None else None
+        redactor = self._client.redactor
+        changed, echo_changed = redactor.changes_history(self._identity["tenant"], full_messages, full_tools, answer) \
+            if redactor is not None and self._client.prefix_references and full_messages is not None else (False, False)
+        if changed and "extends_messages" in reference:  # its ids encode what the rules change in shared messages
+            stored_ids = None
+            reference.pop("extends_tokens", None)
         request = self._event("llm.request", {
             "call_id": call_id, "model": model, "messages": messages, "prompt": prompt, "tools": tools,
             "params": params or {}, "prompt_token_ids": stored_ids, "tokenizer": tokenizer,
@@ -249,8 +262,8 @@ class Span:
         if self._client.prefix_references and error is None and token_source == "engine" and prompt_token_ids:
             self._last_call = PreviousCall(call_id, list(prompt_token_ids), list(response_token_ids or ()))
         if self._client.prefix_references and full_messages is not None:
-            answer = answer_message(text, tool_calls) if error is None else None
-            self._last_messages = remembered(call_id, full_messages, full_tools, answer=answer)
+            self._last_messages = remembered(call_id, full_messages, full_tools,
+                                             answer=None if echo_changed else answer)
         return call_id
 
     def llm_call_from_response(
@@ -392,10 +405,13 @@ class TrajectoryClient:
         flush_timeout_s: float = 30.0,
         producer: EventProducer | None = None,
         prefix_references: bool = False,
+        redactor: Redactor | None = None,
     ) -> None:
         self.tenant = tenant
         self.prefix_references = prefix_references
         """Send a prompt that extends the span's previous call as a reference + new ids (module doc)."""
+        self.redactor = redactor
+        """The ingester's redaction rules: references then hide nothing from them (``Redactor.changes_history``)."""
         self.harness = harness
         self.flush_each_rollout = flush_each_rollout
         self.flush_timeout_s = flush_timeout_s
@@ -418,7 +434,8 @@ class TrajectoryClient:
         options: dict[str, Any] = dict(topic=settings.topic, tenant=settings.tenant, harness=harness,
                                        connect_timeout_s=settings.connect_timeout_s,
                                        flush_timeout_s=settings.flush_timeout_s,
-                                       compression=settings.compression)
+                                       compression=settings.compression,
+                                       redactor=load_redactor(settings.redaction_rules))
         return cls(settings.bootstrap_servers, **{**options, **overrides})
 
     def _identity(self, task_id: str, rollout_id: str, attempt: int) -> dict[str, Any]:

@@ -17,16 +17,14 @@ from collections.abc import Iterable
 from deltalake import DeltaTable
 
 from store.lake import Lake
-from store.storage import arrow_filesystem
 
 
 class AppTransactions:
     """App id -> latest transaction version of one table, replayed forward commit by commit."""
 
     def __init__(self, lake: Lake, table: str) -> None:
-        filesystem, root = arrow_filesystem(lake.root, lake.storage_options)
-        self._filesystem = filesystem
-        self._log = f"{root.rstrip('/')}/{table}/_delta_log"
+        self._lake = lake
+        self._log = f"{table}/_delta_log"
         self._versions: dict[str, int | None] = {}
         self._through: int | None = None
         """Table version the versions above are current through."""
@@ -47,17 +45,10 @@ class AppTransactions:
         if current < through:
             return False
         for version in range(through + 1, current + 1):
-            entry = self._entry(version)
+            entry = self._lake.read_file(f"{self._log}/{version:020d}.json")
             if entry is None:
                 return False
             for line in entry.splitlines():
                 if b'"txn"' in line and (txn := json.loads(line).get("txn")) and txn.get("appId") in self._versions:
                     self._versions[txn["appId"]] = int(txn["version"])
         return True
-
-    def _entry(self, version: int) -> bytes | None:
-        try:
-            with self._filesystem.open_input_stream(f"{self._log}/{version:020d}.json") as stream:
-                return stream.read()
-        except FileNotFoundError:
-            return None

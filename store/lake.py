@@ -200,6 +200,28 @@ class Lake:
             return None
         return self.table(table).transaction_version(app_id)
 
+    def read_file(self, path: str) -> bytes | None:
+        """The bytes of the file at ``path`` under the root (``events/_delta_log/00000000000000000007.json``);
+        None when it is absent or cannot be read. A local lake reads it without pyarrow.
+
+        >>> Lake("/tmp/no-such-lake").read_file("events/_delta_log/_last_checkpoint") is None
+        True
+        """
+        try:
+            if self.is_local:
+                with open(f"{self.root.removeprefix('file://').rstrip('/')}/{path}", "rb") as f:
+                    return f.read()
+            filesystem, root = self._filesystem
+            with filesystem.open_input_stream(f"{root.rstrip('/')}/{path}") as stream:
+                return stream.read()
+        except OSError:
+            return None
+
+    @functools.cached_property
+    def _filesystem(self) -> tuple[pafs.FileSystem, str]:
+        """The pyarrow filesystem of an object-store root and the root's path on it, built once."""
+        return arrow_filesystem(self.root, self.storage_options)
+
 
 def plain_type(data_type: pa.DataType) -> pa.DataType:
     """``data_type`` with view and large layouts replaced by the plain ones (string, binary, list)."""

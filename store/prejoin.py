@@ -253,7 +253,7 @@ def tail_files(lake: Lake, table: str, version: int) -> list[str] | None:
     files: list[str] = []
     current = version + 1
     while _moved(lake, table, current - 1):
-        text = _read(lake, f"{table}/_delta_log/{current:020d}.json")
+        text = lake.read_file(f"{table}/_delta_log/{current:020d}.json")
         if text is None:
             return None
         actions = [json.loads(line) for line in text.splitlines() if line.strip()]
@@ -338,7 +338,7 @@ def _moved(lake: Lake, table: str, version: int) -> bool:
     counts as moved (the tail is then found by the marked offsets)."""
     if _exists(lake, f"{table}/_delta_log/{version + 1:020d}.json"):
         return True
-    checkpoint = _read(lake, f"{table}/_delta_log/_last_checkpoint")
+    checkpoint = lake.read_file(f"{table}/_delta_log/_last_checkpoint")
     if checkpoint is None:
         return False
     try:
@@ -349,20 +349,6 @@ def _moved(lake: Lake, table: str, version: int) -> bool:
 
 def _is_table(lake: Lake, table: str) -> bool:
     return _exists(lake, f"{table}/_delta_log")
-
-
-def _read(lake: Lake, path: str) -> str | None:
-    try:
-        if lake.is_local:
-            with open(os.path.join(lake.root.removeprefix("file://"), path), encoding="utf-8") as f:
-                return f.read()
-        from store.storage import arrow_filesystem
-
-        filesystem, root = arrow_filesystem(lake.root, lake.storage_options)
-        with filesystem.open_input_stream(f"{root.rstrip('/')}/{path}") as f:
-            return f.read().decode("utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
 
 
 def _exists(lake: Lake, path: str) -> bool:

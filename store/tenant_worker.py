@@ -16,7 +16,6 @@ fail on a small allocation. So at ``close`` a worker with less than
 
 from __future__ import annotations
 
-import ctypes
 import os
 from multiprocessing.connection import Connection
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from schemas.tables import EVENTS_TABLE
+from store.arenas import limit_arenas
 from store.lake import Lake
 from store.sql import QueryError
 from store.tenant_sql import (
@@ -47,7 +47,7 @@ REPORTED_ERRORS = frozenset({"QueryRefused", "QueryTimeout", "WriteRefused", "Qu
 
 def serve(conn: Connection, root: str, limits: SandboxLimits, memory_bytes: int, snapshot_ttl_s: float) -> None:
     """The worker's loop: warm up, cap the address space, then answer requests until the pipe closes."""
-    _limit_malloc_arenas()
+    limit_arenas()  # each thread arena reserves 64 MB of address space: two keep the cap about real memory
     with open_tenant_sandbox(empty_snapshot(), "warm-up", limits=limits) as box:
         # DuckDB's threads and allocator exist before the cap
         box.query(f"SELECT count(*) FROM {EVENTS_TABLE}", limit=1)
@@ -132,14 +132,6 @@ def _cap_address_space(extra_bytes: int) -> int:
     cap = _address_space() + extra_bytes
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     return cap
-
-
-def _limit_malloc_arenas() -> None:
-    """glibc reserves 64 MB of address space per thread arena; two arenas keep the cap about real memory."""
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(-8, 2)  # M_ARENA_MAX
-    except (OSError, AttributeError):
-        pass
 
 
 def _ipc(table: pa.Table) -> bytes:

@@ -49,7 +49,7 @@ from devkit.workload import (
     IM_END,
     STATE_CHANGING_TOOLS,
     TOOL_SPECS,
-    TOOLS,
+    AgentTurns,
     RolloutPlan,
     WorkloadConfig,
 )
@@ -117,11 +117,12 @@ class _Agent:
     report_to: _Agent | None = None
 
 
-class _Commit:
+class _Commit(AgentTurns):
     """Draws ``rollouts`` consecutive rollouts into rows; token lists are built at the end."""
 
     def __init__(self, config: FastLakeConfig, first: int, count: int, offset: int) -> None:
         self.cfg, self.w = config, config.workload
+        self.subagent_rate = self.w.subagent_rate
         self.rng = random.Random(f"trajlake-fast-lake/{self.w.seed}/commit/{first}")
         self.first, self.count, self.offset = first, count, offset
         self.rows: dict[str, list[dict[str, Any]]] = {name: [] for name in SCHEMAS}
@@ -140,9 +141,6 @@ class _Commit:
 
     def _words(self, n: int) -> str:
         return " ".join(self.rng.choices(_WORDS, k=max(1, min(40, n))))
-
-    def _id(self, prefix: str) -> str:
-        return f"{prefix}-{self.rng.getrandbits(64):016x}"
 
     def _context(self, length: int) -> _Context:
         ctx = _Context(self.pool_len, length)
@@ -315,18 +313,8 @@ class _Commit:
         agent.messages = [*agent.messages,
                           _message("tool", "error: tool process crashed" if crash else self._words(8))]
 
-    def _step(self, agent: _Agent, *, crash: bool = False, finish_reason: str = "stop") -> None:
-        final = agent.calls_left == 1
-        tool = None
-        if not final:
-            use_delegate = agent.report_to is None and self.rng.random() < self.w.subagent_rate
-            tool = (DELEGATE if use_delegate else self.rng.choice(TOOLS), self._id("tool"))
-        body = self._llm_call(agent, tool, finish_reason if final else "tool_calls")
-        agent.calls_left -= 1
-        if tool is not None:
-            self._tool(agent, *tool, crash=crash)
-        elif agent.report_to is not None:
-            agent.report_to.pending += body + 3
+    def _report(self, parent: _Agent, body: int) -> None:
+        parent.pending += body + 3
 
     def _rewards(self, root: _Agent, status: str) -> None:
         w, rng = self.w, self.rng

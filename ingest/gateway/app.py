@@ -74,10 +74,10 @@ def create_gateway_app(settings: GatewayConfig, *, emitter: Emitter | None = Non
     retokenizer = Retokenizer(settings.tokenizer) if settings.tokenizer else None
     history = SessionStore(max_bytes=settings.history_max_bytes, ttl_s=settings.session_ttl_s) \
         if settings.prefix_references else None
-    recorder = Recorder(policy_version=settings.policy_version, retokenizer=retokenizer,
-                        prefix_references=settings.prefix_references, history=history)
-    sessions = _token_sessions(settings, retokenizer)
     redactor = load_redactor(settings.redaction_rules)
+    recorder = Recorder(policy_version=settings.policy_version, retokenizer=retokenizer,
+                        prefix_references=settings.prefix_references, history=history, redactor=redactor)
+    sessions = _token_sessions(settings, retokenizer)
     if emitter is None:
         emitter = build_emitter(settings, redactor=redactor)  # last: it opens (and locks) the spool
     else:

@@ -28,6 +28,7 @@ from ingest.ids import uuid7
 from ingest.gateway.sessions.state import SessionKey, SessionStore
 from ingest.prefix_refs import Digests, MessagesReference, PreviousCall, Reference, digests, remembered, shared_messages, \
     shared_prefix
+from ingest.redaction import Redactor
 from schemas.answer_message import answer_message
 from schemas.events import Event, LlmRequest, LlmRequestEvent, LlmResponse, LlmResponseEvent
 from schemas.versions import SCHEMA_VERSION
@@ -79,7 +80,8 @@ class Recorder:
     """Builds the two events of a call; retokenizes when the engine sent no ids."""
 
     def __init__(self, *, policy_version: str | None, retokenizer: Retokenizer | None,
-                 prefix_references: bool = True, history: SessionStore | None = None) -> None:
+                 prefix_references: bool = True, history: SessionStore | None = None,
+                 redactor: Redactor | None = None) -> None:
         self.policy_version = policy_version
         self.retokenizer = retokenizer
         self.prefix_references = prefix_references
@@ -89,6 +91,10 @@ class Recorder:
         (``PreviousMessages``), on this thread: a call whose messages start with them (and the harness's echo of
         the answer), or whose tools equal them, references that call and carries only its new messages (None:
         every call carries its whole messages and tools)."""
+        self.redactor = redactor
+        """The rules the emitter applies: a reference must not hide from them what a whole call would show them
+        (``Redactor.changes_history``): an answer whose echo they change is never counted, and a call whose full
+        messages or tools they change loses its prompt ids."""
 
     def events(self, captured: CapturedCall) -> list[Event]:
         done = captured.completion
@@ -105,11 +111,16 @@ class Recorder:
         tools = body.get("tools") if isinstance(body.get("tools"), list) else None
         digested = digests(body["messages"], tools) if key is not None else None  # once, for both uses below
         shared = self._messages_reference(key, captured, tools, reference, digested)
+        answer = answer_message(done.text, done.tool_calls) if key is not None and done is not None \
+            and not captured.error else None
+        changed, echo_changed = self.redactor.changes_history(captured.tenant, body["messages"], tools, answer) \
+            if self.redactor is not None and key is not None else (False, False)
+        if changed and shared is not None:  # its ids encode what the rules change in messages it stores by reference
+            prompt_ids, reference = None, None
         request = self._request(captured, prompt_ids, reference, shared)
         if key is not None:  # the next call may reference this one: its request is recorded
-            answer = answer_message(done.text, done.tool_calls) if done is not None and not captured.error else None
-            self.history.put(key, remembered(captured.call.call_id, body["messages"], tools, answer=answer,
-                                             digested=digested))
+            self.history.put(key, remembered(captured.call.call_id, body["messages"], tools,
+                                             answer=None if echo_changed else answer, digested=digested))
         return [request, self._response(captured, done, response_ids, source)]
 
     def _history_key(self, captured: CapturedCall) -> SessionKey | None:

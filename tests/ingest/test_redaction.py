@@ -488,3 +488,20 @@ def test_an_unusable_rules_file_stops_the_ingester_at_start(tmp_path):
     assert result.exit_code == 2
     assert "ingester not started" in said
     assert "rule 0 ('a'): field 'call_id': the payload field 'call_id' cannot be redacted" in said
+
+
+def test_a_producer_learns_what_a_reference_would_hide_from_the_rules():
+    """``changes_history``: (the rules change the call's full messages or tools, they change its answer's echo)."""
+    clean = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    leaked = [*clean, {"role": "user", "content": f"use {SECRET}"}]
+    tools = [{"type": "function", "function": {"name": "deploy", "parameters": {"token": "x"}}}]
+    redactor = Redactor([KEY_RULE, RedactionRule(name="tok", field="tools[*].function.parameters.token"),
+                         RedactionRule(name="second", field="messages[3].content", tenants=["globex"])])
+    assert redactor.changes_history("acme", clean, None, {"content": "ok", "role": "assistant"}) == (False, False)
+    assert redactor.changes_history("acme", leaked, None, {"content": "ok", "role": "assistant"}) == (True, False)
+    assert redactor.changes_history("acme", clean, tools) == (True, False)
+    assert redactor.changes_history("acme", clean, None, {"content": SECRET, "role": "assistant"}) == (False, True)
+    echo = {"content": "ok", "role": "assistant"}
+    assert redactor.changes_history("globex", clean, None, echo) == (False, False)  # the echo is [2]
+    assert redactor.changes_history("globex", leaked, None, echo) == (True, True)  # [2] has the key, the echo is [3]
+    assert Redactor([KEY_RULE]).changes_history("acme", leaked, None, None) == (True, False)

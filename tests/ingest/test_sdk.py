@@ -18,6 +18,7 @@ from devkit.broker import EmbeddedBroker
 from devkit.ports import free_port
 from ingest.ids import rfc3339, uuid7
 from ingest.producer import BrokerUnreachable, encode_event
+from ingest.redaction import RedactionRule, Redactor
 from ingest.sdk import Harness, SdkSettings, TrajectoryClient, harness_identity
 from schemas.answer_message import answer_message
 from schemas.errors import InvalidEvent
@@ -412,6 +413,31 @@ def test_the_echo_of_the_last_answer_is_counted_not_resent():
                                                   p.get("extends_call_id"), p.get("extends_messages"),
                                                   answer=answers.get(p["call_id"])) for p in requests)
     assert problems == {} and [full[i].messages for i in ids] == sent
+
+
+def test_references_hide_nothing_from_the_ingesters_redaction_rules():
+    """An echo the rules change is sent (the ingester redacts it there), and a call whose full messages they change
+    keeps no prompt ids, although the part it stores is clean."""
+    producer = RecordingProducer()
+    redactor = Redactor([RedactionRule(name="answer", field="messages[1].content"),
+                         RedactionRule(name="key", pattern="sk-[a-z0-9]{8,}")])
+    client = TrajectoryClient(tenant="acme", harness=HARNESS, producer=producer, prefix_references=True,
+                              redactor=redactor)
+    user, echo = {"role": "user", "content": "u"}, {"content": "a", "role": "assistant"}
+    sent = [[user], [user, echo, {"role": "user", "content": "sk-abcdef123"}],
+            [user, echo, {"role": "user", "content": "sk-abcdef123"}, echo, {"role": "user", "content": "ok"}]]
+    with client.rollout("t") as r:
+        ids = [r.llm_call(messages=m, text="a", prompt_token_ids=list(range(2 * len(m))), response_token_ids=[1])
+               for m in sent]
+    client.close()
+    requests = [redactor.redact(validate_event(e)).payload for e in producer.events if e["type"] == "llm.request"]
+    assert [(p.extends_messages, p.extends_tokens, p.prompt_token_ids is None) for p in requests] == [
+        (None, None, False), (1, None, True), (4, None, True)]  # the 2nd sends the echo; the 3rd stores only "ok"
+    full, problems = full_messages(StoredMessages(p.call_id, json.dumps(p.messages), None, p.extends_call_id,
+                                                  p.extends_messages, answer=answer_message("a", None))
+                                   for p in requests)
+    assert problems == {} and all(full[i].messages[1]["content"] == "[REDACTED:answer]" for i in ids[1:])
+    assert "sk-abcdef123" not in json.dumps([full[i].messages for i in ids])
 
 
 def test_a_call_recorded_again_under_its_own_id_is_not_its_own_reference():

@@ -21,6 +21,7 @@ from ingest.gateway import create_gateway_app
 from ingest.ingester import IngesterConfig, ingest_until_idle
 from pipelines import BuildConfig, build_dataset, read_dataset
 from schemas.tables import TYPED_TABLES
+from store.sql import run_query
 from tests.ingest.test_redaction import stored_bytes
 from trajlake.cli import build_app
 
@@ -42,9 +43,9 @@ tenants = ["globex"]
 """
 
 
-def rules_file(tmp_path: Path) -> Path:
+def rules_file(tmp_path: Path, rules: str = RULES) -> Path:
     path = tmp_path / "redaction.toml"
-    path.write_text(RULES, encoding="utf-8")
+    path.write_text(rules, encoding="utf-8")
     return path
 
 
@@ -141,3 +142,50 @@ def test_an_unusable_rules_file_stops_the_gateway_at_start(monkeypatch, tmp_path
     said = " ".join(result.output.split())  # rich wraps long lines
     assert result.exit_code == 2
     assert "gateway not started" in said and "rule 0 ('a'): invalid regex" in said
+
+
+REFERENCE_RULES = """
+[[rules]]
+name = "answer"
+field = "messages[2].content"
+
+[[rules]]
+name = "api_key"
+pattern = 'sk-live-[A-Za-z0-9]{16,}'
+"""
+
+
+def test_messages_references_hide_nothing_from_the_rules(settings, engine, broker, topic, group, lake, tmp_path):
+    """A messages reference stores a call's history once: the messages it shares with the rollout's previous call,
+    and the harness's echo of that call's answer, are rebuilt from that call's rows. Rules on the full messages
+    still hold: an echo a rule would change is sent (and redacted) in the call that echoes it, and a call the rules
+    changed is no reference base (a later call would store its secret-bearing history only as a reference, and keep
+    prompt ids that encode the secret)."""
+    settings.bootstrap_servers, settings.topic = broker.bootstrap_servers, topic
+    settings.redaction_rules = rules_file(tmp_path, REFERENCE_RULES)
+    llm = httpx.Client(headers={"Authorization": f"Bearer {KEY}", "X-Trajlake-Task-Id": "task-r",
+                                "X-Trajlake-Rollout-Id": "ro-ref"}, timeout=30)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is up"}]
+    with serve(create_gateway_app(settings)) as url:
+        for new in ("and then", f"deploy with {SECRET}", "thanks"):  # each call echoes the answer before it
+            answer = llm.post(f"{url}/v1/chat/completions", json={"model": "fake-model", "messages": messages})
+            assert answer.status_code == 200
+            echo = {"content": answer.json()["choices"][0]["message"]["content"], "role": "assistant"}
+            messages = [*messages, echo, {"role": "user", "content": new}]
+        assert llm.post(f"{url}/v1/chat/completions", json={"model": "fake-model", "messages": messages}).is_success
+    stats = ingest_until_idle(IngesterConfig(lake=lake.root, bootstrap_servers=broker.bootstrap_servers,
+                                             topic=topic, group=group), idle_s=1.0)
+    assert stats.events == 8 and stats.quarantined == 0
+
+    rows = run_query(lake, """SELECT q.extends_messages, m.messages, m.resolved, p.prompt_token_ids
+                              FROM llm_requests AS q JOIN llm_call_messages AS m USING (tenant, rollout_id, call_id)
+                              JOIN llm_call_prompts AS p USING (tenant, rollout_id, call_id)
+                              ORDER BY q.seq""").to_pylist()
+    assert [r["extends_messages"] for r in rows] == [None, 2, 5, 7]  # the echo at [2] sent; the later ones counted
+    assert all(r["resolved"] for r in rows)
+    for row in rows[1:]:  # the answer echoed at messages[2] is redacted in every call's full messages
+        assert json.loads(row["messages"])[2] == {"content": "[REDACTED:answer]", "role": "assistant"}
+        assert row["prompt_token_ids"] is None  # ... and no call keeps ids that encode it (or the key)
+    assert rows[0]["prompt_token_ids"] == [token_id(w) for w in "be brief what is up <assistant>".split()]
+    rebuilt = json.dumps([r["messages"] for r in rows])
+    assert SECRET not in rebuilt and "[REDACTED:api_key]" in rebuilt
