@@ -360,12 +360,6 @@ def side_child(side: str, bootstrap_servers: str, topic: str, expected: int, out
     print(json.dumps(asdict(run) | {"peak_rss_mb": peak_rss_mb()}))
 
 
-def spread(values: list[float]) -> dict[str, float]:
-    """Median, min, max and interquartile range of one ratio's rounds."""
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else (values[0],) * 3
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "iqr": q3 - q1}
-
-
 def bench_workload(broker: EmbeddedBroker, tmp: Path, workload: Workload, args: argparse.Namespace) -> dict:
     topic = f"bench.{workload.name}"
     broker.create_topic(topic, partitions=len(PARTITIONS))
@@ -395,7 +389,6 @@ def bench_workload(broker: EmbeddedBroker, tmp: Path, workload: Workload, args: 
            for side, rs in runs.items()},
         "ingester_peak_rss_mb": statistics.median(r.peak_rss_mb for r in ours),
         "ratios": ratios, "cpu_ratios": cpu_ratios,
-        "ratio_spread": spread(ratios), "cpu_ratio_spread": spread(cpu_ratios),
         "seconds": {side: [r.seconds for r in rs] for side, rs in runs.items()},
         "cpu_seconds": {side: [r.cpu_seconds for r in rs] for side, rs in runs.items()},
         "peak_rss_mb": {side: [r.peak_rss_mb for r in rs] for side, rs in runs.items()},
