@@ -3,7 +3,7 @@
 Every benchmark states its outcome as one or more **ratios** measured in one
 run (ours / a baseline measured in the same run, so machine drift hits both
 sides), each with the value of every round (``runs``), their median
-(``value``), its goal and which direction is better. Around them: when it was
+(``value``) and interquartile range (``iqr``), its goal and which direction is better. Around them: when it was
 measured, the machine's load, peak RSS, CPU seconds by stage, and a free-form
 ``detail`` section for the benchmark's own figures. The README's table is
 generated from these files (``python -m bench.report``) and ``python -m bench``
@@ -15,7 +15,7 @@ generated from these files (``python -m bench.report``) and ``python -m bench``
       "what": "broker -> committed Delta rows vs a consumer writing raw Parquet",
       "machine": {"cpus": 2, "load_average_start": [3.1, 2.9, 2.7], "load_average_end": [3.4, 3.0, 2.7]},
       "ratios": [{"key": "full_prompt", "label": "events/s, ingester / baseline", "value": 0.52,
-                  "runs": [0.5, 0.52, 0.55], "goal": 0.7, "better": "higher", "meets": false}],
+                  "runs": [0.5, 0.52, 0.55], "iqr": 0.025, "goal": 0.7, "better": "higher", "meets": false}],
       "summary": "7,337 vs 14,000 events/s",
       "peak_rss_mb": {"ingester": 612.0},
       "cpu_s_by_stage": {"ingester": {"consume": 0.61, "decode": 0.41, "commit": 0.52}},
@@ -60,6 +60,14 @@ class Ratio:
         return statistics.median(self.runs)
 
     @property
+    def iqr(self) -> float:
+        """Interquartile range of the rounds (0 for a single round): the spread the median comes with."""
+        if len(self.runs) < 2:
+            return 0.0
+        q1, _, q3 = statistics.quantiles(self.runs, n=4, method="inclusive")
+        return q3 - q1
+
+    @property
     def meets(self) -> bool | None:
         if self.goal is None:
             return None
@@ -67,7 +75,7 @@ class Ratio:
 
     def as_json(self) -> dict[str, Any]:
         return {"key": self.key, "label": self.label, "value": self.value, "runs": list(self.runs),
-                "goal": self.goal, "better": self.better, "meets": self.meets}
+                "iqr": self.iqr, "goal": self.goal, "better": self.better, "meets": self.meets}
 
 
 def results_path(bench: str) -> Path:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -41,7 +42,7 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 from bench.results import Ratio, Recorder, peak_rss_mb  # noqa: E402
 
 KINDS = ("scan-arrow", "scan-duckdb", "pipeline", "read-write", "naive")
-"""Measured in this order each round: ``read-write`` writes the rows ``pipeline`` just built."""
+"""What is measured (``round_order``: in which order)."""
 SCAN_GOAL = 2.0
 """Build wall time / bare scan wall time (issue 14)."""
 RSS_GOAL = 1.1
@@ -81,6 +82,14 @@ def child(kind: str, lake_root: str) -> None:
     print(json.dumps(figures))
 
 
+def round_order(k: int, *, naive: bool) -> list[str]:
+    """The kinds measured in round ``k``: the scans first in even rounds and last in odd ones (drift on a shared
+    machine hits both sides of a ratio alike); ``read-write`` always right after the ``pipeline`` whose rows it writes."""
+    builds = ["pipeline", "read-write", *(["naive"] if naive else [])]
+    scans = ["scan-arrow", "scan-duckdb"]
+    return scans + builds if k % 2 == 0 else builds + scans
+
+
 def measure(kind: str, lake_root: str) -> dict:
     out = subprocess.run([sys.executable, __file__, "--child", kind, "--lake", lake_root],
                          capture_output=True, text=True, check=False, cwd=ROOT)
@@ -105,7 +114,7 @@ def prepare(lakes: Path, rollouts: int) -> tuple[str, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=400, help="rollouts of the small lake (the large has 4x)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of every measurement (ratios are medians)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of every measurement (ratios are medians)")
     parser.add_argument("--lakes", type=Path, default=None, help="keep/reuse generated lakes here")
     parser.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
     parser.add_argument("--lake", help=argparse.SUPPRESS)
@@ -120,10 +129,10 @@ def main() -> None:
     inputs = {n: prepare(lakes, n) for n in sizes}
     rounds: list[dict[int, dict]] = []
     for k in range(args.rounds):
-        measured = {}
-        for n in sizes:
-            kinds = KINDS if n == args.rollouts else KINDS[:-1]
-            measured[n] = {kind: measure(kind, inputs[n][0]) for kind in kinds}
+        measured: dict[int, dict] = {}
+        for n in sizes if k % 2 == 0 else sizes[::-1]:
+            measured[n] = {"load_average_1min": os.getloadavg()[0]}
+            measured[n] |= {kind: measure(kind, inputs[n][0]) for kind in round_order(k, naive=n == args.rollouts)}
             print_rows(k, n, inputs[n][1], measured[n])
         rounds.append(measured)
     sys.exit(write_results(recorder, args.rollouts, inputs, rounds))
@@ -159,13 +168,17 @@ def write_results(recorder: Recorder, small: int, inputs: dict[int, tuple[str, d
               goal=RSS_GOAL, better="lower"),
     ]
 
+    rss = {n: [r[n]["pipeline"]["peak_rss_mb"] for r in rounds] for n in (small, large)}
+
     def median(n: int, kind: str, key: str) -> float:
         return statistics.median(r[n][kind][key] for r in rounds)
 
     summary = (f"{large} rollouts / {inputs[large][1]['tokens'] / 1e6:.1f}M input tokens in "
                f"{median(large, 'pipeline', 'seconds'):.2f} s (bare scan {median(large, 'scan-arrow', 'seconds'):.2f} s"
                f" Arrow, {median(large, 'scan-duckdb', 'seconds'):.2f} s DuckDB, read + write "
-               f"{median(large, 'read-write', 'seconds'):.2f} s); same output as naive: {same}")
+               f"{median(large, 'read-write', 'seconds'):.2f} s); peak RSS of the build over {len(rounds)} rounds "
+               + ", ".join(f"{min(rss[n]):,.0f}-{max(rss[n]):,.0f} MB at {n}" for n in (small, large))
+               + f"; same output as naive: {same}")
     result = recorder.write(
         ratios=ratios, summary=summary,
         peak_rss_mb={f"build {n}": round(median(n, "pipeline", "peak_rss_mb")) for n in (small, large)},
@@ -203,6 +216,8 @@ def _median_stages(rounds: Iterable[dict[str, float]]) -> dict[str, float]:
 def print_rows(k: int, n: int, stats: dict, measured: dict) -> None:
     tokens = stats["tokens"]
     for kind, r in measured.items():
+        if kind == "load_average_1min":
+            continue
         extra = f"  samples {r['samples']}" if "samples" in r else ""
         print(f"round {k + 1}: {n:>5} rollouts {tokens / 1e6:5.1f}M input tokens  {kind:<11} {r['seconds']:6.2f} s "
               f"(cpu {r['cpu_seconds']:5.2f} s)  {tokens / r['seconds'] / 1e6:6.2f}M tokens/s  "

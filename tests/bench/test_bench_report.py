@@ -23,6 +23,12 @@ def test_ratio_is_the_median_of_its_rounds_and_judged_by_its_direction() -> None
     assert Ratio("r", "r", [1.0]).meets is None
 
 
+def test_ratio_records_the_spread_of_its_rounds() -> None:
+    assert Ratio("r", "r", [0.2, 0.5, 0.4, 0.3, 0.9]).iqr == pytest.approx(0.2)  # quartiles 0.3 and 0.5
+    assert Ratio("r", "r", [0.7]).iqr == 0.0
+    assert Ratio("r", "r", [0.2, 0.5, 0.4]).as_json()["iqr"] == pytest.approx(0.15)
+
+
 def test_a_ratio_more_than_20_percent_worse_is_a_regression_either_direction() -> None:
     old = result("b", up=1.0, low=1.0)
     assert regressions(old, result("b", up=0.81, low=1.24)) == []
