@@ -41,6 +41,9 @@ by kind of mapping), RSS at each minute and the slopes (MB per minute, least
 squares, after the first minute, after minute 2 and over the second half) in
 ``bench/ingest/soak.json``, with the data files in the lake (``live_files_samples``: each commit adds
 one per table that got rows, and every open snapshot holds the list of live files).
+RSS and threads are also taken after each committed batch (``between_batches_*``: the same point of every
+cycle) with their slope and swing, and the checkpoint files each table's log holds at the end (count, bytes per
+hour); ``--soak-cadence`` picks when the tables reopen their snapshots (``store.commit.CADENCES``).
 ``--soak-compact-every-s S`` also runs ``trajlake compact`` on those tables (vacuum after 0 h, so that the
 files on disk are the live ones) in its own process every S seconds, as an operator's schedule would.
 
