@@ -94,14 +94,15 @@ reopens right after an interval checkpoint this writer wrote (nothing to replay)
 CADENCE = CADENCES["interval"]
 """The ingester's cadence: reopen at the table's own checkpoints (every 100 versions), no checkpoint of ours.
 
-Decided by three 10-minute soaks of the three side by side at 200 events/s (load 11-25; medians): RSS between batches
-grew +3.2 MB/min (interval), +3.0 (a checkpoint of ours and a reopen every 20 commits), +3.8 (a reopen every 20
-commits replaying up to 99 entries): the same within the runs' spread (2.0-4.3). Our checkpoints bought a ~25 MB
-lower peak (294 vs 320 MB) and no thread spikes (67 vs ~145 while a checkpoint or reopen replays ~100 entries; tokio
-lets them go after 10 s idle), for 5x the checkpoint files: each ~0.8-2 KB per live file (1.6 for ``events``), kept
-for ``delta.logRetentionDuration`` (30 days). At 200 events/s (~1,300 commits an hour per table) and 1,000 live files
-per table, ~2.5 vs ~0.5 GB a day per table; without ``trajlake compact`` the live files, and each checkpoint, grow by
-~1,300 an hour per table (in the soaks: 18 vs 2.3 MB an hour per table by minute 10). Reopening every 20 commits
+Decided by soaks of the cadences side by side at 200 events/s (bench/ingest/README.md, memory; load 7-25): RSS
+between batches grew +3.2 MB/min (interval), +3.0 (a checkpoint of ours and a reopen every 20 commits), +3.8 (a
+reopen every 20 commits replaying up to 99 entries), medians of three 10-minute runs; over 16 minutes +3.6 vs +3.4.
+Our checkpoints were lower in every pair, by 0.17-1.0 MB/min and ~15-30 MB at the peak (the interval's sawtooth,
+below), with no thread spikes (~70 vs ~145 while a checkpoint or reopen replays ~100 entries; tokio lets them go
+after 10 s idle), for 5-6x the checkpoint bytes: each ~0.8-2 KB per live file (1.6 for ``events``), kept for
+``delta.logRetentionDuration`` (30 days). At 200 events/s (~1,300-1,800 commits an hour per table) and 1,000 live
+files per table, ~2.5 vs ~0.5 GB a day per table; without ``trajlake compact`` each checkpoint grows by ~1,300
+files an hour (in the 16-minute soak: 28 vs 4.6 MB an hour per table). Reopening every 20 commits
 without our checkpoint replays the entries since the table's last one: as many threads as the interval's replay, and
 no RSS gained. Cleaning up our own checkpoints would fail concurrent readers that listed the log just before (time
 travel to a version they cover): not done. The snapshot's ~55 KB per commit makes the interval's RSS a sawtooth of
