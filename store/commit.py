@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -66,15 +67,46 @@ per event, same 11.3 MB) and serve no filter; key columns keep theirs (Delta dat
 
 COMMIT_ATTEMPTS = 8
 """Tries per commit against concurrent deletes; with the backoff below they span ~4 s."""
-REOPEN_AFTER_COMMITS = 20
-"""Reload a table's snapshot from a checkpoint after this many commits through it: the commit that reaches it also
-writes a checkpoint at its version (``_checkpoint``), and the table is opened again from there. delta-rs 1.6.6 keeps
-what each commit adds to a long-lived snapshot (``update_incremental``, and a commit through the table): measured in
-the ingester's 9 tables, ~55 KB per commit per table more than the same version loaded from a checkpoint (~2.4 KB per
-live file), so a snapshot reopened every 100 commits swung ~40 MB between reopens (upstream delta-io/delta-rs#4241).
-The reopen reads the checkpoint and the few entries other writers committed since: one tokio blocking thread per log
-entry read at once, and the pool keeps its threads (9 tables reopened 50 entries past their checkpoints took the
-commit loop from 34 to 98 threads), hence a checkpoint of our own rather than a wait for the table's next one."""
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """When a ``MarkedTable`` drops its snapshot and opens the table again (``_checkpoint``).
+
+    delta-rs 1.6.6 keeps what each commit adds to a long-lived snapshot (``update_incremental``, and a commit through
+    the table): ~55 KB per commit per table more than the same version loaded from a checkpoint (~2.4 KB per live
+    file; upstream delta-io/delta-rs#4241). A reopen drops it: it reads the table's latest checkpoint and replays the
+    log entries after it, one tokio blocking thread per entry read at once (idle threads go after 10 s)."""
+
+    reopen_after_commits: int | None
+    """Reopen after this many commits through the snapshot; None: after the table's checkpoint interval."""
+    own_checkpoint: bool
+    """Write a checkpoint at the reopen's version first, so that the reopen replays no entry."""
+
+
+CADENCES = {
+    "interval": Cadence(reopen_after_commits=None, own_checkpoint=False),
+    "own-checkpoint-20": Cadence(reopen_after_commits=20, own_checkpoint=True),
+    "replay-20": Cadence(reopen_after_commits=20, own_checkpoint=False),
+}
+"""The cadences compared by ``bench/ingest/run.py --soak-cadence`` (bench/ingest/README.md, memory). Each also
+reopens right after an interval checkpoint this writer wrote (nothing to replay)."""
+CADENCE = CADENCES["interval"]
+"""The ingester's cadence: reopen at the table's own checkpoints (every 100 versions), no checkpoint of ours.
+
+Decided by soaks of the cadences side by side at 200 events/s (bench/ingest/README.md, memory; load 7-25): RSS
+between batches grew +3.2 MB/min (interval), +3.0 (a checkpoint of ours and a reopen every 20 commits), +3.8 (a
+reopen every 20 commits replaying up to 99 entries), medians of three 10-minute runs; over 16 minutes +3.6 vs +3.4.
+Our checkpoints were lower in every pair, by 0.17-1.0 MB/min and ~15-30 MB at the peak (the interval's sawtooth,
+below), with no thread spikes (~70 vs ~145 while a checkpoint or reopen replays ~100 entries; tokio lets them go
+after 10 s idle), for 5-6x the checkpoint bytes: each ~0.8-2 KB per live file (1.6 for ``events``), kept for
+``delta.logRetentionDuration`` (30 days). At 200 events/s (~1,300-1,800 commits an hour per table) and 1,000 live
+files per table, ~2.5 vs ~0.5 GB a day per table; without ``trajlake compact`` each checkpoint grows by ~1,300
+files an hour (in the 16-minute soak: 28 vs 4.6 MB an hour per table). Reopening every 20 commits
+without our checkpoint replays the entries since the table's last one: as many threads as the interval's replay, and
+no RSS gained. Cleaning up our own checkpoints would fail concurrent readers that listed the log just before (time
+travel to a version they cover): not done. The snapshot's ~55 KB per commit makes the interval's RSS a sawtooth of
+~40 MB over 100 commits (9 tables, a commit-only loop), bounded."""
 DELTA_CHECKPOINT_INTERVAL = 100
 """A checkpoint is written at every version divisible by this (``delta.checkpointInterval``'s default)."""
 NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
@@ -134,6 +166,7 @@ class MarkedTable:
         _add_missing_columns(self._table, schema)
         self._markers: Markers = {}
         self._commits_since_open = 0
+        self._cadence = CADENCE
         self._transactions = AppTransactions(lake, name)
 
     def _read_markers(self, partitions: Iterable[int]) -> Markers:
@@ -157,18 +190,19 @@ class MarkedTable:
 
     def _checkpoint(self) -> None:
         """What delta-rs's post-commit hook does, one table at a time: a checkpoint at every interval's version, then
-        the log entries past ``delta.logRetentionDuration`` removed (unless the table turns that off). Also a checkpoint
-        once the snapshot took ``REOPEN_AFTER_COMMITS`` commits, and the table reopened from it."""
-        at_interval = self._table.version() % self._checkpoint_interval() == 0
-        reopen = self._commits_since_open >= REOPEN_AFTER_COMMITS
-        if not (at_interval or reopen):
-            return
-        with _LOG_REPLAYS:
-            self._table.create_checkpoint()
-            if at_interval and \
-                    self._table.metadata().configuration.get("delta.enableExpiredLogCleanup", "true").lower() != "false":
-                self._table.cleanup_metadata()
-        if reopen:
+        the log entries past ``delta.logRetentionDuration`` removed (unless the table turns that off). Then the table
+        reopened as ``CADENCE`` says (right after an interval checkpoint, or once the snapshot took its commits)."""
+        interval = self._checkpoint_interval()
+        at_interval = self._table.version() % interval == 0
+        budget = self._cadence.reopen_after_commits or interval
+        due = self._commits_since_open >= budget
+        if at_interval or (due and self._cadence.own_checkpoint):
+            with _LOG_REPLAYS:
+                self._table.create_checkpoint()
+                if at_interval and self._table.metadata().configuration.get(
+                        "delta.enableExpiredLogCleanup", "true").lower() != "false":
+                    self._table.cleanup_metadata()
+        if at_interval or due:
             self._table, self._commits_since_open = self._reopen(), 0
 
     def _reopen(self) -> DeltaTable:

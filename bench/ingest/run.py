@@ -45,6 +45,9 @@ by kind of mapping), RSS at each minute and the slopes (MB per minute, least
 squares, after the first minute, after minute 2 and over the second half) in
 ``bench/ingest/soak.json``, with the data files in the lake (``live_files_samples``: each commit adds
 one per table that got rows, and every open snapshot holds the list of live files).
+RSS and threads are also taken after each committed batch (``between_batches_*``: the same point of every
+cycle) with their slope and swing, and the checkpoint files each table's log holds at the end (count, bytes per
+hour); ``--soak-cadence`` picks when the tables reopen their snapshots (``store.commit.CADENCES``).
 ``--soak-compact-every-s S`` also runs ``trajlake compact`` on those tables (vacuum after 0 h, so that the
 files on disk are the live ones) in its own process every S seconds, as an operator's schedule would.
 
@@ -80,6 +83,7 @@ from ingest import allocators  # noqa: E402
 from devkit.workload import WorkloadConfig, generate_events  # noqa: E402
 from ingest.consumer import AssignmentFlag, open_consumer  # noqa: E402
 from ingest.ingester import IngesterConfig, IngestStats, run_ingester  # noqa: E402
+import store.commit  # noqa: E402
 from schemas.tables import EVENTS_TABLE, QUARANTINE_TABLE, TYPED_TABLES  # noqa: E402
 
 PARTITIONS = (0, 1, 2, 3)
@@ -139,11 +143,11 @@ class RssSampler:
         self.regions: list[dict[str, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self._started = time.monotonic()
+        self.started = time.monotonic()
 
     def _run(self) -> None:
         while True:
-            self.samples.append((time.monotonic() - self._started, rss_mb()))
+            self.samples.append((time.monotonic() - self.started, rss_mb()))
             self.arrow.append(pa.total_allocated_bytes() / 2**20)
             self.malloc.append(glibc_malloc_mb())
             self.python_blocks.append(sys.getallocatedblocks())
@@ -483,19 +487,21 @@ def main_soak(args: argparse.Namespace) -> int:
         timer.start()
         sampler = RssSampler(SOAK_SAMPLE_S, by_region=True, lake=Path(config.lake))
         compactions: list[float] = []
+        between = BetweenBatches(sampler)
         compactor = threading.Thread(target=compact_every, args=(config.lake, args.soak_compact_every_s, stop, compactions),
                                      daemon=True)
         try:
             with sampler:
                 if args.soak_compact_every_s:
                     compactor.start()
-                stats = run_ingester(config, stop)
+                stats = run_ingester(config, stop, on_progress=between)
         finally:
             timer.cancel()
             stop.set()
             if compactor.is_alive():
                 compactor.join()
             feeder.wait(60)
+        checkpoints = checkpoint_files(Path(config.lake))
     slope = slope_mb_per_min(sampler.samples, after_s=seconds / 2)
     slope_after_warm_up = slope_mb_per_min(sampler.samples, after_s=60)
     slope_after_2_min = slope_mb_per_min(sampler.samples, after_s=120)
@@ -505,8 +511,18 @@ def main_soak(args: argparse.Namespace) -> int:
     growth = Ratio("rss_growth", f"ingester RSS at the end / after its first minute, {args.soak_minutes:g}-minute "
                                  f"soak at {args.soak_rate:g} events/s", [sampler.samples[-1][1] / after_1_min],
                    goal=1.10, better="lower")
+    between_slope = slope_mb_per_min(between.samples, after_s=120)
+    between_swing = swing_mb(between.samples, after_s=120)
+    per_table_hour = {name: {"files": n, "bytes_per_hour": size * 3600 / seconds, "versions": v}
+                      for name, (n, size, v) in checkpoints.items()}
+    checkpoint_mb_per_hour = statistics.mean(t["bytes_per_hour"] for t in per_table_hour.values()) / 2**20
     result = {"minutes": args.soak_minutes, "rate": args.soak_rate, "dedupe_max_ids": args.soak_dedupe_ids,
-              "allocators": args.soak_allocators,
+              "allocators": args.soak_allocators, "cadence": args.soak_cadence,
+              "between_batches_slope_mb_per_min_after_minute_2": between_slope,
+              "between_batches_swing_mb_after_minute_2": between_swing,
+              "between_batches_rss_mb_samples": [[round(t, 1), round(mb, 1)] for t, mb in between.samples],
+              "between_batches_threads_samples": between.threads, "between_batches_consumed": between.consumed,
+              "checkpoints_by_table": per_table_hour, "checkpoint_mb_per_hour_per_table": checkpoint_mb_per_hour,
               "allocator_environment": {k: os.environ.get(k) for k in (*allocators.ENVIRONMENT, "MALLOC_ARENA_MAX")},
               "slope_mb_per_min_after_minute_2": slope_after_2_min,
               "events": stats.events, "batches": stats.batches, "slope_mb_per_min_second_half": slope,
@@ -524,14 +540,56 @@ def main_soak(args: argparse.Namespace) -> int:
     first, last = sampler.samples[0][1], sampler.samples[-1][1]
     recorder.write(ratios=[growth], summary=f"RSS {first:,.0f} -> {after_1_min:,.0f} MB after 1 min -> {last:,.0f} MB "
                    f"at the end; slope after minute 2 {slope_after_2_min:+.1f} MB/min (second half {slope:+.1f}, after the "
-                   f"first minute {slope_after_warm_up:+.1f}); allocators {args.soak_allocators}"
+                   f"first minute {slope_after_warm_up:+.1f}); between batches {between_slope:+.1f} MB/min, swing "
+                   f"{between_swing:.0f} MB; cadence {args.soak_cadence}, checkpoints {checkpoint_mb_per_hour:.1f} MB/h "
+                   f"per table; allocators {args.soak_allocators}"
                    f"{f'; trajlake compact every {args.soak_compact_every_s:g} s' if args.soak_compact_every_s else ''}; "
                    f"data files {sampler.files[0]:,} -> {sampler.files[-1]:,}; threads {sampler.threads[0]} -> {sampler.threads[-1]}; {stats.events:,} events",
                    peak_rss_mb={"soak": sampler.peak}, detail=result, path=Path(args.soak_out))
     print(f"soak: {args.soak_minutes} min, {stats.events:,} events in {stats.batches:,} batches; RSS {first:,.0f} -> "
           f"{last:,.0f} MB (peak {sampler.peak:,.0f}); slope after minute 2 {slope_after_2_min:+.2f} MB/min, over the second "
-          f"half {slope:+.2f}")
+          f"half {slope:+.2f}; between batches {between_slope:+.2f} (swing {between_swing:.0f} MB); cadence "
+          f"{args.soak_cadence}: checkpoints {checkpoint_mb_per_hour:.2f} MB/h per table; threads "
+          f"{min(between.threads, default=0)}-{max(between.threads, default=0)}")
     return 0
+
+
+class BetweenBatches:
+    """RSS and threads right after each committed batch (the ingester's ``on_progress``, after its free-memory trim):
+    every sample at the same point of the cycle, with no batch in flight, where the 10-s samples land anywhere in it."""
+
+    def __init__(self, sampler: RssSampler) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self.threads: list[int] = []
+        self.consumed: list[int] = []
+        """Messages consumed by then: the batches' sizes, which grow when the ingester falls behind."""
+        self._started = sampler.started
+
+    def __call__(self, stats: IngestStats) -> None:
+        self.samples.append((time.monotonic() - self._started, rss_mb()))
+        self.threads.append(threading_native_count())
+        self.consumed.append(stats.consumed)
+
+
+def swing_mb(samples: list[tuple[float, float]], *, after_s: float) -> float:
+    """Highest less lowest RSS after ``after_s`` once the least-squares line is taken off (MB)."""
+    points = [(t / 60, mb) for t, mb in samples if t >= after_s]
+    if len(points) < 2:
+        return float("nan")
+    fit = statistics.linear_regression([t for t, _ in points], [mb for _, mb in points])
+    residuals = [mb - (fit.intercept + fit.slope * t) for t, mb in points]
+    return max(residuals) - min(residuals)
+
+
+def checkpoint_files(lake: Path) -> dict[str, tuple[int, int, int]]:
+    """Per ingested table of a local lake: checkpoint files, their bytes, and the table's last version."""
+    out = {}
+    for table in INGESTED_TABLES:
+        log = lake / table / "_delta_log"
+        files = list(log.glob("*.checkpoint*.parquet"))
+        versions = [int(path.name.split(".")[0]) for path in log.glob("*.json")]
+        out[table] = (len(files), sum(path.stat().st_size for path in files), max(versions, default=-1))
+    return out
 
 
 def compact_every(lake: str, every_s: float, stop: threading.Event, took_s: list[float]) -> None:
@@ -562,6 +620,9 @@ def main(argv: list[str] | None = None) -> int:
                              "them) or the libraries' defaults")
     parser.add_argument("--soak-compact-every-s", type=float, default=0,
                         help="during the soak, run `trajlake compact` every this many seconds (0: never)")
+    parser.add_argument("--soak-cadence", choices=sorted(store.commit.CADENCES),
+                        default=next(k for k, v in store.commit.CADENCES.items() if v == store.commit.CADENCE),
+                        help="when the ingester's tables reopen their Delta snapshots (store.commit.CADENCES)")
     parser.add_argument("--soak-producer", metavar="BOOTSTRAP", help=argparse.SUPPRESS)
     parser.add_argument("--side", nargs=5, metavar=("SIDE", "BOOTSTRAP", "TOPIC", "EXPECTED", "OUT"),
                         help=argparse.SUPPRESS)
@@ -578,6 +639,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.soak_minutes and args.soak_allocators == "configured" and not allocators_configured():
         configure_and_restart()
+    store.commit.CADENCE = store.commit.CADENCES[args.soak_cadence]
     return main_soak(args) if args.soak_minutes else main_bench(args)
 
 

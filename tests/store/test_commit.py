@@ -1,3 +1,4 @@
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -147,18 +148,21 @@ def test_a_replay_that_ends_below_a_marker_does_not_move_it_back(lake):
     assert offsets(lake) == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (1, 0)]  # offset 3 once
 
 
-def test_a_table_reopened_after_its_commit_budget_from_its_own_checkpoint_still_sees_every_marker_and_conflict(
-        lake, monkeypatch):
-    monkeypatch.setattr(store.commit, "REOPEN_AFTER_COMMITS", 3)
+def checkpoints(lake, name="quarantine") -> list[int]:
+    log = Path(lake.uri(name)) / "_delta_log"
+    return sorted(int(p.name.split(".")[0]) for p in log.glob("*.checkpoint.parquet"))
+
+
+def test_a_table_reopened_after_its_commit_budget_still_sees_every_marker_and_conflict(lake, monkeypatch):
+    monkeypatch.setattr(store.commit, "CADENCE", replace(store.commit.CADENCE, reopen_after_commits=3))
     t = table(lake)
     t.load([0])
     reopened = []
     monkeypatch.setattr(t, "_reopen", lambda real=t._reopen: reopened.append(t._table.version()) or real())
-    for i in range(7):  # the 3rd and the 6th commit (versions 3 and 6) write a checkpoint, then reopen from it
+    for i in range(7):  # the 3rd and the 6th commit (versions 3 and 6) reopen the table
         assert t.commit(rows(0, [i]), {0: i}, refresh_offsets=0) == 1
     assert reopened == [3, 6]
-    log = Path(lake.uri("quarantine")) / "_delta_log"
-    assert sorted(p.name.split(".")[0] for p in log.glob("*.checkpoint.parquet")) == [f"{v:020d}" for v in (3, 6)]
+    assert checkpoints(lake) == ([3, 6] if store.commit.CADENCE.own_checkpoint else [])
     assert offsets(lake) == [(0, i) for i in range(7)]
     assert lake.marker("quarantine", marker_app_id("g", "t", 0)) == 6
     other = table(lake)  # another owner moves the marker: the reopened snapshot must see it
@@ -168,14 +172,39 @@ def test_a_table_reopened_after_its_commit_budget_from_its_own_checkpoint_still_
         t.commit(rows(0, [7, 8]), {0: 8}, refresh_offsets=0)
 
 
+def test_a_table_reopens_from_the_interval_checkpoint_it_wrote(lake, monkeypatch):
+    """The snapshot is dropped where a checkpoint was just written, whatever the commit budget: the reopen replays
+    no log entry."""
+    monkeypatch.setattr(store.commit, "DELTA_CHECKPOINT_INTERVAL", 4)
+    monkeypatch.setattr(store.commit, "CADENCE", replace(store.commit.CADENCE, reopen_after_commits=1_000))
+    t = table(lake)
+    t.load([0])
+    reopened = []
+    monkeypatch.setattr(t, "_reopen", lambda real=t._reopen: reopened.append(t._table.version()) or real())
+    for i in range(9):
+        t.commit(rows(0, [i]), {0: i}, refresh_offsets=0)
+    assert reopened == [4, 8] and checkpoints(lake) == [4, 8]
+    assert lake.marker("quarantine", marker_app_id("g", "t", 0)) == 8
+
+
+def test_the_ingesters_commits_write_no_checkpoint_between_the_tables_own(lake):
+    """Checkpoints are kept for the log's retention (30 days): the ingester writes the table's own, every
+    ``delta.checkpointInterval`` versions, and no more (store.commit.CADENCE)."""
+    t = table(lake)
+    t.load([0])
+    for i in range(21):
+        t.commit(rows(0, [i]), {0: i}, refresh_offsets=0)
+    assert checkpoints(lake) == []
+    assert offsets(lake) == [(0, i) for i in range(21)]
+
+
 def test_commits_write_a_checkpoint_at_every_interval_one_table_at_a_time(lake, monkeypatch):
     monkeypatch.setattr(store.commit, "DELTA_CHECKPOINT_INTERVAL", 3)
     t = table(lake)
     t.load([0])
     for i in range(7):
         t.commit(rows(0, [i]), {0: i}, refresh_offsets=0)
-    log = Path(lake.uri("quarantine")) / "_delta_log"
-    assert sorted(p.name.split(".")[0] for p in log.glob("*.checkpoint.parquet")) == [f"{v:020d}" for v in (3, 6)]
+    assert checkpoints(lake) == [3, 6]
     assert lake.marker("quarantine", marker_app_id("g", "t", 0)) == 6
 
 
