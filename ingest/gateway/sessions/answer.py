@@ -10,6 +10,8 @@ the tool calls with the finish reason, the usage chunk when asked).
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Sequence
 from typing import Any
 
 from schemas.tool_parsers import ParserStream, ToolParser, close_delta, finish_reason
@@ -44,13 +46,19 @@ def _values(logprobs: Any) -> list[float] | None:
 class ChatAnswer:
     """Builds the chat answer of one stitched call and what is recorded of it."""
 
-    def __init__(self, body: dict[str, Any], asked: Asked, parser: ToolParser | None, prompt_ids: list[int]) -> None:
-        self.asked, self.parser, self.prompt_ids = asked, parser, prompt_ids
+    def __init__(self, body: dict[str, Any], asked: Asked, parser: ToolParser | None, prompt: Sequence[int]) -> None:
+        self.asked, self.parser, self.prompt = asked, parser, prompt
         self.top = int(body.get("top_logprobs") or 0)
-        self.record = Completion(prompt_token_ids=prompt_ids)
-        self._stream: ParserStream | None = parser.stream() if parser else None
+        self.record = Completion()
+        """A streamed call's prompt ids are the stitched ones (``prompt``, listed on its first chunk); a whole
+        answer's are those the engine echoes."""
+        self._stream: ParserStream | None = None
         self._opened = False
         self._text: list[str] = []
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.prompt.tolist() if isinstance(self.prompt, array) else list(self.prompt)
 
     def _split(self, text: str) -> tuple[str, list[dict]]:
         return self.parser.parse(text) if self.parser else (text, [])
@@ -91,10 +99,12 @@ class ChatAnswer:
         out: list[dict[str, Any]] = []
         if not self._opened:
             self._opened = True
+            record.prompt_token_ids = self.prompt_ids
+            self._stream = self.parser.stream() if self.parser else None
             opening = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                             "logprobs": None, "finish_reason": None}]}
             if self.asked.token_ids:
-                opening["prompt_token_ids"] = self.prompt_ids
+                opening["prompt_token_ids"] = record.prompt_token_ids
             out.append(opening)
         if chunk.get("usage") and not chunk.get("choices"):
             record.usage = chunk["usage"]
