@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from array import array
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -187,6 +188,8 @@ class Recorder:
         if reference is not None:
             prompt_ids = reference.new_ids
             extends = dict(extends_call_id=reference.extends_call_id, extends_tokens=reference.extends_tokens)
+        elif isinstance(prompt_ids, array):  # a stitched call's ids (token sessions), not referenced
+            prompt_ids = prompt_ids.tolist()
         if shared is not None:
             extends.update(extends_call_id=shared.extends_call_id, extends_messages=shared.extends_messages,
                            extends_tools=True if shared.extends_tools else None)

@@ -18,7 +18,7 @@ from ingest.gateway.http1 import Reply
 from ingest.gateway.idempotency import IdempotencyCache, StoredReply
 from ingest.gateway.identity import CallIdentity, RolloutIdentity
 from ingest.gateway.metrics import GatewayMetrics
-from ingest.gateway.sessions.answer import ChatAnswer
+from ingest.gateway.sessions.answer import ChatAnswer, without_echo
 from ingest.gateway.sessions.stitch import Plan, Stitcher
 from ingest.gateway.tokens import Asked, Completion, Kind, StreamAccumulator, asked_by, read_completion, strip, \
     upstream_body
@@ -185,8 +185,11 @@ class ProxyService:
 
     async def _whole_session(self, current: _Call, reply: UpstreamReply) -> Answer:
         """A chat answer under token sessions: parsed on the hot path, so the next call can extend it."""
+        raw = reply.body
+        if current.answer is not None:  # a stitched call: its prompt's echo is compared as bytes when it can be
+            raw = without_echo(raw, current.plan.prompt_json) or raw
         try:
-            answer = json.loads(reply.body)
+            answer = json.loads(raw)
         except ValueError:
             answer = None
         if not isinstance(answer, dict):

@@ -52,8 +52,11 @@ import json
 import logging
 import marshal
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from ingest.gateway.sessions import skeleton
 from ingest.gateway.sessions.skeleton import Skeleton
@@ -115,6 +118,8 @@ class Plan:
     """The prompt ids of a stitched call, as the session keeps them: kept when the engine saw exactly these."""
     payload: bytes | None = None
     """The completions request of a stitched call, as JSON (its ids joined from ``IdsJson``, not dumped)."""
+    prompt_json: bytes = b""
+    """The stitched prompt's ids as they are in ``payload`` (``1,2,3``): the engine's echo is looked for as sent."""
     extends: int = 0
     """How many leading ids of a stitched prompt are the previous call's prompt and sampled ids."""
     parser: ToolParser | None = None
@@ -187,8 +192,10 @@ def _joined(prompt: array, sampled: array, suffix: list[int]) -> array:
     return pack_ids([*prompt, *sampled, *suffix])
 
 
-def _same_ids(packed: array, ids: list[int]) -> bool:
+def _same_ids(packed: array, ids: Sequence[int]) -> bool:
     """Whether ``ids`` are exactly the ids of ``packed`` (packed alike and compared as memory, not as ints)."""
+    if ids is packed:
+        return True
     if len(packed) != len(ids):
         return False
     try:
@@ -214,19 +221,23 @@ def _window(messages: list[dict], answer: int) -> list[int]:
 
 
 class IdsJson:
-    """Token ids -> the JSON text of their list's items (``1,2,3``), joined from each id's text made once.
+    """Token ids -> the JSON text of their list's items (``1,2,3``), gathered from a table of each id's text.
 
-    A prompt of ~2k ids is sent on every stitched call; joining prebuilt texts takes about half the time of
-    ``json.dumps`` of the list, and needs no list of ints (the prompt stays an ``array``)."""
+    A prompt of ~2k ids is sent on every stitched call: indexing a fixed-width table (``id,`` padded with NULs)
+    with the ids and dropping the padding takes numpy a fraction of ``json.dumps`` of the list (measured
+    ~0.6x with a 151k vocabulary), and needs no list of ints (the prompt stays an ``array``)."""
 
     def __init__(self, vocabulary: int) -> None:
-        self._texts = [str(n).encode() for n in range(max(vocabulary, 0))]
+        width = len(str(max(vocabulary - 1, 0))) + 1
+        texts = b"".join(f"{n},".encode().ljust(width, b"\0") for n in range(max(vocabulary, 0)))
+        self._table = np.frombuffer(texts, dtype=np.uint8).reshape(-1, width)
 
-    def __call__(self, ids: array | list[int]) -> bytes:
-        try:
-            return b",".join(map(self._texts.__getitem__, ids))
-        except IndexError:  # an id past the tokenizer's length (the engine may know more): spelled out
-            return ",".join(map(str, ids)).encode()
+    def __call__(self, ids: array) -> bytes:
+        index = np.frombuffer(ids, dtype=ids.typecode) if len(ids) else None
+        if index is None or index.min() < 0 or index.max() >= len(self._table):
+            return ",".join(map(str, ids)).encode()  # none, or an id past the tokenizer's length: spelled out
+        rows = self._table[index]
+        return rows[rows != 0].tobytes()[:-1]
 
 
 def completion_payload(body: dict[str, Any], prompt_json: bytes) -> bytes | None:
@@ -298,11 +309,13 @@ class Stitcher:
         if suffix is None:
             return plan
         packed = _joined(session.prompt_ids, session.sampled_ids, suffix)
-        payload = completion_payload(body, self._ids_json(packed))
+        prompt_json = self._ids_json(packed)
+        payload = completion_payload(body, prompt_json)
         if payload is None:
             plan.reason = "unsupported_params"
             return plan
         plan.made, plan.reason, plan.packed, plan.payload = "stitched", None, packed, payload
+        plan.prompt_json = prompt_json
         plan.extends = len(session.prompt_ids) + len(session.sampled_ids)
         plan.parser = self.parser if parses else None
         return plan
@@ -447,7 +460,7 @@ class Stitcher:
             messages, tools=tools or None, add_generation_prompt=generation, tokenize=False
         )
 
-    def remember(self, plan: Plan, *, prompt_ids: list[int] | None, sampled_ids: list[int] | None,
+    def remember(self, plan: Plan, *, prompt_ids: Sequence[int] | None, sampled_ids: list[int] | None,
                  content: str | None, tool_calls: list[dict] | None, call_id: str = "") -> None:
         """After a successful call: the next call of the rollout may extend this one."""
         if plan.key is None or not plan.digests or not prompt_ids or not sampled_ids:
