@@ -282,6 +282,8 @@ class Stitcher:
         self._contexts: dict[tuple, bytes] = {}
         """(model, digest of the tools as sent) -> digest of both by meaning."""
         self._ids_json = IdsJson(len(tokenizer))
+        self._backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+        """The Rust tokenizer of a fast one (looked up once: an attribute of the wrapper costs ~10 us)."""
         self._kinds: dict[frozenset, frozenset] = {}
         """Message-kind sets, one object each, shared by the sessions that hold them."""
 
@@ -447,7 +449,7 @@ class Stitcher:
         self._shapes[shape] = windowed
 
     def _encode(self, text: str) -> list[int]:
-        backend = getattr(self.tokenizer, "backend_tokenizer", None) if getattr(self.tokenizer, "is_fast", False) else None
+        backend = self._backend
         if backend is not None:  # the Rust tokenizer itself: the same ids without the Python wrapper's batching
             return backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
