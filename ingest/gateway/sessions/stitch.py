@@ -14,7 +14,7 @@ and the call is **engine_rendered**, with the reason.
 What a call costs (issue 13; bench/session_latency, 30-turn tool rollouts):
 rendering a whole conversation through Jinja grows with its length and was
 ~90% of planning (4.3 ms p50 per call, two to three renders); two window
-renders still were ~0.6 of 0.96 ms. Now (~0.2 ms):
+renders still were ~0.6 of 0.96 ms. Now (0.2-0.45 ms by load, the request's JSON included):
 
 - **History compare.** The earlier messages are compared byte for byte (a
   digest of their ``marshal``, ~3x cheaper than their ``repr``) with what the
@@ -38,6 +38,11 @@ renders still were ~0.6 of 0.96 ms. Now (~0.2 ms):
   rendering the window once with sentinels in their place); its next calls
   join that text with theirs, and render only when a text holds a literal the
   template tests (``skeleton``), so only the new text is encoded.
+- **Ids stay arrays.** The stitched prompt is joined as an ``array`` and sent
+  as JSON gathered from a table of id texts (``IdsJson``); the engine's echo
+  is compared as the bytes sent (``answer.without_echo``), so the prefix
+  reference is known (``Plan.reference``) and no list of ~2k ints is made,
+  dumped or parsed per call.
 
 The window assumes a template renders the new turns from the roles and fields
 of the history, not from the text of messages outside the window; a template
