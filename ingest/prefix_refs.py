@@ -106,7 +106,8 @@ class MessagesReference:
     extends_tools: bool
 
 
-def _digest(value: Any) -> bytes:
+def digest(value: Any) -> bytes:
+    """The 16-byte digest of a JSON value's exact text (keys in order) that messages and tools are compared by."""
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
@@ -120,8 +121,12 @@ class Digests:
     tools: bytes | None
 
 
-def digests(messages: list[dict[str, Any]] | None, tools: list[dict[str, Any]] | None) -> Digests:
-    return Digests(tuple(_digest(m) for m in messages or ()), None if tools is None else _digest(tools))
+def digests(messages: list[dict[str, Any]] | None, tools: list[dict[str, Any]] | None, *,
+            tools_digest: bytes | None = None) -> Digests:
+    """``tools_digest``: the tools' ``digest``, when already made (the gateway's token sessions make it)."""
+    if tools is not None and tools_digest is None:
+        tools_digest = digest(tools)
+    return Digests(tuple(digest(m) for m in messages or ()), tools_digest if tools is not None else None)
 
 
 def remembered(call_id: str, messages: list[dict[str, Any]] | None, tools: list[dict[str, Any]] | None, *,
@@ -130,7 +135,7 @@ def remembered(call_id: str, messages: list[dict[str, Any]] | None, tools: list[
     ``schemas.answer_message``; None for a failed call) for the next call's reference. ``digested``: the
     call's ``digests``, when already made."""
     made = digested or digests(messages, tools)
-    return PreviousMessages(call_id, made.messages, made.tools, None if answer is None else _digest(answer))
+    return PreviousMessages(call_id, made.messages, made.tools, None if answer is None else digest(answer))
 
 
 def shared_messages(messages: list[dict[str, Any]] | None, tools: list[dict[str, Any]] | None,
@@ -138,17 +143,17 @@ def shared_messages(messages: list[dict[str, Any]] | None, tools: list[dict[str,
     """The reference of a call with these full ``messages`` and ``tools`` against ``previous``; None when it
     shares neither a leading message nor its tools. ``digested``: the call's ``digests``, when already made
     (without them, messages are digested only as far as they match)."""
-    mine = digested.messages if digested is not None else (_digest(m) for m in messages or ())
+    mine = digested.messages if digested is not None else (digest(m) for m in messages or ())
     shared = 0
-    for digest, message_digest in zip(previous.messages, mine):
-        if message_digest != digest:
+    for theirs, ours in zip(previous.messages, mine):
+        if ours != theirs:
             break
         shared += 1
     if shared == len(previous.messages) and previous.answer is not None and messages and len(messages) > shared:
-        echo = digested.messages[shared] if digested is not None else _digest(messages[shared])
+        echo = digested.messages[shared] if digested is not None else digest(messages[shared])
         if echo == previous.answer:
             shared += 1  # the harness's echo of the answer, exactly as it rebuilds
-    tools_digest = digested.tools if digested is not None else (None if tools is None else _digest(tools))
+    tools_digest = digested.tools if digested is not None else (None if tools is None else digest(tools))
     same_tools = tools is not None and previous.tools is not None and tools_digest == previous.tools
     if shared == 0 and not same_tools:
         return None

@@ -137,7 +137,8 @@ def stitched_share(port: int) -> float:
 
 
 def planner_cpu(model_dir: Path, turns: list[list[dict]], repeats: int = 3) -> dict:
-    """CPU (thread time) ``Stitcher.plan`` takes per call of these rollouts, replayed offline with the canned answer."""
+    """CPU (thread time) ``Stitcher.plan`` takes per call of these rollouts, replayed offline with the canned answer
+    (building a stitched call's completions request, its JSON included)."""
     from transformers import AutoTokenizer
 
     from bench.session_latency.serve import ANSWER

@@ -29,6 +29,8 @@ sys.path[:0] = [str(ROOT)]
 KEY = "sk-bench"
 ANSWER = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1 + 1"}}\n</tool_call>'
 CALL = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "1 + 1"}'}}
+COMPACT = (",", ":")
+"""Answers are compact JSON, as vLLM (starlette's JSONResponse) and SGLang (orjson) write them."""
 MODELS = json.dumps({"object": "list", "data": [{"id": "bench", "object": "model", "owned_by": "bench"}]}).encode()
 
 Asgi = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
@@ -55,7 +57,8 @@ def create_engine(model_dir: Path) -> Asgi:
             found = chat_answers[len(body["messages"])] = json.dumps({
                 **head("chat.completion", prompt), "prompt_token_ids": prompt, "choices": [{
                     "index": 0, "finish_reason": "tool_calls", "token_ids": sampled, "logprobs": None,
-                    "message": {"role": "assistant", "content": None, "tool_calls": [CALL]}}]}).encode()
+                    "message": {"role": "assistant", "content": None, "tool_calls": [CALL]}}]},
+                separators=COMPACT).encode()
         return found
 
     def completion(body: dict[str, Any]) -> bytes:
@@ -65,7 +68,7 @@ def create_engine(model_dir: Path) -> Asgi:
             found = completion_answers[prompt] = json.dumps({
                 **head("text_completion", body["prompt"]), "choices": [{
                     "index": 0, "text": ANSWER, "finish_reason": "stop", "prompt_token_ids": body["prompt"],
-                    "token_ids": sampled, "logprobs": None}]}).encode()
+                    "token_ids": sampled, "logprobs": None}]}, separators=COMPACT).encode()
         return found
 
     routes = {"/v1/chat/completions": chat, "/v1/completions": completion}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from array import array
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -63,6 +64,11 @@ class CapturedCall:
     """Under token sessions: how the prompt was made (``PROMPT_MADE_PARAM`` in the request's params)."""
     previous: PreviousCall | None = None
     """Under token sessions: the rollout's last call, which this call's prompt may extend (a prefix reference)."""
+    reference: Reference | None = None
+    """Under token sessions, a stitched call whose prompt the engine echoed id for id: its prefix reference to
+    ``previous``, known without measuring again."""
+    tools_digest: bytes | None = None
+    """Under token sessions: the request's tools digest (``prefix_refs.digest``), made once on the request path."""
 
 
 def _parse_answer(captured: CapturedCall) -> Completion | None:
@@ -105,11 +111,13 @@ class Recorder:
         previous = captured.previous
         if self.prefix_references and previous is not None and previous.call_id != captured.call.call_id \
                 and source == "engine" and prompt_ids:  # (a keyed retry recorded again is not its own reference)
-            reference = shared_prefix(prompt_ids, previous)  # measured id by id, never assumed
+            # measured id by id, never assumed (a stitched call's was, against the ids the engine echoed)
+            reference = captured.reference or shared_prefix(prompt_ids, previous)
         key = self._history_key(captured)
         body = captured.request
         tools = body.get("tools") if isinstance(body.get("tools"), list) else None
-        digested = digests(body["messages"], tools) if key is not None else None  # once, for both uses below
+        digested = digests(body["messages"], tools, tools_digest=captured.tools_digest) \
+            if key is not None else None  # once, for both uses below
         shared = self._messages_reference(key, captured, tools, reference, digested)
         answer = answer_message(done.text, done.tool_calls) if key is not None and done is not None \
             and not captured.error else None
@@ -191,6 +199,8 @@ class Recorder:
         if reference is not None:
             prompt_ids = reference.new_ids
             extends = dict(extends_call_id=reference.extends_call_id, extends_tokens=reference.extends_tokens)
+        elif isinstance(prompt_ids, array):  # a stitched call's ids (token sessions), not referenced
+            prompt_ids = prompt_ids.tolist()
         if shared is not None:
             extends.update(extends_call_id=shared.extends_call_id, extends_messages=shared.extends_messages,
                            extends_tools=True if shared.extends_tools else None)

@@ -18,7 +18,7 @@ from ingest.gateway.http1 import Reply
 from ingest.gateway.idempotency import IdempotencyCache, StoredReply
 from ingest.gateway.identity import CallIdentity, RolloutIdentity
 from ingest.gateway.metrics import GatewayMetrics
-from ingest.gateway.sessions.answer import ChatAnswer
+from ingest.gateway.sessions.answer import ChatAnswer, without_echo
 from ingest.gateway.sessions.stitch import Plan, Stitcher
 from ingest.gateway.tokens import Asked, Completion, Kind, StreamAccumulator, asked_by, read_completion, strip, \
     upstream_body
@@ -70,7 +70,9 @@ class _Call:
         return CapturedCall(
             kind=self.kind, tenant=self.tenant, rollout=self.rollout, call=self.call, request=self.body,
             received_ns=self.received_ns, finished_ns=time.time_ns(), upstream_retries=self.retries,
-            prompt_made=self.plan.record() if self.plan else None, previous=_previous_call(self.plan), **outcome,
+            prompt_made=self.plan.record() if self.plan else None, previous=_previous_call(self.plan),
+            reference=self.plan.reference() if self.plan else None,
+            tools_digest=self.plan.tools_digest if self.plan else None, **outcome,
         )
 
     @property
@@ -122,10 +124,10 @@ class ProxyService:
                 self.metrics.idempotent_replays.inc()
                 return Answer(stored.status, stored.body, stored.content_type, {"idempotent-replayed": "true"})
         current = _Call(kind, body, tenant, rollout, call, asked_by(kind, body))
-        forwarded = upstream_body(kind, body, current.asked) if self.request_token_ids else body
-        if kind == "chat" and self.sessions is not None:
-            forwarded = self._plan(current) or forwarded
-        payload = json.dumps(forwarded, separators=(",", ":")).encode()
+        payload = self._plan(current) if kind == "chat" and self.sessions is not None else None
+        if payload is None:
+            forwarded = upstream_body(kind, body, current.asked) if self.request_token_ids else body
+            payload = json.dumps(forwarded, separators=(",", ":")).encode()
         try:
             if body.get("stream") is True:
                 return await self._stream(current, payload)
@@ -141,16 +143,16 @@ class ProxyService:
             self._forget(current)  # never leave a key "in flight" (every retry would get 409)
             raise
 
-    def _plan(self, current: _Call) -> dict[str, Any] | None:
+    def _plan(self, current: _Call) -> bytes | None:
         """Plan a chat call's prompt; the completions request of a stitched call, None for the plain route."""
         rollout = current.rollout
         key = (current.tenant, rollout.rollout_id, rollout.attempt, rollout.span_id) if rollout.attached else None
         plan = current.plan = self.sessions.plan(current.body, key)
         self.metrics.prompts.labels(plan.made, plan.reason or "").inc()
-        if plan.upstream_body is None:
+        if plan.payload is None:
             return None
-        current.answer = ChatAnswer(current.body, current.asked, plan.parser, plan.prompt_ids)
-        return plan.upstream_body
+        current.answer = ChatAnswer(current.body, current.asked, plan.parser, plan.packed)
+        return plan.payload
 
     def _remember_session(self, current: _Call, done: Completion) -> None:
         if current.plan is not None and self.sessions is not None:
@@ -183,8 +185,11 @@ class ProxyService:
 
     async def _whole_session(self, current: _Call, reply: UpstreamReply) -> Answer:
         """A chat answer under token sessions: parsed on the hot path, so the next call can extend it."""
+        raw = reply.body
+        if current.answer is not None:  # a stitched call: its prompt's echo is compared as bytes when it can be
+            raw = without_echo(raw, current.plan.prompt_json) or raw
         try:
-            answer = json.loads(reply.body)
+            answer = json.loads(raw)
         except ValueError:
             answer = None
         if not isinstance(answer, dict):

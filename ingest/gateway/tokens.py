@@ -8,6 +8,7 @@ whatever the client did not ask for (``prompt_token_ids``, ``token_ids``,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -66,7 +67,8 @@ class Completion:
     """What the engine answered, as recorded (choice 0)."""
 
     model: str | None = None
-    prompt_token_ids: list[int] | None = None
+    prompt_token_ids: Sequence[int] | None = None
+    """A list, or a stitched call's ``array`` (token sessions)."""
     response_token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     text: str | None = None

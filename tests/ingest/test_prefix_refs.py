@@ -49,10 +49,16 @@ def test_the_recorder_digests_each_message_and_the_tools_once_per_call(monkeypat
 
     recorder.events(captured(1, [SYSTEM, ASK]))
     digested: list[object] = []
-    real = prefix_refs._digest
-    monkeypatch.setattr(prefix_refs, "_digest", lambda value: digested.append(value) or real(value))
+    real = prefix_refs.digest
+    monkeypatch.setattr(prefix_refs, "digest", lambda value: digested.append(value) or real(value))
     second = [SYSTEM, ASK, ECHO, {"role": "user", "content": "and 3+3?"}]
     request, _ = recorder.events(captured(2, second))
     assert request.payload.extends_messages == 3 and request.payload.extends_tools
     answer = answer_message("4", None)
     assert sorted(map(repr, digested)) == sorted(map(repr, [*second, TOOLS, answer]))  # the answer: remembered
+    digested.clear()  # the tools digested on the request path (token sessions) are not digested again
+    third = [*second, ECHO, {"role": "user", "content": "and 4+4?"}]
+    later = captured(3, third)
+    later.tools_digest = real(TOOLS)
+    request, _ = recorder.events(later)
+    assert request.payload.extends_tools and sorted(map(repr, digested)) == sorted(map(repr, [*third, answer]))

@@ -10,6 +10,8 @@ the tool calls with the finish reason, the usage chunk when asked).
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Sequence
 from typing import Any
 
 from schemas.tool_parsers import ParserStream, ToolParser, close_delta, finish_reason
@@ -31,6 +33,24 @@ def _chat_logprobs(logprobs: Any, top: int) -> dict | None:
     return {"content": content}
 
 
+_ECHO = b'"prompt_token_ids":['
+
+
+def without_echo(raw: bytes, prompt_json: bytes) -> bytes | None:
+    """The engine's raw completion with its echo of the stitched prompt (``"prompt_token_ids":[...]``, ids as
+    ``prompt_json``) set to ``null``, when it holds that key once and spelled exactly as sent (compact JSON, as
+    vLLM and SGLang write it): the ids are then known equal without parsing ~2k numbers. None: not so (the echo
+    is parsed and compared id by id, ``Stitcher.remember``)."""
+    at = raw.find(_ECHO)
+    start = at + len(_ECHO)
+    if at < 0 or raw.find(_ECHO, start) >= 0 or not raw.startswith(prompt_json, start):
+        return None
+    end = start + len(prompt_json)
+    if not raw.startswith(b"]", end):
+        return None
+    return raw[:at] + b'"prompt_token_ids":null' + raw[end + 1:]
+
+
 def _chat_id(engine_id: Any) -> str:
     text = str(engine_id or "")
     return "chatcmpl-" + (text[5:] if text.startswith("cmpl-") else text)
@@ -44,13 +64,19 @@ def _values(logprobs: Any) -> list[float] | None:
 class ChatAnswer:
     """Builds the chat answer of one stitched call and what is recorded of it."""
 
-    def __init__(self, body: dict[str, Any], asked: Asked, parser: ToolParser | None, prompt_ids: list[int]) -> None:
-        self.asked, self.parser, self.prompt_ids = asked, parser, prompt_ids
+    def __init__(self, body: dict[str, Any], asked: Asked, parser: ToolParser | None, prompt: Sequence[int]) -> None:
+        self.asked, self.parser, self.prompt = asked, parser, prompt
         self.top = int(body.get("top_logprobs") or 0)
-        self.record = Completion(prompt_token_ids=prompt_ids)
-        self._stream: ParserStream | None = parser.stream() if parser else None
+        self.record = Completion()
+        """A streamed call's prompt ids are the stitched ones (``prompt``, from its first chunk); a whole
+        answer's are those the engine echoes (the stitched ones when it echoes none, or exactly them)."""
+        self._stream: ParserStream | None = None
         self._opened = False
         self._text: list[str] = []
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.prompt.tolist() if isinstance(self.prompt, array) else list(self.prompt)
 
     def _split(self, text: str) -> tuple[str, list[dict]]:
         return self.parser.parse(text) if self.parser else (text, [])
@@ -69,10 +95,10 @@ class ChatAnswer:
         }
         out = {"id": _chat_id(answer.get("id")), "object": "chat.completion", "created": answer.get("created"),
                "model": answer.get("model"), "choices": [out_choice], "usage": answer.get("usage")}
-        prompt_ids = choice.get("prompt_token_ids") or self.prompt_ids
+        prompt_ids = choice.get("prompt_token_ids") or self.prompt  # not echoed (or known equal): the stitched ids
         if self.asked.token_ids:
             out_choice["token_ids"] = choice.get("token_ids")
-            out["prompt_token_ids"] = prompt_ids
+            out["prompt_token_ids"] = prompt_ids if isinstance(prompt_ids, list) else self.prompt_ids
         self.record = Completion(
             model=answer.get("model"), prompt_token_ids=prompt_ids, response_token_ids=choice.get("token_ids"),
             logprobs=_values(choice.get("logprobs")), text=content or None, tool_calls=calls or None,
@@ -91,6 +117,8 @@ class ChatAnswer:
         out: list[dict[str, Any]] = []
         if not self._opened:
             self._opened = True
+            record.prompt_token_ids = self.prompt
+            self._stream = self.parser.stream() if self.parser else None
             opening = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                             "logprobs": None, "finish_reason": None}]}
             if self.asked.token_ids:

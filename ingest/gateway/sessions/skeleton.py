@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +38,8 @@ from jinja2.ext import loopcontrols
 log = logging.getLogger(__name__)
 
 _OPEN, _CLOSE = "\ue000", "\ue001"  # private-use code points: no template writes them
+_JOIN = "\x00"
+"""Joins the texts ``Literals.guard_any`` searches at once."""
 _EDGE = " \t\n'\"\\<&>"
 """Around each sentinel: what an escaping (``tojson``, ``escape``) or trimming template would change."""
 _SENTINEL = re.compile(re.escape(_EDGE + _OPEN) + r"(\d+)" + re.escape(_CLOSE + _EDGE[::-1]))
@@ -93,11 +94,32 @@ class Literals:
             return  # a text's length or a slice of it decides what comes out: the sentinels cannot stand for it
         needles = sorted(_needles(ast), key=len, reverse=True)
         self._pattern = re.compile("|".join(map(re.escape, needles))) if needles else None
+        self._joinable = not any(_JOIN in needle for needle in needles)
+        """No literal holds the joining character: a match in texts joined by it lies within one text."""
         self.usable = True
 
     def guard(self, text: str) -> bool:
         """True when the template could look into ``text`` (it holds a tested literal)."""
         return self._pattern is not None and self._pattern.search(text) is not None
+
+    def guard_any(self, values: list[Any]) -> bool:
+        """True when a string anywhere inside ``values`` (messages, their tool calls and arguments) holds a tested
+        literal: the strings are gathered without recursion and searched once, joined."""
+        if self._pattern is None:
+            return False
+        texts: list[str] = []
+        stack = list(values)
+        while stack:
+            value = stack.pop()
+            if isinstance(value, str):
+                texts.append(value)
+            elif isinstance(value, dict):
+                stack.extend(value.values())
+            elif isinstance(value, (list, tuple)):
+                stack.extend(value)
+        if self._joinable:
+            return self._pattern.search(_JOIN.join(texts)) is not None
+        return any(self._pattern.search(text) is not None for text in texts)
 
 
 def _needles(ast: nodes.Template) -> set[str]:
@@ -223,23 +245,10 @@ def fill(skeleton: Skeleton, new: list[dict[str, Any]], literals: Literals, *,
             return None
         if any(literals.guard(message[name]) for name in _slots(sig)):
             return None
-    if any(literals.guard(text) for text in _texts(before)):
+    if literals.guard_any(before):
         return None
     out = [skeleton.parts[0]]
     for (i, name), part in zip(skeleton.slots, skeleton.parts[1:], strict=True):
         out.append(new[i][name])
         out.append(part)
     return "".join(out)
-
-
-def _texts(value: Any) -> Iterator[str]:
-    """Every string inside ``value`` (messages, their tool calls and arguments), lazily: ``fill`` stops at the
-    first that holds a literal."""
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _texts(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _texts(v)

@@ -14,7 +14,7 @@ and the call is **engine_rendered**, with the reason.
 What a call costs (issue 13; bench/session_latency, 30-turn tool rollouts):
 rendering a whole conversation through Jinja grows with its length and was
 ~90% of planning (4.3 ms p50 per call, two to three renders); two window
-renders still were ~0.6 of 0.96 ms. Now (~0.2 ms):
+renders still were ~0.6 of 0.96 ms. Now (0.2-0.45 ms by load, the request's JSON included):
 
 - **History compare.** The earlier messages are compared byte for byte (a
   digest of their ``marshal``, ~3x cheaper than their ``repr``) with what the
@@ -38,6 +38,11 @@ renders still were ~0.6 of 0.96 ms. Now (~0.2 ms):
   rendering the window once with sentinels in their place); its next calls
   join that text with theirs, and render only when a text holds a literal the
   template tests (``skeleton``), so only the new text is encoded.
+- **Ids stay arrays.** The stitched prompt is joined as an ``array`` and sent
+  as JSON gathered from a table of id texts (``IdsJson``); the engine's echo
+  is compared as the bytes sent (``answer.without_echo``), so the prefix
+  reference is known (``Plan.reference``) and no list of ~2k ints is made,
+  dumped or parsed per call.
 
 The window assumes a template renders the new turns from the roles and fields
 of the history, not from the text of messages outside the window; a template
@@ -52,13 +57,17 @@ import json
 import logging
 import marshal
 from array import array
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from ingest.gateway.sessions import skeleton
 from ingest.gateway.sessions.skeleton import Skeleton
 from ingest.gateway.sessions.state import DIGEST_BYTES, Session, SessionKey, SessionStore, pack_ids
 from ingest.otlp.messages import loose_json
+from ingest.prefix_refs import Reference, digest
 from schemas.tool_parsers import ToolParser, resolve_parser
 
 log = logging.getLogger(__name__)
@@ -107,15 +116,35 @@ class Plan:
     kinds: frozenset = frozenset()
     """The kinds of this call's messages (``_kind``)."""
     context: bytes = b""
-    prompt_ids: list[int] = field(default_factory=list)
+    tools_digest: bytes | None = None
+    """Digest of the request's tools as sent (``prefix_refs.digest``; None: no tools), made once per call: the
+    context's cache key here, the tools reference of the recorded event later."""
     packed: array | None = None
-    """``prompt_ids`` as the session keeps them (a stitched call): kept when the engine saw exactly these."""
-    upstream_body: dict[str, Any] | None = None
-    """The completions request of a stitched call."""
+    """The prompt ids of a stitched call, as the session keeps them: kept when the engine saw exactly these."""
+    payload: bytes | None = None
+    """The completions request of a stitched call, as JSON (its ids joined from ``IdsJson``, not dumped)."""
+    prompt_json: bytes = b""
+    """The stitched prompt's ids as they are in ``payload`` (``1,2,3``): the engine's echo is looked for as sent."""
+    extends: int = 0
+    """How many leading ids of a stitched prompt are the previous call's prompt and sampled ids."""
     parser: ToolParser | None = None
     """Parses the raw completion of a stitched call; None: the whole text is content."""
     previous: Session | None = None
     """The rollout's last call as this call found it: what its recorded prompt may reference."""
+    echoed: bool = False
+    """The engine's prompt ids were exactly ``packed`` (``Stitcher.remember``): the prefix reference is known."""
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The prompt ids of a stitched call (a list made on demand; the hot path keeps ``packed``)."""
+        return self.packed.tolist() if self.packed is not None else []
+
+    def reference(self) -> Reference | None:
+        """The prefix reference of a stitched call the engine saw exactly: the previous call's prompt and sampled
+        ids + the new ones (compared id by id in ``remember``); None otherwise (the recorder measures it)."""
+        if not self.echoed or self.previous is None or not self.previous.call_id or self.packed is None:
+            return None
+        return Reference(self.previous.call_id, self.extends, self.packed[self.extends:].tolist())
 
     def record(self) -> dict[str, str]:
         """What the ``llm.request`` event says about how its prompt was made."""
@@ -168,10 +197,25 @@ def _joined(prompt: array, sampled: array, suffix: list[int]) -> array:
     return pack_ids([*prompt, *sampled, *suffix])
 
 
+def _same_ids(packed: array, ids: Sequence[int]) -> bool:
+    """Whether ``ids`` are exactly the ids of ``packed`` (packed alike and compared as memory, not as ints)."""
+    if ids is packed:
+        return True
+    if len(packed) != len(ids):
+        return False
+    try:
+        return array(packed.typecode, ids) == packed
+    except (OverflowError, TypeError):  # an id the array cannot hold (or not an int): not these ids
+        return False
+
+
 def _kind(message: dict[str, Any]) -> tuple:
-    """What of a message may change how a template renders around it: its role, the fields it fills, its calls."""
-    filled = tuple(sorted(k for k, v in message.items() if k != "role" and v not in (None, "", [])))
-    return message.get("role"), filled, len(message.get("tool_calls") or ())
+    """What of a message may change how a template renders around it: its role, each other field it holds and
+    whether that is ``None``, ``""``, ``[]`` or filled (``is defined``, ``is none`` and truth tell them apart),
+    its number of tool calls."""
+    fields = tuple(sorted((k, v if v is None or v == "" else "[]" if v == [] else 1)
+                          for k, v in message.items() if k != "role"))
+    return message.get("role"), fields, len(message.get("tool_calls") or ())
 
 
 def _window(messages: list[dict], answer: int) -> list[int]:
@@ -179,6 +223,40 @@ def _window(messages: list[dict], answer: int) -> list[int]:
     answer, the answer (at index ``answer``), the new ones."""
     user = next((n for n in range(answer - 1, 0, -1) if messages[n].get("role") == "user"), 0)
     return sorted({0, user, answer - 1}) + list(range(answer, len(messages)))
+
+
+class IdsJson:
+    """Token ids -> the JSON text of their list's items (``1,2,3``), gathered from a table of each id's text.
+
+    A prompt of ~2k ids is sent on every stitched call: indexing a fixed-width table (``id,`` padded with NULs)
+    with the ids and dropping the padding takes numpy a fraction of ``json.dumps`` of the list (measured
+    ~0.6x with a 151k vocabulary), and needs no list of ints (the prompt stays an ``array``). The table covers
+    every 2-byte id when the vocabulary fits in them, so ``array('H')`` prompts need no bounds check."""
+
+    def __init__(self, vocabulary: int) -> None:
+        rows = 1 << 16 if vocabulary <= 1 << 16 else vocabulary
+        width = len(str(rows - 1)) + 1
+        texts = b"".join(f"{n},".encode().ljust(width, b"\0") for n in range(rows))
+        self._table = np.frombuffer(texts, dtype=np.uint8).reshape(rows, width)
+
+    def __call__(self, ids: array) -> bytes:
+        if not ids:
+            return b""
+        index = np.frombuffer(ids, dtype=ids.typecode)
+        if ids.typecode != "H" and (index.min() < 0 or index.max() >= len(self._table)):
+            return ",".join(map(str, ids)).encode()  # an id past the tokenizer's length: spelled out
+        rows = self._table[index]
+        return rows[rows != 0].tobytes()[:-1]
+
+
+def completion_payload(body: dict[str, Any], prompt_json: bytes) -> bytes | None:
+    """``completion_body`` as the JSON request, the prompt's ids already JSON (``IdsJson``); None when a parameter
+    cannot be mapped."""
+    params = completion_body(body, [])
+    if params is None:
+        return None
+    del params["prompt"]  # what is left always holds return_token_ids: never empty
+    return b'{"prompt":[' + prompt_json + b"]," + json.dumps(params, separators=(",", ":")).encode()[1:]
 
 
 def completion_body(body: dict[str, Any], prompt_ids: list[int]) -> dict[str, Any] | None:
@@ -210,8 +288,11 @@ class Stitcher:
         """Shapes checked on a whole conversation: True when their window renders the new turns exactly, a
         ``Skeleton`` when moreover the new turns are the template's text around the new messages' text."""
         self._literals = skeleton.Literals(template)
-        self._contexts: dict[bytes, bytes] = {}
-        """Digests of (model, tools) as sent -> by meaning."""
+        self._contexts: dict[tuple, bytes] = {}
+        """(model, digest of the tools as sent) -> digest of both by meaning."""
+        self._ids_json = IdsJson(len(tokenizer))
+        self._backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+        """The Rust tokenizer of a fast one (looked up once: an attribute of the wrapper costs ~10 us)."""
         self._kinds: dict[frozenset, frozenset] = {}
         """Message-kind sets, one object each, shared by the sessions that hold them."""
 
@@ -222,7 +303,8 @@ class Stitcher:
             plan = self._compare(messages, session)
         except _Multimodal:
             return Plan("engine_rendered", "multimodal")
-        plan.key, plan.context = key, self._context(body)
+        plan.key = key
+        plan.tools_digest, plan.context = self._context(body)
         if key is None:
             plan.reason = "unattached"
             return plan
@@ -238,13 +320,14 @@ class Stitcher:
         if suffix is None:
             return plan
         packed = _joined(session.prompt_ids, session.sampled_ids, suffix)
-        prompt_ids = packed.tolist()
-        upstream = completion_body(body, prompt_ids)
-        if upstream is None:
+        prompt_json = self._ids_json(packed)
+        payload = completion_payload(body, prompt_json)
+        if payload is None:
             plan.reason = "unsupported_params"
             return plan
-        plan.made, plan.reason, plan.prompt_ids, plan.upstream_body = "stitched", None, prompt_ids, upstream
-        plan.packed = packed
+        plan.made, plan.reason, plan.packed, plan.payload = "stitched", None, packed, payload
+        plan.prompt_json = prompt_json
+        plan.extends = len(session.prompt_ids) + len(session.sampled_ids)
         plan.parser = self.parser if parses else None
         return plan
 
@@ -263,17 +346,19 @@ class Stitcher:
             self._kinds.clear()
         return Plan("engine_rendered", digests=digests, raw=raw, kinds=self._kinds.setdefault(kinds, kinds))
 
-    def _context(self, body: dict[str, Any]) -> bytes:
-        """Digest of the model and tools by meaning (keys sorted); known texts skip the canonical dump."""
-        core = [body.get("model"), body.get("tools")]
-        sent = hashlib.sha1(repr(core).encode("utf-8", "surrogatepass")).digest()
-        found = self._contexts.get(sent)
+    def _context(self, body: dict[str, Any]) -> tuple[bytes | None, bytes]:
+        """The tools' digest as sent (``prefix_refs.digest``, the one hash of them per call) and the digest of the
+        model and tools by meaning (keys sorted), cached by the first."""
+        tools = body.get("tools")
+        sent = digest(tools) if isinstance(tools, list) else None
+        key = (body.get("model"), sent if sent is not None else repr(tools))
+        found = self._contexts.get(key)
         if found is None:
             if len(self._contexts) >= _SHAPES_MAX:
                 self._contexts.clear()
-            found = self._contexts[sent] = hashlib.sha1(
-                json.dumps(core, sort_keys=True, ensure_ascii=False).encode()).digest()
-        return found
+            found = self._contexts[key] = hashlib.sha1(json.dumps(
+                [body.get("model"), tools], sort_keys=True, ensure_ascii=False).encode()).digest()
+        return sent, found
 
     @staticmethod
     def _mismatch(session: Session | None, plan: Plan) -> str | None:
@@ -373,7 +458,7 @@ class Stitcher:
         self._shapes[shape] = windowed
 
     def _encode(self, text: str) -> list[int]:
-        backend = getattr(self.tokenizer, "backend_tokenizer", None) if getattr(self.tokenizer, "is_fast", False) else None
+        backend = self._backend
         if backend is not None:  # the Rust tokenizer itself: the same ids without the Python wrapper's batching
             return backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -386,13 +471,14 @@ class Stitcher:
             messages, tools=tools or None, add_generation_prompt=generation, tokenize=False
         )
 
-    def remember(self, plan: Plan, *, prompt_ids: list[int] | None, sampled_ids: list[int] | None,
+    def remember(self, plan: Plan, *, prompt_ids: Sequence[int] | None, sampled_ids: list[int] | None,
                  content: str | None, tool_calls: list[dict] | None, call_id: str = "") -> None:
         """After a successful call: the next call of the rollout may extend this one."""
         if plan.key is None or not plan.digests or not prompt_ids or not sampled_ids:
             return
         answer = message_digest({"role": "assistant", "content": content, "tool_calls": tool_calls})
-        packed = plan.packed if plan.packed is not None and prompt_ids == plan.prompt_ids else pack_ids(prompt_ids)
+        plan.echoed = plan.packed is not None and _same_ids(plan.packed, prompt_ids)
+        packed = plan.packed if plan.echoed else pack_ids(prompt_ids)
         self.store.put(plan.key, Session(
             messages=plan.digests + answer, context=plan.context, prompt_ids=packed,
             sampled_ids=pack_ids(sampled_ids), call_id=call_id, raw=plan.raw, kinds=plan.kinds,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from array import array
 
 import pytest
@@ -217,3 +218,34 @@ def test_a_new_shape_is_checked_on_the_whole_conversation_even_when_its_window_p
     plan = stitcher.plan({"model": "m", "messages": messages}, key)
     assert made == ["first_call", "stitched", "stitched", "stitched", "stitched"]  # the tool turns' shapes: windowed
     assert plan.reason == "template_not_prefix"
+
+
+def test_a_stitched_prompt_is_sent_as_the_json_of_its_ids():
+    from ingest.gateway.sessions.stitch import IdsJson, completion_payload
+
+    ids = IdsJson(1000)
+    for packed in (array("H", [0, 7, 999, 10, 100]), array("i", [5, 1000, 70_000]), array("i", [-1, 2]), array("H")):
+        assert ids(packed) == json.dumps(packed.tolist(), separators=(",", ":"))[1:-1].encode()
+    body = {"model": "m", "messages": [], "max_completion_tokens": 7}
+    assert json.loads(completion_payload(body, ids(array("H", [1, 2])))) == completion_body(body, [1, 2])
+
+
+def test_the_engines_echo_of_a_stitched_prompt_is_compared_as_sent_or_parsed():
+    from ingest.gateway.sessions.answer import without_echo
+
+    sent = b"1,2,3"
+    reply = b'{"choices":[{"text":"hi","prompt_token_ids":[1,2,3],"token_ids":[4]}]}'
+    assert json.loads(without_echo(reply, sent)) == {"choices": [{"text": "hi", "prompt_token_ids": None,
+                                                                  "token_ids": [4]}]}
+    assert without_echo(reply.replace(b"[1,2,3]", b"[1,2,34]"), sent) is None  # other ids
+    assert without_echo(reply.replace(b"[1,2,3]", b"[1, 2, 3]"), sent) is None  # spelled otherwise: parsed
+    assert without_echo(reply.replace(b'"hi"', b'"hi","prompt_token_ids":[1,2,3]'), sent) is None  # twice
+    assert without_echo(b'{"choices":[{"text":"\\"prompt_token_ids\\":[1,2,3]"}]}', sent) is None  # in a text
+
+
+def test_the_shape_of_a_message_tells_empty_text_from_none_and_from_absent():
+    from ingest.gateway.sessions.stitch import _kind
+
+    kinds = {_kind(m) for m in ({"role": "tool"}, {"role": "tool", "content": None}, {"role": "tool", "content": ""},
+                                {"role": "tool", "content": []}, {"role": "tool", "content": "x"})}
+    assert len(kinds) == 5 and _kind({"role": "tool", "content": "x"}) == _kind({"content": "y", "role": "tool"})
