@@ -500,13 +500,12 @@ def _bucket_filters(bounds: list[str]) -> list[str]:
 
 def _write_touched(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapping[str, str],
                    touched: list[str]) -> Prejoined:
-    """Replace the touched rollouts' rows in each table, one commit per table: the typed rows are read through the
-    filter the Parquet scan checks, and the predicate's id ranges let delta-rs skip, by statistics, the files that
+    """Replace the touched rollouts' rows in each table, one commit per table: the typed rows are read once, through
+    the filter the Parquet scan checks, and the predicate's id ranges let delta-rs skip, by statistics, the files that
     hold none of them (only the files that do are rewritten)."""
     written = {name: 0 for name in PREJOINED}
-    if touched:
-        where = _touched_filter(touched)
-        define_fresh(con, statements, where)
+    if touched:  # the typed rows read once (each view's statement reads them again: three scans, then two)
+        define_fresh(con, statements, _touched_filter(touched), materialize=len(touched) <= MAX_TOUCHED)
         for name, (table, schema, _) in PREJOINED.items():
             rows = con.execute(f'SELECT * FROM {FRESH}."{name}" ORDER BY {_ORDER[name]}').to_arrow_table()
             _append(lake, table, rows.cast(schema), mode="overwrite", predicate=_in(touched))
