@@ -127,8 +127,9 @@ def compact_command(
                               "the lake; by default only the small files written since the last run are rewritten."),
     lake: str | None = LAKE_OPTION,
 ) -> None:
-    """Rewrite the small files written since the last run into few (--full: every file, z-ordered), fold the new rows
-    into the pre-joined tables, then vacuum; safe during ingestion."""
+    """Rewrite the small files written since the last run into few (--full: every file, z-ordered), then vacuum; safe during ingestion.
+
+    The new rows are folded into the pre-joined tables that the llm_calls, tool_steps and rollouts views read."""
     from store.compact import compact
 
     settings = load(OpsSettings, lake=lake, compact_vacuum_hours=vacuum_hours)
