@@ -9,10 +9,12 @@ as Delta markers), so the rows past the marks are exactly the ones not folded in
 keyed by rollout: a rollout the tail touches (any row of it in any typed table) is recomputed whole from the
 typed tables by views.sql's own statements, run in schema ``_fresh`` over typed tables filtered to those
 rollouts (the filter sits below every join and aggregate). The first run (or the first after ``reset``) empties
-the marks, then writes the tables in ``hash(rollout_id)`` buckets of ~``BUCKET_CALLS`` calls, so memory stays at
-one bucket (measured on the 1M-call bench lake, 6 buckets, load 14-21 on 2 cores: 17 min wall, 169 CPU s,
-2.5 GB peak RSS for the three tables; one unbucketed pass over two of them took 17 min and 15 GB); later runs replace the touched rollouts' rows in one
-commit per table (``overwrite`` with a ``rollout_id IN`` predicate). The marks are written last: a run that
+the marks, then writes the tables in buckets of rollout-id ranges of ~``BUCKET_CALLS`` calls, so memory stays at
+one bucket (measured on the 1M-call bench lake, 6 buckets, load 12-20 on 2 cores: 9.2 min wall, 105 CPU s,
+2.4 GB peak RSS for the three tables; ``hash(rollout_id)`` buckets: 17 min, 169 CPU s; one unbucketed pass over
+two of them took 17 min and 15 GB); later runs find the touched rollouts in the tail's files and replace their
+rows in one commit per table (``overwrite`` with a predicate of id ranges and a ``rollout_id IN`` list), which
+rewrites only the files that hold them (measured on that lake: README, "SQL at scale"). The marks are written last: a run that
 stops before them leaves tables newer than the marks, and readers then recompute more rollouts, with the same
 rows. ``reset`` (``store.rebuild`` calls it) empties the marks; forget (and retention through it) deletes from
 the tables like from every table with ``tenant`` and ``rollout_id``.
@@ -20,9 +22,9 @@ the tables like from every table with ``tenant`` and ``rollout_id``.
 Reading (``prejoined_views``, called by ``store.sql.connect``): the marks are read first, then the tables are
 attached (pinned), so the tables are never older than the marks. When no typed table a view reads has a log
 entry past its marked version (one file stat per table), the view is the table alone. Otherwise the tail's
-rollout ids are read from the data files the later commits added (a delete's rewritten files count: after a
-forget, until the next compaction, the rollouts in them are recomputed; by the marked offsets where log entries
-are gone or a tail file was rewritten since; ``refresh`` always uses the offsets) and the view is the table
+rollout ids are read from the rows past the marked offsets in the data files the later commits added (where a
+later commit rewrote one, in the files it wrote instead; by the marked offsets over the whole tables where log
+entries are gone; ``refresh`` reads them the same way) and the view is the table
 without those rollouts plus ``_fresh``'s view of them. Their rows of the typed tables are read once per connection,
 into tables of the connection (up to ``MAX_MATERIALIZED`` rollouts; past it, views read at each query), through
 a condition DuckDB checks inside the Parquet scan (``_touched_filter``: id ranges, then list membership): row
