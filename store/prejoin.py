@@ -9,10 +9,12 @@ as Delta markers), so the rows past the marks are exactly the ones not folded in
 keyed by rollout: a rollout the tail touches (any row of it in any typed table) is recomputed whole from the
 typed tables by views.sql's own statements, run in schema ``_fresh`` over typed tables filtered to those
 rollouts (the filter sits below every join and aggregate). The first run (or the first after ``reset``) empties
-the marks, then writes the tables in ``hash(rollout_id)`` buckets of ~``BUCKET_CALLS`` calls, so memory stays at
-one bucket (measured on the 1M-call bench lake, 6 buckets, load 14-21 on 2 cores: 17 min wall, 169 CPU s,
-2.5 GB peak RSS for the three tables; one unbucketed pass over two of them took 17 min and 15 GB); later runs replace the touched rollouts' rows in one
-commit per table (``overwrite`` with a ``rollout_id IN`` predicate). The marks are written last: a run that
+the marks, then writes the tables in buckets of rollout-id ranges of ~``BUCKET_CALLS`` calls, so memory stays at
+one bucket (measured on the 1M-call bench lake, 6 buckets, load 12-20 on 2 cores: 9.2 min wall, 105 CPU s,
+2.4 GB peak RSS for the three tables; ``hash(rollout_id)`` buckets: 17 min, 169 CPU s; one unbucketed pass over
+two of them took 17 min and 15 GB); later runs find the touched rollouts in the tail's files and replace their
+rows in one commit per table (``overwrite`` with a predicate of id ranges and a ``rollout_id IN`` list), which
+rewrites only the files that hold them (measured on that lake: README, "SQL at scale"). The marks are written last: a run that
 stops before them leaves tables newer than the marks, and readers then recompute more rollouts, with the same
 rows. ``reset`` (``store.rebuild`` calls it) empties the marks; forget (and retention through it) deletes from
 the tables like from every table with ``tenant`` and ``rollout_id``.
@@ -20,9 +22,9 @@ the tables like from every table with ``tenant`` and ``rollout_id``.
 Reading (``prejoined_views``, called by ``store.sql.connect``): the marks are read first, then the tables are
 attached (pinned), so the tables are never older than the marks. When no typed table a view reads has a log
 entry past its marked version (one file stat per table), the view is the table alone. Otherwise the tail's
-rollout ids are read from the data files the later commits added (a delete's rewritten files count: after a
-forget, until the next compaction, the rollouts in them are recomputed; by the marked offsets where log entries
-are gone or a tail file was rewritten since; ``refresh`` always uses the offsets) and the view is the table
+rollout ids are read from the rows past the marked offsets in the data files the later commits added (where a
+later commit rewrote one, in the files it wrote instead; by the marked offsets over the whole tables where log
+entries are gone; ``refresh`` reads them the same way) and the view is the table
 without those rollouts plus ``_fresh``'s view of them. Their rows of the typed tables are read once per connection,
 into tables of the connection (up to ``MAX_MATERIALIZED`` rollouts; past it, views read at each query), through
 a condition DuckDB checks inside the Parquet scan (``_touched_filter``: id ranges, then list membership): row
@@ -90,9 +92,15 @@ FRESH = "_fresh"
 TOUCHED = "_touched"
 MAX_TOUCHED = 5_000
 """Most tail rollouts a reader recomputes (per query); past it the views read the typed tables."""
-MAX_MATERIALIZED = 500
+MAX_MATERIALIZED = 1_500
 """Most tail rollouts whose typed rows a connection copies into memory once (token lists included: a long-context
-rollout holds millions of ids); past it they are filtered views, read again by each query."""
+rollout holds millions of ids); past it they are filtered views, read again by each query. Above the tail the
+scheduler's 5-minute compaction leaves at 200 events/s (~720 rollouts): on the 1M-call bench lake with that tail
+(and 100 late rows of old rollouts), read per query, ``count(*)`` of ``llm_calls`` took 2.3 s (load 11)."""
+PREJOINED_FILE_BYTES = 64 * 1024 * 1024
+"""Largest file a write of the pre-joined tables makes (delta-rs's default: 100 MiB): a ``refresh`` that touches an
+old rollout rewrites the file that holds it; above ``store.compact.SMALL_FILE_BYTES``, so that the incremental
+optimize leaves full files alone."""
 BUCKET_CALLS = 200_000
 """LLM calls per bucket of a whole write (one bucket's rows, token lists included, are in memory at once)."""
 _ORDER = {LLM_CALLS_VIEW: "tenant, rollout_id, seq, call_id", TOOL_STEPS_VIEW: "tenant, rollout_id, seq, call_id",
@@ -192,6 +200,13 @@ def _touched_filter(touched: list[str], *, ranges: int = 16) -> str:
     touched = [rollout for rollout in touched if rollout is not None]  # a NULL id matched no row before either
     if not touched:
         return "false"
+    within = " OR ".join(f"rollout_id BETWEEN {_text(low)} AND {_text(high)}" for low, high in _ranges(touched, ranges))
+    return f"({within}) AND list_contains([{', '.join(map(_text, touched))}]::VARCHAR[], rollout_id)"
+
+
+def _ranges(touched: list[str], ranges: int) -> list[tuple[str, str]]:
+    """Up to ``ranges`` (low, high) ranges that hold the sorted, distinct ids ``touched``, split where neighbours
+    share the shortest prefix (the widest gaps between time-ordered ids such as UUIDv7)."""
 
     def gap(i: int) -> tuple[int, int]:  # smaller: wider gap between touched[i - 1] and touched[i]
         low, high = touched[i - 1], touched[i]
@@ -199,9 +214,7 @@ def _touched_filter(touched: list[str], *, ranges: int = 16) -> str:
         return shared, ord(low[shared]) - ord(high[shared]) if shared < len(low) else 0
 
     cuts = sorted(sorted(range(1, len(touched)), key=gap)[:ranges - 1])
-    bounds = [(touched[a], touched[b - 1]) for a, b in zip([0, *cuts], [*cuts, len(touched)])]
-    within = " OR ".join(f"rollout_id BETWEEN {_text(low)} AND {_text(high)}" for low, high in bounds)
-    return f"({within}) AND list_contains([{', '.join(map(_text, touched))}]::VARCHAR[], rollout_id)"
+    return [(touched[a], touched[b - 1]) for a, b in zip([0, *cuts], [*cuts, len(touched)])]
 
 
 def read_marks(con: duckdb.DuckDBPyConnection, lake: Lake) -> Marks | None:
@@ -224,51 +237,38 @@ def read_marks(con: duckdb.DuckDBPyConnection, lake: Lake) -> Marks | None:
 
 
 def tail_rollouts(con: duckdb.DuckDBPyConnection, lake: Lake, marks: Marks, sources: Iterable[str], *,
-                  limit: int | None = None) -> list[str] | None:
-    """Sorted rollout ids of ``sources``' rows committed after the marked versions, read from the data files those
-    commits added (``tail_files``; by Kafka offsets, ``touched_rollouts``, where a log entry is gone); None when
-    there are more than ``limit``. Measured on the 1M-call bench lake with a 4-commit tail (load ~20): 8.5 s by
-    offsets (every filter branch opens every table, even where file statistics skip each file)."""
-    files: list[str] = []
+                  limit: int | None = None, until: Mapping[str, int] | None = None) -> list[str] | None:
+    """Sorted rollout ids of ``sources``' rows past ``marks``, read from the data files the commits after the marked
+    versions (up to ``until``'s, by source, when given) added (``tail_files``; by Kafka offsets over the whole tables,
+    ``touched_rollouts``, where a log entry is gone); None when there are more than ``limit``. The files' rows are
+    kept by the marked offsets too (``tail_filters``), so an optimize that merged tail files with older rows, or a
+    delete that rewrote a compacted file, adds no rollout that nothing new touched. Measured on the 1M-call bench
+    lake with a 4-commit tail (load ~20): 8.5 s by offsets over the whole tables (every filter branch opens every
+    table, even where file statistics skip each file)."""
+    branches = _tail_branches(lake, marks, sources, until=until)
+    if branches is None:
+        return touched_rollouts(con, marks, sources, limit=limit)
+    return _distinct_ids(con, [f"SELECT rollout_id FROM {scan} WHERE {where}" for _, scan, where in branches],
+                         limit=limit)
+
+
+def _tail_branches(lake: Lake, marks: Marks, sources: Iterable[str], *,
+                   until: Mapping[str, int] | None = None) -> list[tuple[str, str, str]] | None:
+    """(source, a ``read_parquet`` of its tail files, a filter that keeps their rows past the marks), per filter of
+    each source with tail files; None when a source's tail files cannot be told (``tail_files``)."""
+    branches = []
     for source in sources:
-        added = tail_files(lake, source, marks.versions.get(source, -1))
-        if added is None:
-            return touched_rollouts(con, marks, sources, limit=limit)
-        files += added
-    if not files:
-        return []
-    query = "SELECT DISTINCT rollout_id FROM read_parquet(?, union_by_name = true) ORDER BY rollout_id"
-    if limit is not None:
-        query += f" LIMIT {int(limit) + 1}"
-    ids = [row[0] for row in con.execute(query, [files]).fetchall()]
-    return None if limit is not None and len(ids) > limit else ids
-
-
-def tail_files(lake: Lake, table: str, version: int) -> list[str] | None:
-    """URIs of the data files that the commits after ``version`` added to ``table`` with new rows (``dataChange``:
-    an optimize's rewrites of older files are left out; a delete's rewritten files are in, a superset); None when
-    a log entry past ``version`` is gone (log cleanup) or cannot be read, or a later commit removed one of those
-    files (an optimize or a delete rewrote it: its rows now sit in files of older rows, and a vacuum may have
-    deleted it)."""
-    files: list[str] = []
-    current = version + 1
-    while _moved(lake, table, current - 1):
-        text = lake.read_file(f"{table}/_delta_log/{current:020d}.json")
-        if text is None:
+        files = tail_files(lake, source, marks.versions.get(source, -1),
+                           until=None if until is None else until[source])
+        if files is None:
             return None
-        actions = [json.loads(line) for line in text.splitlines() if line.strip()]
-        if any(a["remove"]["path"] in files for a in actions if "remove" in a):
-            return None
-        files += [a["add"]["path"] for a in actions if "add" in a and a["add"].get("dataChange", True)]
-        current += 1
-    return [path if "://" in path else f"{lake.uri(table)}/{unquote(path)}" for path in files]
+        if files:
+            scan = f"read_parquet([{', '.join(_text(f) for f in files)}], union_by_name = true)"
+            branches += [(source, scan, where) for where in tail_filters(marks.offsets.get(source))]
+    return branches
 
 
-def touched_rollouts(con: duckdb.DuckDBPyConnection, marks: Marks, sources: Iterable[str], *,
-                     limit: int | None = None) -> list[str] | None:
-    """Sorted rollout ids of the rows of ``sources`` past ``marks``; None when there are more than ``limit``."""
-    branches = [f'SELECT rollout_id FROM "{source}" WHERE {where}'
-                for source in sources for where in tail_filters(marks.offsets.get(source))]
+def _distinct_ids(con: duckdb.DuckDBPyConnection, branches: list[str], *, limit: int | None) -> list[str] | None:
     if not branches:
         return []
     query = f"SELECT DISTINCT rollout_id FROM ({' UNION ALL '.join(branches)}) ORDER BY rollout_id"
@@ -276,6 +276,36 @@ def touched_rollouts(con: duckdb.DuckDBPyConnection, marks: Marks, sources: Iter
         query += f" LIMIT {int(limit) + 1}"
     ids = [row[0] for row in con.execute(query).fetchall()]
     return None if limit is not None and len(ids) > limit else ids
+
+
+def tail_files(lake: Lake, table: str, version: int, *, until: int | None = None) -> list[str] | None:
+    """URIs of the data files that hold ``table``'s rows committed after ``version`` (up to ``until``): the files
+    those commits added with new rows (``dataChange``: an optimize's rewrites of older files are left out; a
+    delete's rewritten files are in, a superset); where a later commit removed one of them (an optimize or a delete
+    rewrote it, and a vacuum may delete it), the files that commit added instead (its rows moved only there). None
+    when a log entry past ``version`` is gone (log cleanup) or cannot be read."""
+    files: dict[str, None] = {}
+    current = version + 1
+    while (until is None or current <= until) and _moved(lake, table, current - 1):
+        text = lake.read_file(f"{table}/_delta_log/{current:020d}.json")
+        if text is None:
+            return None
+        actions = [json.loads(line) for line in text.splitlines() if line.strip()]
+        removed = [a["remove"]["path"] for a in actions if "remove" in a and a["remove"]["path"] in files]
+        for path in removed:
+            del files[path]
+        files.update((a["add"]["path"], None) for a in actions
+                     if "add" in a and (removed or a["add"].get("dataChange", True)))
+        current += 1
+    return [path if "://" in path else f"{lake.uri(table)}/{unquote(path)}" for path in files]
+
+
+def touched_rollouts(con: duckdb.DuckDBPyConnection, marks: Marks, sources: Iterable[str], *,
+                     limit: int | None = None) -> list[str] | None:
+    """Sorted rollout ids of the rows of ``sources`` past ``marks``; None when there are more than ``limit``."""
+    return _distinct_ids(con, [f'SELECT rollout_id FROM "{source}" WHERE {where}'
+                               for source in sources for where in tail_filters(marks.offsets.get(source))],
+                         limit=limit)
 
 
 def tail_filters(marks: Offsets | None) -> list[str]:
@@ -368,6 +398,10 @@ def _exists(lake: Lake, path: str) -> bool:
 def refresh(lake: Lake) -> Prejoined:
     """Bring the pre-joined tables up to the lake's current typed tables (only touched rollouts after the first run).
 
+    After the first run its cost follows the tail, not the lake: the touched rollouts and the offsets to mark are
+    read from the tail's files (``tail_rollouts``), the touched rollouts' rows through the filter the Parquet scan
+    checks (``_touched_filter``), and only the pre-joined files that hold them are rewritten.
+
     >>> refresh(Lake("./lake"))  # doctest: +SKIP
     Prejoined(incremental=True, rollouts=40, calls=812, buckets=0)
     """
@@ -379,13 +413,19 @@ def refresh(lake: Lake) -> Prejoined:
         con.execute("SET preserve_insertion_order = false")
         statements = dict(zip(JOINED_VIEWS, joined_view_statements()))
         marks = read_marks(con, lake)
-        covered = _covered(con, versions)
         tables = all(_is_table(lake, table) for table, _, _ in PREJOINED.values())
-        touched = touched_rollouts(con, marks, SOURCES) if marks is not None and tables else None
-        if touched is None:
+        branches = _tail_branches(lake, marks, SOURCES, until=versions) if marks is not None and tables else None
+        if marks is None or not tables:
+            covered = _covered(con, versions)
             result = _write_whole(con, lake, statements, had_marks=marks is not None)
+        elif branches is None:  # a tail file's log entry is gone: the typed tables by the marked offsets
+            covered = _covered(con, versions)
+            result = _write_touched(con, lake, statements, touched_rollouts(con, marks, SOURCES) or [])
         else:
-            result = _write_touched(con, lake, statements, touched)
+            covered = _covered_tail(con, marks, versions, branches)
+            touched = _distinct_ids(con, [f"SELECT rollout_id FROM {scan} WHERE {where}"
+                                          for _, scan, where in branches], limit=None)
+            result = _write_touched(con, lake, statements, touched or [])
     finally:
         con.close()
     _overwrite(lake, COMPACTION_MARKS_TABLE, covered)
@@ -405,24 +445,57 @@ def _write_whole(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapping
     if had_marks:
         reset(lake)  # readers must not pair the old marks with half-written tables
     (calls,) = con.execute(f'SELECT count(*) FROM "{LLM_REQUESTS_TABLE}"').fetchone()
-    buckets = max(1, -(-calls // BUCKET_CALLS))
+    bounds = _bucket_bounds(con, max(1, -(-calls // BUCKET_CALLS)))
     written = {name: 0 for name in PREJOINED}
-    for bucket in range(buckets):
-        define_fresh(con, statements, f"hash(rollout_id) % {buckets} = {bucket}")
+    for bucket, where in enumerate(_bucket_filters(bounds)):
+        define_fresh(con, statements, where)
         for name, (table, schema, _) in PREJOINED.items():
             rows = con.execute(f'SELECT * FROM {FRESH}."{name}" ORDER BY {_ORDER[name]}').to_arrow_table()
             _append(lake, table, rows.cast(schema), mode="overwrite" if bucket == 0 else "append")
             written[name] += rows.num_rows
-        log.info("prejoin.bucket bucket=%d of=%d calls=%d", bucket + 1, buckets, written[LLM_CALLS_VIEW])
-    return Prejoined(False, written[ROLLOUTS_VIEW], written[LLM_CALLS_VIEW], buckets)
+        log.info("prejoin.bucket bucket=%d of=%d calls=%d", bucket + 1, len(bounds) + 1, written[LLM_CALLS_VIEW])
+    return Prejoined(False, written[ROLLOUTS_VIEW], written[LLM_CALLS_VIEW], len(bounds) + 1)
+
+
+def _bucket_bounds(con: duckdb.DuckDBPyConnection, buckets: int) -> list[str]:
+    """Rollout ids that cut the calls' rollouts into ``buckets`` ranges of about as many rollouts (fewer when
+    there are fewer distinct ids). Ranges, not hashes: each written file then holds one range of ids, so a later
+    ``refresh`` rewrites only the files of the rollouts it touches (their statistics skip the others), and the
+    typed tables' files outside a range are skipped when a bucket reads them."""
+    if buckets <= 1:
+        return []
+    quantiles = ", ".join(str(k / buckets) for k in range(1, buckets))
+    (bounds,) = con.execute(f'SELECT quantile_disc(rollout_id, [{quantiles}]) FROM '
+                            f'(SELECT DISTINCT rollout_id FROM "{LLM_REQUESTS_TABLE}" WHERE rollout_id IS NOT NULL)'
+                            ).fetchone()
+    return sorted(set(bounds or []))
+
+
+def _bucket_filters(bounds: list[str]) -> list[str]:
+    """Conditions on ``rollout_id`` for the ranges ``bounds`` cut: together every row once (NULL ids in the first).
+
+    >>> _bucket_filters(["m"])
+    ["(rollout_id < 'm' OR rollout_id IS NULL)", "rollout_id >= 'm'"]
+    """
+    if not bounds:
+        return ["true"]
+    lows, highs = [None, *bounds], [*bounds, None]
+    filters = []
+    for low, high in zip(lows, highs):
+        parts = ([] if low is None else [f"rollout_id >= {_text(low)}"]) + \
+                ([] if high is None else [f"rollout_id < {_text(high)}"])
+        filters.append(" AND ".join(parts) if low is not None else f"({parts[0]} OR rollout_id IS NULL)")
+    return filters
 
 
 def _write_touched(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapping[str, str],
                    touched: list[str]) -> Prejoined:
-    """Replace the touched rollouts' rows in each table, one commit per table."""
+    """Replace the touched rollouts' rows in each table, one commit per table: the typed rows are read once, through
+    the filter the Parquet scan checks, and the predicate's id ranges let delta-rs skip, by statistics, the files that
+    hold none of them (only the files that do are rewritten)."""
     written = {name: 0 for name in PREJOINED}
-    if touched:
-        define_fresh(con, statements, _touched_table(con, touched))
+    if touched:  # the typed rows read once (each view's statement reads them again: three scans, then two)
+        define_fresh(con, statements, _touched_filter(touched), materialize=len(touched) <= MAX_TOUCHED)
         for name, (table, schema, _) in PREJOINED.items():
             rows = con.execute(f'SELECT * FROM {FRESH}."{name}" ORDER BY {_ORDER[name]}').to_arrow_table()
             _append(lake, table, rows.cast(schema), mode="overwrite", predicate=_in(touched))
@@ -448,6 +521,25 @@ def _covered(con: duckdb.DuckDBPyConnection, versions: Mapping[str, int]) -> pa.
     return pa.Table.from_pylist(rows, schema=COMPACTION_MARKS)
 
 
+def _covered_tail(con: duckdb.DuckDBPyConnection, marks: Marks, versions: Mapping[str, int],
+                  branches: list[tuple[str, str, str]]) -> pa.Table:
+    """``_covered`` from the marks and the tail's files alone: each partition's highest offset there or marked."""
+    now = datetime.now(timezone.utc)
+    scans = {source: scan for source, scan, _ in branches}
+    rows = []
+    for source in SOURCES:
+        highest = {key: offset for key, offset in marks.offsets.get(source, {}).items()}
+        if source in scans:
+            for topic, partition, offset in con.execute(
+                    f"SELECT kafka_topic, kafka_partition, max(kafka_offset) FROM {scans[source]} GROUP BY ALL").fetchall():
+                if topic is not None:
+                        highest[(topic, partition)] = max(offset, highest.get((topic, partition), offset))
+        for (topic, partition), offset in sorted(highest.items()) or [((None, None), None)]:
+            rows.append({"source": source, "source_version": versions[source], "kafka_topic": topic,
+                         "kafka_partition": partition, "kafka_offset": offset, "compacted_at": now})
+    return pa.Table.from_pylist(rows, schema=COMPACTION_MARKS)
+
+
 def _overwrite(lake: Lake, table: str, data: pa.Table) -> None:
     _append(lake, table, data, mode="overwrite")
 
@@ -462,13 +554,21 @@ def _append(lake: Lake, table: str, data: pa.Table, *, mode: str, predicate: str
 
     from store.compact import COMPACT_WRITER_PROPERTIES  # store.compact imports this module
 
-    write_deltalake(lake.write_uri(table), data, mode=mode, predicate=predicate,
+    write_deltalake(lake.write_uri(table), data, mode=mode, predicate=predicate, target_file_size=PREJOINED_FILE_BYTES,
                     schema_mode="overwrite" if mode == "overwrite" and predicate is None else None,
                     storage_options=dict(lake.storage_options), writer_properties=COMPACT_WRITER_PROPERTIES)
 
 
-def _in(ids: list[str]) -> str:
-    return f"rollout_id IN ({', '.join(map(_text, ids))})"
+def _in(ids: list[str], *, ranges: int = 16) -> str:
+    """A delete predicate for the rows of the rollouts ``ids`` (sorted, distinct): id ranges first, which delta-rs
+    checks against each file's statistics (an ``IN`` list alone skips no file), then the list itself.
+
+    >>> _in(["a1", "a2", "b7"], ranges=2)
+    "(rollout_id >= 'a1' AND rollout_id <= 'a2' OR rollout_id >= 'b7' AND rollout_id <= 'b7') AND rollout_id IN ('a1', 'a2', 'b7')"
+    """
+    ids = [rollout for rollout in ids if rollout is not None]
+    within = " OR ".join(f"rollout_id >= {_text(low)} AND rollout_id <= {_text(high)}" for low, high in _ranges(ids, ranges))
+    return f"({within}) AND rollout_id IN ({', '.join(map(_text, ids))})"
 
 
 def _text(value: str) -> str:

@@ -39,7 +39,7 @@ def ensure_lakes(workdir: Path, *, rollouts: int, per_commit: int, seed: int = 0
     asked = {"rollouts": rollouts, "per_commit": per_commit, "seed": seed, "max_context_tokens": max_context_tokens,
              "generator": "fast_lake"}
     ingested, compacted = workdir / "ingested", workdir / "compacted"
-    facts = _read_marker(ingested)
+    facts = read_marker(ingested)
     if facts is None or facts["asked"] != asked:
         shutil.rmtree(ingested, ignore_errors=True)
         shutil.rmtree(compacted, ignore_errors=True)
@@ -51,7 +51,7 @@ def ensure_lakes(workdir: Path, *, rollouts: int, per_commit: int, seed: int = 0
         facts = {"asked": asked, **totals, "generate_s": round(time.perf_counter() - started, 1),
                  "bytes": _size(ingested)}
         (ingested / MARKER).write_text(json.dumps(facts))
-    compact_facts = _read_marker(compacted)
+    compact_facts = read_marker(compacted)
     if compact_facts is None or compact_facts["asked"] != asked:
         shutil.rmtree(compacted, ignore_errors=True)
         shutil.copytree(ingested, compacted)
@@ -73,11 +73,11 @@ def ensure_tail(workdir: Path, *, rollouts: int = 200, commits: int = 4, replays
     ``rollouts`` new rollouts in ``commits`` commits and ``replays`` resent responses appended."""
     compacted, tail = workdir / "compacted", workdir / "tail"
     asked = {"rollouts": rollouts, "commits": commits, "replays": replays}
-    facts = _read_marker(tail)
-    if facts is None or facts.get("tail_asked") != asked or facts.get("asked") != _read_marker(compacted)["asked"]:
+    facts = read_marker(tail)
+    if facts is None or facts.get("tail_asked") != asked or facts.get("asked") != read_marker(compacted)["asked"]:
         shutil.rmtree(tail, ignore_errors=True)
         shutil.copytree(compacted, tail)
-        facts = {**_read_marker(compacted), "tail_asked": asked,
+        facts = {**read_marker(compacted), "tail_asked": asked,
                  "tail": append_tail(tail, rollouts=rollouts, commits=commits, replays=replays, seed=1)}
         (tail / MARKER).write_text(json.dumps(facts))
     return facts
@@ -88,7 +88,7 @@ def _size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def _read_marker(folder: Path) -> dict[str, Any] | None:
+def read_marker(folder: Path) -> dict[str, Any] | None:
     try:
         return json.loads((folder / MARKER).read_text())
     except (OSError, ValueError):

@@ -1,11 +1,14 @@
 """SQL at scale (issue 16): the canonical questions through the views and by hand on the raw tables.
 
-Builds (or reuses) three lakes under ``--workdir`` (``bench/sql/lake.py``: the
-fast generator, ``fast_lake.py``): one as the ingester leaves it
-(``--per-commit`` rollouts per commit: the views read the typed tables), one
-after ``trajlake compact`` (they read the pre-joined tables alone) and that one
-with a recent tail appended (200 new rollouts in 4 commits, 100 resent
-responses: the pre-joined tables plus the tail's rollouts recomputed).
+Builds (or reuses) four lakes under ``--workdir`` (``bench/sql/lake.py``: the
+fast generator, ``fast_lake.py``): one as the ingester writes it and nothing
+compacts it (``--per-commit`` rollouts per commit: the views read the typed
+tables), one after ``trajlake compact`` (they read the pre-joined tables alone),
+that one with a recent tail appended (200 new rollouts in 4 commits, 100 resent
+responses: the pre-joined tables plus the tail's rollouts recomputed), and the
+lake as the ingest service leaves it (``compaction.py``: the compacted one after
+10 then 100 more ingest commits, each followed by the scheduler's incremental
+compaction, timed, then the tail of one 5-minute cadence at 200 events/s).
 The CLI's start-up is ``bench/cli`` (``python -m bench cli -- --lake DIR``
 times it on a lake built here). Per lake (``--lakes``, in that order): opens one connection (``store.sql.connect``, timed), runs
 every question of ``questions.py`` in both forms once to warm up, then
@@ -45,6 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.results import Ratio, Recorder, peak_rss_mb, results_path  # noqa: E402
+from bench.sql.compaction import ensure_service  # noqa: E402
 from bench.sql.lake import ensure_lakes, ensure_tail  # noqa: E402
 from bench.sql.questions import Question, questions  # noqa: E402
 from store.lake import Lake  # noqa: E402
@@ -54,7 +58,9 @@ from store.sql import connect  # noqa: E402
 GOALS_S = {"scalar": 0.1, "tokens": 1.0}
 GOAL_RATIO = 1.5
 CLI_GOALS_S = {"help": 0.3, "sql_select_1": 0.5}
-LAKES = ("ingested", "compacted", "tail")
+LAKES = ("ingested", "compacted", "tail", "service")
+GOAL_COMPACT = 0.05
+"""An incremental compaction after a short tail / a whole compaction of the lake, wall seconds: about the tail."""
 
 
 def load() -> float:
@@ -135,10 +141,25 @@ def _bench_question(con: Any, q: Question, rounds: int, *, floor: str | None = N
 
 
 def ratios(results: dict[str, Any]) -> list[Ratio]:
-    """One view / raw ratio per lake and question, a value per round."""
-    return [Ratio(f"{lake}_{q['question']}", f"{lake}: {q['question']} ({q['kind']}), warm s, views / raw tables",
-                  q["ratios"], goal=GOAL_RATIO, better="lower")
-            for lake in LAKES for q in results.get(lake, {}).get("questions", [])]
+    """One view / raw ratio per lake and question, a value per round; the service lake's compactions against a
+    whole one."""
+    found = [Ratio(f"{lake}_{q['question']}", f"{lake}: {q['question']} ({q['kind']}), warm s, views / raw tables",
+                   q["ratios"], goal=GOAL_RATIO, better="lower")
+             for lake in LAKES for q in results.get(lake, {}).get("questions", [])]
+    service, whole = results["lake"].get("service"), whole_compaction_s(results["lake"]["compacted"])
+    for step in (service or {}).get("steps", []) if whole else []:
+        found.append(Ratio(f"compact_after_{step['commits']}_commits",
+                           f"`trajlake compact` (incremental) after {step['commits']} ingest commits / a whole "
+                           "compaction of the lake, wall s", [round(step["compact"]["wall_s"] / whole, 4)],
+                           goal=GOAL_COMPACT, better="lower"))
+    return found
+
+
+def whole_compaction_s(facts: dict[str, Any]) -> float | None:
+    """Wall seconds of the compacted lake's whole compaction: the optimize, then the first pre-join."""
+    if "compact_s" not in facts or "prejoin" not in facts:
+        return None
+    return facts["compact_s"] + facts["prejoin"]["wall_s"]
 
 
 def summary(results: dict[str, Any]) -> str:
@@ -146,6 +167,12 @@ def summary(results: dict[str, Any]) -> str:
     facts = results["lake"]["ingested"]
     parts = [f"{facts['llm_calls']:,} LLM calls, {facts['asked']['rollouts']:,} rollouts, "
              f"{facts['commits']} commits ingested"]
+    if service := results["lake"].get("service"):
+        steps = "; ".join(f"after {s['commits']} commits {s['compact']['wall_s']:.1f} s wall, {s['compact']['cpu_s']:.1f} "
+                          f"CPU s, {s['compact']['peak_rss_mb']} MB peak RSS, {s['compact']['rollouts_recomputed']} "
+                          "rollouts recomputed" for s in service["steps"])
+        parts.append(f"incremental compaction: {steps} (whole: {whole_compaction_s(results['lake']['compacted']):.0f} "
+                     f"s); service tail {service['tail']['commits']} commits")
     for lake in LAKES:
         if results.get(lake, {}).get("questions"):
             qs = results[lake]["questions"]
@@ -171,11 +198,14 @@ def main() -> int:
     args = parser.parse_args()
     recorder = Recorder("sql", "canonical questions (counts, group-bys, one rollout's calls, token-list aggregates) "
                                "through the views vs written by hand on the raw Delta tables, in one connection, "
-                               "on a lake as ingested, after `trajlake compact`, and compacted with a recent tail")
+                               f"on the lakes {', '.join(args.lakes)} (service: as the ingest service leaves it, "
+                               "compacted incrementally every 5 minutes)")
     facts = ensure_lakes(args.workdir, rollouts=args.rollouts, per_commit=args.per_commit,
                          max_context_tokens=args.max_context)
     if "tail" in args.lakes:
         facts["tail"] = ensure_tail(args.workdir)
+    if "service" in args.lakes:
+        facts["service"] = ensure_service(args.workdir, per_commit=args.per_commit)
     print(json.dumps(facts), flush=True)
     results: dict[str, Any] = {"lake": facts}
 

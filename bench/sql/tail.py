@@ -1,7 +1,8 @@
 """A recent tail for a bench lake: what the ingester appends after the scheduler's compact last ran.
 
-Draws ``rollouts`` new rollouts with the fast generator (``fast_lake.py``, another seed) into a scratch
-lake, then appends them to the lake in ``commits`` commits per typed table with Kafka offsets past the
+Draws ``rollouts`` new rollouts with the fast generator (``fast_lake.py``, another seed, its clock started
+after the lake's last rollout: new rollout ids sort after the lake's, as UUIDv7 ids of later rollouts do) into a
+scratch lake, then appends them to the lake in ``commits`` commits per typed table with Kafka offsets past the
 lake's (as the ingester would), plus ``replays`` producer resends of responses already in the lake (same
 event ids: the views must collapse them, and their rollouts are recomputed). ``bench/sql/lake.py`` builds
 the ``tail`` lake with it.
@@ -10,13 +11,14 @@ the ``tail`` lake with it.
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 
 from bench.sql.fast_lake import SCHEMAS, FastLakeConfig, write_lake
-from schemas.tables import LLM_RESPONSES_TABLE
+from schemas.tables import LLM_RESPONSES_TABLE, ROLLOUT_STARTS_TABLE
 from store.lake import Lake
 from store.prejoin import SOURCES
 from store.sql import delta_extension_path
@@ -30,10 +32,12 @@ def append_tail(root: Path, *, rollouts: int, commits: int, replays: int, seed: 
     next_offset = 1 + max(con.execute(f"SELECT max(kafka_offset) FROM delta_scan('{root / name}')").fetchone()[0]
                           for name in SOURCES if lake.exists(name))
     replayed = con.execute(f"SELECT * FROM delta_scan('{root / LLM_RESPONSES_TABLE}') LIMIT {replays}").to_arrow_table()
+    (last_ms,) = con.execute(f"SELECT epoch_ms(max(ts)) FROM delta_scan('{root / ROLLOUT_STARTS_TABLE}')").fetchone()
     con.close()
+    config = FastLakeConfig.for_rollouts(rollouts, seed=seed, per_commit=rollouts)
+    config = replace(config, workload=config.workload.model_copy(update={"start_ms": int(last_ms) + 1_000}))
     with tempfile.TemporaryDirectory() as scratch:
-        write_lake(scratch, FastLakeConfig.for_rollouts(rollouts, seed=seed, per_commit=rollouts), rollouts=rollouts,
-                   workers=0)
+        write_lake(scratch, config, rollouts=rollouts, workers=0)
         new = {name: Lake(scratch).read(name) for name in SOURCES if Lake(scratch).exists(name)}
     new[LLM_RESPONSES_TABLE] = pa.concat_tables([new[LLM_RESPONSES_TABLE],
                                                  replayed.select(new[LLM_RESPONSES_TABLE].column_names)

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import write_deltalake
 
-from store.compact import compact, compact_table
+from store.compact import compact, compact_table, vacuum
 from store.lake import Lake
 
 ROWS_PER_BATCH = 40
@@ -44,7 +44,7 @@ def parquet_files(lake: Lake, table: str) -> list[Path]:
 def test_compaction_rewrites_small_files_and_vacuums_them(lake: Lake) -> None:
     append_batches(lake, "events", 0, 12)
     assert len(parquet_files(lake, "events")) == 12
-    [result] = compact(lake, tables=["events"], vacuum_retention=timedelta(0))
+    [result] = compact(lake, tables=["events"], vacuum_retention=timedelta(0), full=True)
     assert (result.files_removed, result.files_added, result.files_vacuumed) == (12, 1, 12)
     assert result.z_order == ("task_id", "rollout_id")
     assert len(parquet_files(lake, "events")) == 1
@@ -52,7 +52,26 @@ def test_compaction_rewrites_small_files_and_vacuums_them(lake: Lake) -> None:
     assert lake.marker("events", APP_ID) == 12 * ROWS_PER_BATCH - 1
 
 
-def test_compaction_during_ingestion_loses_nothing_and_keeps_markers(lake: Lake) -> None:
+def test_a_second_run_rewrites_only_the_files_written_since(lake: Lake, monkeypatch: pytest.MonkeyPatch) -> None:
+    for half in range(2):  # two large appends: one large file once compacted
+        lake.append("events", pa.concat_tables([batch(o) for o in range(half * 4_000, (half + 1) * 4_000, ROWS_PER_BATCH)]))
+    [first] = compact(lake, tables=["events"], vacuum_retention=timedelta(0))
+    assert (first.files_removed, first.files_added, first.z_order) == (2, 1, ())
+    [big] = parquet_files(lake, "events")
+    monkeypatch.setattr("store.compact.SMALL_FILE_BYTES", big.stat().st_size - 1)  # that file is now a full one
+    end = append_batches(lake, "events", 8_000, 3)
+    [second] = compact(lake, tables=["events"], vacuum_retention=timedelta(0))
+    assert (second.files_removed, second.files_added) == (3, 1)
+    assert big in parquet_files(lake, "events") and len(parquet_files(lake, "events")) == 2
+    offsets = lake.read("events", columns=["kafka_offset"])["kafka_offset"].to_pylist()
+    assert sorted(offsets) == list(range(end))
+    assert lake.marker("events", APP_ID) == end - 1
+    [nothing] = compact(lake, tables=["events"], vacuum_retention=None)  # the scheduler's frequent run
+    assert (nothing.files_removed, nothing.version_after) == (0, nothing.version_before)  # no commit at all
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["incremental", "full"])
+def test_compaction_during_ingestion_loses_nothing_and_keeps_markers(lake: Lake, full: bool) -> None:
     append_batches(lake, "events", 0, 5)
     done = threading.Event()
     written: list[int] = []
@@ -67,7 +86,7 @@ def test_compaction_during_ingestion_loses_nothing_and_keeps_markers(lake: Lake)
     thread.start()
     rounds = 0
     while not done.is_set() or rounds < 2:
-        compact_table(lake, "events", vacuum_retention=timedelta(0))
+        compact_table(lake, "events", vacuum_retention=timedelta(0), full=full)
         rounds += 1
     thread.join()
 
@@ -92,6 +111,16 @@ def test_compacted_files_keep_token_ids_plain_and_scalars_in_dictionaries(lake: 
     assert token_ids.compression == rollout_id.compression == "ZSTD"
     assert not token_ids.has_dictionary_page and "RLE_DICTIONARY" not in token_ids.encodings
     assert rollout_id.has_dictionary_page
+
+
+def test_vacuum_apart_from_compaction(lake: Lake) -> None:
+    append_batches(lake, "events", 0, 3)
+    [result] = compact(lake, tables=["events"], vacuum_retention=None)
+    assert (result.files_removed, result.files_vacuumed, len(parquet_files(lake, "events"))) == (3, 0, 4)
+    assert vacuum(lake, retention=timedelta(0)) == {"events": 3}
+    assert len(parquet_files(lake, "events")) == 1 and lake.read("events").num_rows == 3 * ROWS_PER_BATCH
+    with pytest.raises(ValueError, match=">= 0"):
+        vacuum(lake, retention=timedelta(hours=-1))
 
 
 def test_default_retention_keeps_removed_files_for_older_readers(lake: Lake) -> None:
@@ -123,7 +152,7 @@ def test_compact_cli_reports_each_table(lake: Lake) -> None:
     from trajlake.cli import build_app
 
     append_batches(lake, "events", 0, 3)
-    result = CliRunner().invoke(build_app(), ["compact", "--vacuum-hours", "0", "--lake", lake.root])
+    result = CliRunner().invoke(build_app(), ["compact", "--full", "--vacuum-hours", "0", "--lake", lake.root])
     assert result.exit_code == 0, result.output
     assert "events" in result.output and "task_id,rollout_id" in result.output
     assert len(parquet_files(lake, "events")) == 1

@@ -36,7 +36,7 @@ def rewritten(lake: Lake, how: str) -> Lake:
     if how == "retention":
         assert apply_retention(lake, RetentionPolicy.parse({"bravo": 1}), clock=lambda: LATER)
     if how.endswith("z-order"):
-        assert {c.table: c.z_order for c in compact(lake)}["events"] == Z_ORDER_COLUMNS
+        assert {c.table: c.z_order for c in compact(lake, full=True)}["events"] == Z_ORDER_COLUMNS
     return lake
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from datetime import datetime, timedelta, timezone
 
@@ -288,6 +289,15 @@ def test_nightly_window_without_rollouts_succeeds_as_skipped(rollouts_lake: Lake
     assert final.status is RunStatus.SUCCEEDED and "no rollout is left" in final.results["skipped"]
 
 
+def test_compaction_runs_every_few_minutes_and_vacuums_daily(lake: Lake, tmp_path) -> None:
+    from trajlake.commands.scheduler import SchedulerSettings, build_jobs
+
+    defaults = SchedulerSettings(lake=lake.root, train_out=str(tmp_path / "ck"), scheduler_cron="")
+    assert {(j.name, j.cron) for j in build_jobs(lake, defaults)} == {("compact", "*/5 * * * *"),
+                                                                     ("vacuum", "0 4 * * *")}
+    assert build_jobs(lake, defaults.model_copy(update={"compact_cron": ""})) == []  # off, with its vacuum
+
+
 def test_scheduler_cli_runs_a_window_once(lake: Lake) -> None:
     from typer.testing import CliRunner
 
@@ -364,7 +374,9 @@ def test_two_scheduler_processes_take_each_backfilled_window_once(lake: Lake) ->
     since = (datetime.now(timezone.utc) - timedelta(days=3)).strftime("%Y-%m-%dT%H:%M:%S")
     command = [sys.executable, "-m", "trajlake.cli", "scheduler", "--once", "--job", "compact",
                "--backfill", since, "--lake", lake.root]
-    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    env = {**os.environ, "TRAJLAKE_COMPACT_CRON": "0 4 * * *"}  # daily: three windows in three days
+    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                 for _ in range(2)]
     outputs = [p.communicate(timeout=120)[0] for p in processes]
     assert [p.returncode for p in processes] == [0, 0], outputs
     history = RunsTable(lake).history()

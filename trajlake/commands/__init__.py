@@ -36,8 +36,8 @@ COMMANDS: dict[str, Entry] = {
                                 "and checkpoints."),
     "forget": Entry("ops", "Delete a tenant's, rollouts' or user's rows from every table, vacuum their files, audit "
                            "it."),
-    "compact": Entry("ops", "Rewrite small files into few z-ordered ones (task_id, rollout_id), then vacuum; safe "
-                            "during ingestion."),
+    "compact": Entry("ops", "Rewrite the small files written since the last run into few (--full: every file, "
+                            "z-ordered), then vacuum; safe during ingestion."),
     "query-api": Entry("query_api", "Serve read-only SQL, rollouts, datasets and lineage over HTTP; each API key sees "
                                     "only its tenant's rows."),
     "scheduler": Entry("scheduler", "Run jobs on their cron windows, each window once across restarts and scheduler "

@@ -123,14 +123,18 @@ def retention_apply(
 def compact_command(
     table: list[str] = typer.Option([], help="Table to compact (repeatable; default: every table of the lake)."),
     vacuum_hours: int | None = typer.Option(None, min=0, help="Keep removed files this many hours (TRAJLAKE_COMPACT_VACUUM_HOURS, default 168)."),
+    full: bool = typer.Option(False, "--full", help="Rewrite every file, z-ordered (task_id, rollout_id): costs about "
+                              "the lake; by default only the small files written since the last run are rewritten."),
     lake: str | None = LAKE_OPTION,
 ) -> None:
-    """Rewrite small files into few z-ordered ones (task_id, rollout_id), then vacuum; safe during ingestion."""
+    """Rewrite the small files written since the last run into few (--full: every file, z-ordered), then vacuum; safe during ingestion.
+
+    The new rows are folded into the pre-joined tables that the llm_calls, tool_steps and rollouts views read."""
     from store.compact import compact
 
     settings = load(OpsSettings, lake=lake, compact_vacuum_hours=vacuum_hours)
     results = compact(settings.open_lake(), tables=table or None,
-                      vacuum_retention=timedelta(hours=settings.compact_vacuum_hours))
+                      vacuum_retention=timedelta(hours=settings.compact_vacuum_hours), full=full)
     _render_compacted(Console(), results)
 
 
