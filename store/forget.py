@@ -77,9 +77,12 @@ from schemas.tables import (
 )
 from store.compact import COMPACT_WRITER_PROPERTIES
 from store.lake import Lake, list_tables
+from store.prejoin import PREJOINED
 from store.storage import arrow_filesystem
 
 log = logging.getLogger(__name__)
+
+PREJOINED_TABLES = frozenset(table for table, _, _ in PREJOINED.values())
 
 MAX_ID_CHARS = 512
 IDS_PER_DELETE = 1000
@@ -150,7 +153,10 @@ def forget(
     >>> forget(Lake("./lake"), ForgetRequest(tenant="acme"))  # doctest: +SKIP
     """
     requested_at = clock()
-    tables = [name for name in list_tables(lake) if name != FORGET_AUDIT_TABLE]
+    # the pre-joined tables last: a compaction's refresh that read a rollout's typed rows before they were deleted
+    # then conflicts with the pre-joined delete (``store.prejoin.refresh``) instead of writing the rollout back
+    tables = sorted((name for name in list_tables(lake) if name != FORGET_AUDIT_TABLE),
+                    key=lambda table: table in PREJOINED_TABLES)
     rollouts = _selected_rollouts(lake, request, tables)
     marked = _dataset_versions_with(lake, rollouts, tables)
     audited = rollouts | _quarantined_rollouts(lake, request, tables)

@@ -51,11 +51,13 @@ import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import duckdb
 import pyarrow as pa
 
+from schemas.errors import Conflict
 from schemas.tables import (
     COMPACTED_LLM_CALLS,
     COMPACTED_LLM_CALLS_TABLE,
@@ -75,6 +77,9 @@ from schemas.tables import (
     TYPED_TABLES,
 )
 from store.lake import Lake
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +102,8 @@ MAX_MATERIALIZED = 1_500
 rollout holds millions of ids); past it they are filtered views, read again by each query. Above the tail the
 scheduler's 5-minute compaction leaves at 200 events/s (~720 rollouts): on the 1M-call bench lake with that tail
 (and 100 late rows of old rollouts), read per query, ``count(*)`` of ``llm_calls`` took 2.3 s (load 11)."""
+REFRESH_ATTEMPTS = 3
+"""Runs of a refresh whose rewrite lost to a concurrent change of the pre-joined tables (a forget, another refresh)."""
 PREJOINED_FILE_BYTES = 64 * 1024 * 1024
 """Largest file a write of the pre-joined tables makes (delta-rs's default: 100 MiB): a ``refresh`` that touches an
 old rollout rewrites the file that holds it; above ``store.compact.SMALL_FILE_BYTES``, so that the incremental
@@ -402,11 +409,30 @@ def refresh(lake: Lake) -> Prejoined:
     read from the tail's files (``tail_rollouts``), the touched rollouts' rows through the filter the Parquet scan
     checks (``_touched_filter``), and only the pre-joined files that hold them are rewritten.
 
+    A ``trajlake forget`` that deletes a touched rollout while this runs makes the rewrite conflict (it is written
+    against the pre-joined tables as they were before the typed tables were read; forget deletes from the typed
+    tables before the pre-joined ones): the refresh then starts again, up to ``REFRESH_ATTEMPTS`` times, and never
+    writes the forgotten rows back.
+
     >>> refresh(Lake("./lake"))  # doctest: +SKIP
     Prejoined(incremental=True, rollouts=40, calls=812, buckets=0)
     """
+    for attempt in range(1, REFRESH_ATTEMPTS + 1):
+        try:
+            return _refresh_once(lake)
+        except _Raced as exc:
+            if attempt == REFRESH_ATTEMPTS:
+                raise Conflict(f"the pre-joined tables kept changing under `trajlake compact`'s refresh ({exc})",
+                               hint="run `trajlake compact` again once the concurrent forget or compaction ended") \
+                    from exc
+            log.info("prejoin.refresh retry attempt=%d reason=%r", attempt, str(exc))
+    raise AssertionError("unreachable")
+
+
+def _refresh_once(lake: Lake) -> Prejoined:
     from store.sql import JOINED_VIEWS, connect, joined_view_statements
 
+    pinned = {table: lake.table(table) for table, _, _ in PREJOINED.values() if _is_table(lake, table)}
     versions = {source: _version(lake, source) for source in SOURCES}  # before the snapshot: never newer than it
     con = connect(lake, tables=SOURCES, views=set(SOURCES))  # one pinned snapshot of every typed table
     try:
@@ -420,12 +446,12 @@ def refresh(lake: Lake) -> Prejoined:
             result = _write_whole(con, lake, statements, had_marks=marks is not None)
         elif branches is None:  # a tail file's log entry is gone: the typed tables by the marked offsets
             covered = _covered(con, versions)
-            result = _write_touched(con, lake, statements, touched_rollouts(con, marks, SOURCES) or [])
+            result = _write_touched(con, lake, statements, touched_rollouts(con, marks, SOURCES) or [], pinned)
         else:
             covered = _covered_tail(con, marks, versions, branches)
             touched = _distinct_ids(con, [f"SELECT rollout_id FROM {scan} WHERE {where}"
                                           for _, scan, where in branches], limit=None)
-            result = _write_touched(con, lake, statements, touched or [])
+            result = _write_touched(con, lake, statements, touched or [], pinned)
     finally:
         con.close()
     _overwrite(lake, COMPACTION_MARKS_TABLE, covered)
@@ -489,18 +515,37 @@ def _bucket_filters(bounds: list[str]) -> list[str]:
 
 
 def _write_touched(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapping[str, str],
-                   touched: list[str]) -> Prejoined:
+                   touched: list[str], pinned: Mapping[str, DeltaTable]) -> Prejoined:
     """Replace the touched rollouts' rows in each table, one commit per table: the typed rows are read once, through
     the filter the Parquet scan checks, and the predicate's id ranges let delta-rs skip, by statistics, the files that
-    hold none of them (only the files that do are rewritten)."""
+    hold none of them (only the files that do are rewritten). Each commit is made against ``pinned``'s version of the
+    table, so that a delete committed since (a forget) conflicts with it."""
     written = {name: 0 for name in PREJOINED}
     if touched:  # the typed rows read once (each view's statement reads them again: three scans, then two)
         define_fresh(con, statements, _touched_filter(touched), materialize=len(touched) <= MAX_TOUCHED)
         for name, (table, schema, _) in PREJOINED.items():
             rows = con.execute(f'SELECT * FROM {FRESH}."{name}" ORDER BY {_ORDER[name]}').to_arrow_table()
-            _append(lake, table, rows.cast(schema), mode="overwrite", predicate=_in(touched))
+            _rewrite(lake, table, pinned.get(table), rows.cast(schema), predicate=_in(touched))
             written[name] = rows.num_rows
     return Prejoined(True, len(touched), written[LLM_CALLS_VIEW], 0)
+
+
+class _Raced(Exception):
+    """A pre-joined table changed under a refresh's rewrite (a forget, another refresh): the refresh starts again."""
+
+
+def _rewrite(lake: Lake, table: str, pinned: DeltaTable | None, rows: pa.Table, *, predicate: str) -> None:
+    """Replace the rows ``predicate`` selects, committed against the ``pinned`` version of ``table`` (its latest when
+    None); ``_Raced`` when the table moved since (the commit conflicts, or a forget's vacuum already deleted a file
+    that version lists)."""
+    from deltalake.exceptions import CommitFailedError, DeltaError
+
+    try:
+        _append(lake, table if pinned is None else pinned, rows, mode="overwrite", predicate=predicate)
+    except (CommitFailedError, DeltaError) as exc:
+        if pinned is None or lake.table(table).version() == pinned.version():
+            raise
+        raise _Raced(f"{table} moved past version {pinned.version()}: {str(exc).splitlines()[0]}") from exc
 
 
 def _version(lake: Lake, table: str) -> int:
@@ -544,7 +589,7 @@ def _overwrite(lake: Lake, table: str, data: pa.Table) -> None:
     _append(lake, table, data, mode="overwrite")
 
 
-def _append(lake: Lake, table: str, data: pa.Table, *, mode: str, predicate: str | None = None) -> None:
+def _append(lake: Lake, table: str | DeltaTable, data: pa.Table, *, mode: str, predicate: str | None = None) -> None:
     """Write with the compaction's Parquet settings (dictionary pages for scalar columns, none for token lists and
     free text): what its optimize would leave, written once. Measured on the 1M-call bench lake's pre-joined tables,
     bare ``read_parquet`` with 2 threads at load ~12: ``model, finish_reason`` group-by with ``avg(latency_ms)`` over
@@ -554,7 +599,7 @@ def _append(lake: Lake, table: str, data: pa.Table, *, mode: str, predicate: str
 
     from store.compact import COMPACT_WRITER_PROPERTIES  # store.compact imports this module
 
-    write_deltalake(lake.write_uri(table), data, mode=mode, predicate=predicate, target_file_size=PREJOINED_FILE_BYTES,
+    write_deltalake(lake.write_uri(table) if isinstance(table, str) else table, data, mode=mode, predicate=predicate, target_file_size=PREJOINED_FILE_BYTES,
                     schema_mode="overwrite" if mode == "overwrite" and predicate is None else None,
                     storage_options=dict(lake.storage_options), writer_properties=COMPACT_WRITER_PROPERTIES)
 
@@ -572,7 +617,16 @@ def _in(ids: list[str], *, ranges: int = 16) -> str:
 
 
 def _text(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
+    """A SQL string literal of ``value`` (DuckDB's and delta-rs's predicates). A NUL is written ``chr(0)``: both
+    parsers end a quoted literal at it, and the event contract lets an id hold one.
+
+    >>> _text("it's")
+    "'it''s'"
+    >>> _text("a\\x00b")
+    "('a' || chr(0) || 'b')"
+    """
+    quoted = ["'" + part.replace("'", "''") + "'" for part in value.split("\x00")]
+    return quoted[0] if len(quoted) == 1 else "(" + " || chr(0) || ".join(quoted) + ")"
 
 
 def _quote(s: str) -> str:

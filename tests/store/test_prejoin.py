@@ -336,3 +336,39 @@ def test_a_reader_racing_a_whole_rewrite_never_sees_a_half_written_table(lake, o
     monkeypatch.setattr(prejoin, "read_marks", racing_read_marks)
     assert run_query(lake, QUERIES["rollouts"]).to_pylist() == expected["rollouts"]
     assert raced
+
+
+def test_a_forget_during_a_refresh_stays_forgotten(lake, tmp_path, monkeypatch):
+    """A refresh read r1's typed rows (a late reward put r1 in the tail), then an operator's forget of r1 committed,
+    then the refresh wrote: its rewrite is made against the pre-joined tables as they were before it read, so it
+    loses to the forget's delete and starts again, instead of writing r1 back where the marks cover it."""
+    offsets = Offsets()
+    offsets.write(lake, sample_rollout("r1") + sample_rollout("r2"))
+    refresh(lake)
+    offsets.write(lake, [event("reward", {"name": "late", "value": 1.0}, seq=11, rollout_id="r1")])
+    append, forgotten = prejoin._append, []
+
+    def forget_meanwhile(lake_, table, data, *, mode, predicate=None):
+        if predicate is not None and not forgotten:  # the typed rows are read; the forget runs now
+            forgotten.append(forget(lake, ForgetRequest(rollouts=("r1",))))
+        return append(lake_, table, data, mode=mode, predicate=predicate)
+
+    monkeypatch.setattr(prejoin, "_append", forget_meanwhile)
+    refresh(lake)
+    assert forgotten
+    left = run_query(lake, "SELECT DISTINCT rollout_id FROM llm_calls ORDER BY 1").column("rollout_id").to_pylist()
+    assert left == ["r2"]
+    monkeypatch.setattr(prejoin, "_append", append)
+    refresh(lake)
+    assert answers(lake) == raw_answers(lake, tmp_path)
+
+
+def test_a_rollout_id_with_a_nul_character_breaks_no_query(lake, tmp_path):
+    """The contract lets an id hold any character; DuckDB's and delta-rs's parsers end a quoted literal at NUL."""
+    offsets = Offsets()
+    offsets.write(lake, sample_rollout("r1"))
+    refresh(lake)
+    offsets.write(lake, sample_rollout("r\x00x"))
+    assert answers(lake) == raw_answers(lake, tmp_path)
+    refresh(lake)
+    assert answers(lake) == raw_answers(lake, tmp_path)
