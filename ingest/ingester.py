@@ -421,6 +421,11 @@ class _Loop:
             self.guard.forget(p)
         for table in self.tables.all:
             table.rewind(partitions)
+        # the re-read log's offsets start below the compaction marks of the same partitions, which would keep its
+        # rows out of the pre-joined views' tail: readers use views.sql until the next compaction writes them whole
+        from store.prejoin import reset  # DuckDB, which no other part of the ingester loads
+
+        reset(self.lake)
         self.stats.recovered_partitions = tuple(sorted({*self.stats.recovered_partitions, *partitions}))
 
     def _commit_batch(self) -> None:
