@@ -14,7 +14,6 @@ it uncompacted: the state a reader meets just before the next run (the longest t
 from __future__ import annotations
 
 import json
-import resource
 import shutil
 import subprocess
 import sys
@@ -88,11 +87,18 @@ def _child(root: str) -> None:
     refreshed = refresh(lake)
     figures = {"wall_s": round(time.perf_counter() - started, 1), "cpu_s": round(time.process_time() - cpu, 1),
                "optimize_wall_s": round(optimized - started, 1), "optimize_cpu_s": round(optimize_cpu - cpu, 1),
-               "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+               "peak_rss_mb": _peak_rss_mb(),
                "files_removed": sum(r.files_removed for r in results),
                "files_added": sum(r.files_added for r in results),
                "rollouts_recomputed": refreshed.rollouts, "incremental": refreshed.incremental}
     print(json.dumps(figures), flush=True)
+
+
+def _peak_rss_mb() -> int:
+    """This process's peak RSS since its exec (``VmHWM``): Linux carries ``getrusage``'s ``ru_maxrss`` over an exec,
+    so a child of a 2.5 GB parent reported 2,521 MB for a 0.9 GB compaction."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) // 1024 for line in status if line.startswith("VmHWM:"))
 
 
 if __name__ == "__main__":
