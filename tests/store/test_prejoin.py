@@ -213,10 +213,14 @@ def test_a_tail_too_long_reads_the_typed_tables(lake, offsets, tmp_path, monkeyp
     same(lake, tmp_path, "typed")
 
 
-@pytest.mark.parametrize("bound, kind", [(500, "BASE TABLE"), (0, "VIEW")])
-def test_a_tail_is_copied_into_the_connection_only_up_to_a_bound(lake, offsets, tmp_path, monkeypatch, bound, kind):
-    """A tail's typed rows are read once per connection while few; past ``MAX_MATERIALIZED`` rollouts (token lists
-    in memory at every connect) they are filtered views: the same answers either way."""
+@pytest.mark.parametrize("bound, kinds", [
+    (500, {"llm_calls_rows": "BASE TABLE", "rollouts_rows": "BASE TABLE", "tool_steps_rows": "BASE TABLE"}),
+    (0, {"llm_calls": "VIEW", "llm_requests": "VIEW", "llm_responses": "VIEW", "rollouts": "VIEW"}),
+])
+def test_a_tail_is_copied_into_the_connection_only_up_to_a_bound(lake, offsets, tmp_path, monkeypatch, bound, kinds):
+    """A tail's rollouts are recomputed once per connection while few (the views' rows kept, the typed rows they
+    came from dropped); past ``MAX_MATERIALIZED`` rollouts (token lists in memory at every connect) they are
+    filtered views, read by each query: the same answers either way."""
     offsets.write(lake, sample_rollout("r1"))
     refresh(lake)
     offsets.write(lake, sample_rollout("r2"))
@@ -224,12 +228,13 @@ def test_a_tail_is_copied_into_the_connection_only_up_to_a_bound(lake, offsets, 
     same(lake, tmp_path, "+tail")
     con = connect(lake)
     try:
-        kinds = {r[0] for r in con.execute(
-            "SELECT table_type FROM information_schema.tables WHERE table_schema = '_fresh' "
-            "AND table_name IN ('llm_requests', 'llm_responses')").fetchall()}
+        found = dict(con.execute("SELECT table_name, table_type FROM information_schema.tables "
+                                 "WHERE table_schema = '_fresh'").fetchall())
     finally:
         con.close()
-    assert kinds == {kind}
+    assert {name: found.get(name) for name in kinds} == kinds
+    if bound:
+        assert set(found) == set(kinds), "the typed rows and views the tail's rows came from are dropped"
 
 
 def test_a_forgotten_rollout_leaves_the_compacted_tables(lake, offsets, tmp_path):
