@@ -14,9 +14,9 @@ one bucket (measured on the 1M-call bench lake, 6 buckets, load 12-20 on 2 cores
 2.4 GB peak RSS for the three tables; ``hash(rollout_id)`` buckets: 17 min, 169 CPU s; one unbucketed pass over
 two of them took 17 min and 15 GB); later runs find the touched rollouts in the tail's files and replace their
 rows in one commit per table (``overwrite`` with a predicate of id ranges and a ``rollout_id IN`` list), which
-rewrites only the files that hold them (measured on that lake: README, "SQL at scale"). The marks are written last: a run that
-stops before them leaves tables newer than the marks, and readers then recompute more rollouts, with the same
-rows. ``reset`` (``store.rebuild`` calls it) empties the marks; forget (and retention through it) deletes from
+rewrites only the files that hold them (measured on that lake: README, "SQL at scale"). The marks are written
+last: a run that stops before them leaves tables newer than the marks, and readers then recompute more rollouts,
+with the same rows. ``reset`` (``store.rebuild`` calls it) empties the marks; forget (and retention through it) deletes from
 the tables like from every table with ``tenant`` and ``rollout_id``.
 
 Reading (``prejoined_views``, called by ``store.sql.connect``): the marks are read first, then the tables are
@@ -275,6 +275,12 @@ def tail_rollouts(con: duckdb.DuckDBPyConnection, lake: Lake, marks: Marks, sour
     branches = _tail_branches(lake, marks, sources, until=until)
     if branches is None:
         return touched_rollouts(con, marks, sources, limit=limit)
+    return _branch_ids(con, branches, limit=limit)
+
+
+def _branch_ids(con: duckdb.DuckDBPyConnection, branches: list[tuple[str, str, str]], *,
+                limit: int | None) -> list[str] | None:
+    """Sorted rollout ids of the tail files' rows that ``branches`` (``_tail_branches``) keep."""
     return _distinct_ids(con, [f"SELECT rollout_id FROM {scan} WHERE {where}" for _, scan, where in branches],
                          limit=limit)
 
@@ -469,9 +475,7 @@ def _refresh_once(lake: Lake) -> Prejoined:
             result = _write_touched(con, lake, statements, touched_rollouts(con, marks, SOURCES) or [], pinned)
         else:
             covered = _covered_tail(con, marks, versions, branches)
-            touched = _distinct_ids(con, [f"SELECT rollout_id FROM {scan} WHERE {where}"
-                                          for _, scan, where in branches], limit=None)
-            result = _write_touched(con, lake, statements, touched or [], pinned)
+            result = _write_touched(con, lake, statements, _branch_ids(con, branches, limit=None) or [], pinned)
     finally:
         con.close()
     _overwrite(lake, COMPACTION_MARKS_TABLE, covered)
@@ -593,12 +597,12 @@ def _covered_tail(con: duckdb.DuckDBPyConnection, marks: Marks, versions: Mappin
     scans = {source: scan for source, scan, _ in branches}
     rows = []
     for source in SOURCES:
-        highest = {key: offset for key, offset in marks.offsets.get(source, {}).items()}
+        highest = dict(marks.offsets.get(source, {}))
         if source in scans:
-            for topic, partition, offset in con.execute(
-                    f"SELECT kafka_topic, kafka_partition, max(kafka_offset) FROM {scans[source]} GROUP BY ALL").fetchall():
+            for topic, partition, offset in con.execute(f"SELECT kafka_topic, kafka_partition, max(kafka_offset) "
+                                                        f"FROM {scans[source]} GROUP BY ALL").fetchall():
                 if topic is not None:
-                        highest[(topic, partition)] = max(offset, highest.get((topic, partition), offset))
+                    highest[(topic, partition)] = max(offset, highest.get((topic, partition), offset))
         for (topic, partition), offset in sorted(highest.items()) or [((None, None), None)]:
             rows.append({"source": source, "source_version": versions[source], "kafka_topic": topic,
                          "kafka_partition": partition, "kafka_offset": offset, "compacted_at": now})
@@ -619,7 +623,8 @@ def _append(lake: Lake, table: str | DeltaTable, data: pa.Table, *, mode: str, p
 
     from store.compact import COMPACT_WRITER_PROPERTIES  # store.compact imports this module
 
-    write_deltalake(lake.write_uri(table) if isinstance(table, str) else table, data, mode=mode, predicate=predicate, target_file_size=PREJOINED_FILE_BYTES,
+    write_deltalake(lake.write_uri(table) if isinstance(table, str) else table, data, mode=mode, predicate=predicate,
+                    target_file_size=PREJOINED_FILE_BYTES,
                     schema_mode="overwrite" if mode == "overwrite" and predicate is None else None,
                     storage_options=dict(lake.storage_options), writer_properties=COMPACT_WRITER_PROPERTIES)
 
@@ -632,7 +637,8 @@ def _in(ids: list[str], *, ranges: int = 16) -> str:
     "(rollout_id >= 'a1' AND rollout_id <= 'a2' OR rollout_id >= 'b7' AND rollout_id <= 'b7') AND rollout_id IN ('a1', 'a2', 'b7')"
     """
     ids = [rollout for rollout in ids if rollout is not None]
-    within = " OR ".join(f"rollout_id >= {_text(low)} AND rollout_id <= {_text(high)}" for low, high in _ranges(ids, ranges))
+    within = " OR ".join(f"rollout_id >= {_text(low)} AND rollout_id <= {_text(high)}"
+                         for low, high in _ranges(ids, ranges))
     return f"({within}) AND rollout_id IN ({', '.join(map(_text, ids))})"
 
 
