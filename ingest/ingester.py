@@ -422,10 +422,10 @@ class _Loop:
         for table in self.tables.all:
             table.rewind(partitions)
         # the re-read log's offsets start below the compaction marks of the same partitions, which would keep its
-        # rows out of the pre-joined views' tail: readers use views.sql until the next compaction writes them whole
-        from store.prejoin import reset  # DuckDB, which no other part of the ingester loads
+        # rows out of the pre-joined views' tail: those marks go back to -1
+        from store.prejoin import rewind  # DuckDB, which no other part of the ingester loads
 
-        reset(self.lake)
+        rewind(self.lake, self.config.topic, partitions)
         self.stats.recovered_partitions = tuple(sorted({*self.stats.recovered_partitions, *partitions}))
 
     def _commit_batch(self) -> None:

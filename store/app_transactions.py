@@ -52,3 +52,49 @@ class AppTransactions:
                 if b'"txn"' in line and (txn := json.loads(line).get("txn")) and txn.get("appId") in self._versions:
                     self._versions[txn["appId"]] = int(txn["version"])
         return True
+
+
+def ingest_positions(lake: Lake, table: str, version: int) -> dict[tuple[str, int], int]:
+    """(topic, partition) -> the furthest offset an ingester committed into ``table`` as of ``version``, from its
+    exactly-once markers (``store.commit.marker_app_id``; the furthest over consumer groups): the last checkpoint at or
+    before ``version``, then the commits after it. Empty when the log cannot be read through ``version`` (no cap)."""
+    from store.commit import MARKER_PREFIX
+
+    versions: dict[str, int] = {}
+    log, start = f"{table}/_delta_log", 0
+    checkpoint = _checkpoint_at_most(lake, log, version)
+    if checkpoint is not None:
+        start, versions = checkpoint
+    for commit in range(start, version + 1):
+        entry = lake.read_file(f"{log}/{commit:020d}.json")
+        if entry is None:
+            return {}
+        for line in entry.splitlines():
+            if b'"txn"' in line and (txn := json.loads(line).get("txn")):
+                versions[txn["appId"]] = int(txn["version"])
+    positions: dict[tuple[str, int], int] = {}
+    for app_id, offset in versions.items():
+        if app_id.startswith(MARKER_PREFIX):
+            _, topic, partition = app_id.rsplit(":", 2)  # a group may hold ":", a Kafka topic cannot
+            key = (topic, int(partition))
+            positions[key] = max(offset, positions.get(key, offset))
+    return positions
+
+
+def _checkpoint_at_most(lake: Lake, log: str, version: int) -> tuple[int, dict[str, int]] | None:
+    """(the version after the last checkpoint, the app transactions it holds) when that checkpoint is a single file at
+    or before ``version``; None otherwise (the commits are then read from the first)."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    pointer = lake.read_file(f"{log}/_last_checkpoint")
+    try:
+        at = int(json.loads(pointer)["version"]) if pointer else None
+    except (ValueError, KeyError, TypeError):
+        return None
+    data = lake.read_file(f"{log}/{at:020d}.checkpoint.parquet") if at is not None and at <= version else None
+    if data is None:
+        return None
+    txns = pq.read_table(io.BytesIO(data), columns=["txn"]).column("txn").to_pylist()
+    return at + 1, {txn["appId"]: int(txn["version"]) for txn in txns if txn}

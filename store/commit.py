@@ -126,9 +126,12 @@ class OffsetConflict(Conflict):
     """A table's markers moved under us: another writer owns the partition now. Re-read and re-seek."""
 
 
+MARKER_PREFIX = "trajlake-ingest:"
+
+
 def marker_app_id(group: str, topic: str, partition: int) -> str:
     """The Delta transaction app id of one consumer group's progress on one partition."""
-    return f"trajlake-ingest:{group}:{topic}:{partition}"
+    return f"{MARKER_PREFIX}{group}:{topic}:{partition}"
 
 
 def rewound_app_id(group: str, topic: str, partition: int) -> str:

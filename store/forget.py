@@ -77,12 +77,11 @@ from schemas.tables import (
 )
 from store.compact import COMPACT_WRITER_PROPERTIES
 from store.lake import Lake, list_tables
-from store.prejoin import PREJOINED
+from store.prejoin import PREJOINED_TABLES, fence
 from store.storage import arrow_filesystem
 
 log = logging.getLogger(__name__)
 
-PREJOINED_TABLES = frozenset(table for table, _, _ in PREJOINED.values())
 
 MAX_ID_CHARS = 512
 IDS_PER_DELETE = 1000
@@ -153,8 +152,8 @@ def forget(
     >>> forget(Lake("./lake"), ForgetRequest(tenant="acme"))  # doctest: +SKIP
     """
     requested_at = clock()
-    # the pre-joined tables last: a compaction's refresh that read a rollout's typed rows before they were deleted
-    # then conflicts with the pre-joined delete (``store.prejoin.refresh``) instead of writing the rollout back
+    # the pre-joined tables last, each fenced first: a compaction's refresh that read a rollout's typed rows before
+    # they were deleted then conflicts (``store.prejoin.refresh``) instead of writing the rollout back
     tables = sorted((name for name in list_tables(lake) if name != FORGET_AUDIT_TABLE),
                     key=lambda table: table in PREJOINED_TABLES)
     rollouts = _selected_rollouts(lake, request, tables)
@@ -165,6 +164,8 @@ def forget(
         predicates = _predicates(lake, name, request, rollouts)
         if predicates is None:
             continue
+        if name in PREJOINED_TABLES:
+            fence(lake, name, f"forget {report.forget_id}")
         is_dataset = name.startswith(DATASETS_PREFIX)
         old_versions = marked.get(name.removeprefix(DATASETS_PREFIX), set()) if is_dataset else set()
         result = _delete_and_vacuum(lake, name, predicates, purge_history=bool(old_versions))

@@ -91,6 +91,7 @@ PREJOINED: dict[str, tuple[str, pa.Schema, tuple[str, ...]]] = {
     ROLLOUTS_VIEW: (COMPACTED_ROLLOUTS_TABLE, COMPACTED_ROLLOUTS, SOURCES),
 }
 """View -> (the table that stores it, its schema, the typed tables it reads)."""
+PREJOINED_TABLES: tuple[str, ...] = tuple(table for table, _, _ in PREJOINED.values())
 RECOMPUTED_VIEWS = (LLM_CALLS_VIEW, TOOL_STEPS_VIEW, ROLLOUTS_VIEW)
 """views.sql's statements run in schema ``_fresh`` (``rollouts`` reads the other two)."""
 FRESH = "_fresh"
@@ -435,10 +436,13 @@ def refresh(lake: Lake) -> Prejoined:
     read from the tail's files (``tail_rollouts``), the touched rollouts' rows through the filter the Parquet scan
     checks (``_touched_filter``), and only the pre-joined files that hold them are rewritten.
 
-    A ``trajlake forget`` that deletes a touched rollout while this runs makes the rewrite conflict (it is written
-    against the pre-joined tables as they were before the typed tables were read; forget deletes from the typed
-    tables before the pre-joined ones): the refresh then starts again, up to ``REFRESH_ATTEMPTS`` times, and never
-    writes the forgotten rows back.
+    Every commit is made against the tables as they were before the typed tables were read (``_commit``), so a
+    concurrent change makes it conflict and the refresh start again, up to ``REFRESH_ATTEMPTS`` times: a ``trajlake
+    forget`` (it deletes from the typed tables first, then fences each pre-joined table with a metadata commit, even
+    where no row of it held the rollout), another refresh, a ``reset`` of the marks (``ingest --recover``,
+    ``rebuild``). A forget that makes a pinned read fail (its vacuum deleted the files) counts the same, and so
+    does a delete in a typed table since the read (a whole write into tables a forget did not see yet). A forgotten
+    rollout is never written back, and marks are never written over a reset.
 
     >>> refresh(Lake("./lake"))  # doctest: +SKIP
     Prejoined(incremental=True, rollouts=40, calls=812, buckets=0)
@@ -458,30 +462,54 @@ def refresh(lake: Lake) -> Prejoined:
 def _refresh_once(lake: Lake) -> Prejoined:
     from store.sql import JOINED_VIEWS, connect, joined_view_statements
 
-    pinned = {table: lake.table(table) for table, _, _ in PREJOINED.values() if _is_table(lake, table)}
+    pinned = {table: lake.table(table) for table in (*PREJOINED_TABLES, COMPACTION_MARKS_TABLE)
+              if _is_table(lake, table)}
     versions = {source: _version(lake, source) for source in SOURCES}  # before the snapshot: never newer than it
     con = connect(lake, tables=SOURCES, views=set(SOURCES))  # one pinned snapshot of every typed table
     try:
         con.execute("SET preserve_insertion_order = false")
         statements = dict(zip(JOINED_VIEWS, joined_view_statements()))
         marks = read_marks(con, lake)
-        tables = all(_is_table(lake, table) for table, _, _ in PREJOINED.values())
+        tables = all(table in pinned for table in PREJOINED_TABLES)
         branches = _tail_branches(lake, marks, SOURCES, until=versions) if marks is not None and tables else None
         if marks is None or not tables:
-            covered = _covered(con, versions)
-            result = _write_whole(con, lake, statements, had_marks=marks is not None)
+            covered = _covered(con, lake, versions)
+            result = _write_whole(con, lake, statements, pinned, had_marks=marks is not None)
         elif branches is None:  # a tail file's log entry is gone: the typed tables by the marked offsets
-            covered = _covered(con, versions)
+            covered = _covered(con, lake, versions)
             result = _write_touched(con, lake, statements, touched_rollouts(con, marks, SOURCES) or [], pinned)
         else:
-            covered = _covered_tail(con, marks, versions, branches)
+            covered = _covered_tail(con, lake, marks, versions, branches)
             result = _write_touched(con, lake, statements, _branch_ids(con, branches, limit=None) or [], pinned)
+    except duckdb.IOException as exc:  # a pinned file or log entry gone: a forget's vacuum, or a bug
+        if moved := _deleted_since(lake, versions, any_commit=True):
+            raise _Raced(f"{moved} moved while it was read: {str(exc).splitlines()[0]}") from exc
+        raise
     finally:
         con.close()
-    _overwrite(lake, COMPACTION_MARKS_TABLE, covered)
+    if deleted := _deleted_since(lake, versions):
+        raise _Raced(f"rows were deleted from {deleted} while the pre-joined tables were written")
+    _commit(lake, COMPACTION_MARKS_TABLE, pinned, covered, mode="overwrite")
     log.info("prejoin.refresh incremental=%s rollouts=%d calls=%d buckets=%d", result.incremental, result.rollouts,
              result.calls, result.buckets)
     return result
+
+
+def _deleted_since(lake: Lake, versions: Mapping[str, int], *, any_commit: bool = False) -> str | None:
+    """The first typed table with a delete (or, ``any_commit``, any commit) after its version in ``versions``."""
+    for source, version in versions.items():
+        now = _version(lake, source)
+        if now == version:
+            continue
+        if any_commit or now < version:
+            return source
+        try:
+            operations = [commit.get("operation") for commit in lake.table(source).history(now - version)]
+        except Exception:  # its log entries are gone (a forget drops them): deleted  # noqa: BLE001
+            return source
+        if "DELETE" in operations:
+            return source
+    return None
 
 
 def reset(lake: Lake) -> None:
@@ -490,10 +518,44 @@ def reset(lake: Lake) -> None:
         _overwrite(lake, COMPACTION_MARKS_TABLE, COMPACTION_MARKS.empty_table())
 
 
-def _write_whole(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapping[str, str], *,
-                 had_marks: bool) -> Prejoined:
-    if had_marks:
-        reset(lake)  # readers must not pair the old marks with half-written tables
+def rewind(lake: Lake, topic: str, partitions: Collection[int]) -> None:
+    """``trajlake ingest --recover`` re-reads ``partitions`` of ``topic`` from a log whose offsets start again below
+    the marks: their marked offsets become -1, so every row of them in a file added after the marked versions (the
+    new log's, and the old log's not yet folded in) is the tail's until the next refresh, which marks them no
+    further than the ingester's exactly-once markers (``_capped``): the new log's position."""
+    from deltalake.exceptions import CommitFailedError
+
+    for attempt in range(1, REFRESH_ATTEMPTS + 1):
+        if not _is_table(lake, COMPACTION_MARKS_TABLE):
+            return
+        handle = lake.table(COMPACTION_MARKS_TABLE)
+        rows = handle.to_pyarrow_table().to_pylist()
+        for row in rows:
+            if row["kafka_topic"] == topic and row["kafka_partition"] in partitions:
+                row["kafka_offset"] = -1
+        try:
+            _append(lake, handle, pa.Table.from_pylist(rows, schema=COMPACTION_MARKS), mode="overwrite")
+            return
+        except CommitFailedError as exc:  # a compaction wrote its marks meanwhile: read them again
+            if attempt == REFRESH_ATTEMPTS:
+                raise Conflict(f"the compaction marks kept changing while partitions were rewound ({exc})",
+                               hint="run `trajlake ingest --recover` again once the compaction ended") from exc
+
+
+def fence(lake: Lake, table: str, reason: str) -> None:
+    """A metadata commit on a pre-joined ``table``: a refresh that read the typed tables before it then conflicts
+    (delta-rs fails any commit whose snapshot predates a metadata change). ``trajlake forget`` fences each pre-joined
+    table after deleting from the typed tables, so a rollout that only the tail held (nothing to delete here, no
+    commit) is not written back by a refresh that read it before."""
+    lake.table(table).alter.set_table_properties({"trajlake.fenced_by": reason}, raise_if_not_exists=False)
+
+
+def _write_whole(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapping[str, str],
+                 pinned: dict[str, DeltaTable], *, had_marks: bool) -> Prejoined:
+    """Every bucket committed on top of this run's previous commit (``pinned``): a concurrent whole write or forget
+    in between conflicts, instead of this run appending its later buckets to another run's tables."""
+    if had_marks:  # readers must not pair the old marks with half-written tables
+        _commit(lake, COMPACTION_MARKS_TABLE, pinned, COMPACTION_MARKS.empty_table(), mode="overwrite")
     (calls,) = con.execute(f'SELECT count(*) FROM "{LLM_REQUESTS_TABLE}"').fetchone()
     bounds = _bucket_bounds(con, max(1, -(-calls // BUCKET_CALLS)))
     written = {name: 0 for name in PREJOINED}
@@ -501,7 +563,7 @@ def _write_whole(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapping
         define_fresh(con, statements, where)
         for name, (table, schema, _) in PREJOINED.items():
             rows = con.execute(f'SELECT * FROM {FRESH}."{name}" ORDER BY {_ORDER[name]}').to_arrow_table()
-            _append(lake, table, rows.cast(schema), mode="overwrite" if bucket == 0 else "append")
+            _commit(lake, table, pinned, rows.cast(schema), mode="overwrite" if bucket == 0 else "append")
             written[name] += rows.num_rows
         log.info("prejoin.bucket bucket=%d of=%d calls=%d", bucket + 1, len(bounds) + 1, written[LLM_CALLS_VIEW])
     return Prejoined(False, written[ROLLOUTS_VIEW], written[LLM_CALLS_VIEW], len(bounds) + 1)
@@ -539,7 +601,7 @@ def _bucket_filters(bounds: list[str]) -> list[str]:
 
 
 def _write_touched(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapping[str, str],
-                   touched: list[str], pinned: Mapping[str, DeltaTable]) -> Prejoined:
+                   touched: list[str], pinned: dict[str, DeltaTable]) -> Prejoined:
     """Replace the touched rollouts' rows in each table, one commit per table: the typed rows are read once, through
     the filter the Parquet scan checks, and the predicate's id ranges let delta-rs skip, by statistics, the files that
     hold none of them (only the files that do are rewritten). Each commit is made against ``pinned``'s version of the
@@ -549,7 +611,7 @@ def _write_touched(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mappi
         define_fresh(con, statements, _touched_filter(touched), materialize=len(touched) <= MAX_TOUCHED)
         for name, (table, schema, _) in PREJOINED.items():
             rows = con.execute(f'SELECT * FROM {FRESH}."{name}" ORDER BY {_ORDER[name]}').to_arrow_table()
-            _rewrite(lake, table, pinned.get(table), rows.cast(schema), predicate=_in(touched))
+            _commit(lake, table, pinned, rows.cast(schema), mode="overwrite", predicate=_in(touched))
             written[name] = rows.num_rows
     return Prejoined(True, len(touched), written[LLM_CALLS_VIEW], 0)
 
@@ -558,18 +620,22 @@ class _Raced(Exception):
     """A pre-joined table changed under a refresh's rewrite (a forget, another refresh): the refresh starts again."""
 
 
-def _rewrite(lake: Lake, table: str, pinned: DeltaTable | None, rows: pa.Table, *, predicate: str) -> None:
-    """Replace the rows ``predicate`` selects, committed against the ``pinned`` version of ``table`` (its latest when
-    None); ``_Raced`` when the table moved since (the commit conflicts, or a forget's vacuum already deleted a file
-    that version lists)."""
+def _commit(lake: Lake, table: str, pinned: dict[str, DeltaTable], rows: pa.Table, *, mode: str,
+            predicate: str | None = None) -> None:
+    """Write ``rows`` to ``table`` on top of ``pinned[table]`` (a table this run has not seen yet: created, then
+    pinned), which follows the commit; ``_Raced`` when the table moved since (the commit conflicts, or a forget's
+    vacuum already deleted a file that version lists)."""
     from deltalake.exceptions import CommitFailedError, DeltaError
 
+    handle = pinned.get(table)
     try:
-        _append(lake, table if pinned is None else pinned, rows, mode="overwrite", predicate=predicate)
+        _append(lake, table if handle is None else handle, rows, mode=mode, predicate=predicate)
     except (CommitFailedError, DeltaError) as exc:
-        if pinned is None or lake.table(table).version() == pinned.version():
+        if handle is None or lake.table(table).version() == handle.version():
             raise
-        raise _Raced(f"{table} moved past version {pinned.version()}: {str(exc).splitlines()[0]}") from exc
+        raise _Raced(f"{table} moved past version {handle.version()}: {str(exc).splitlines()[0]}") from exc
+    if handle is None:
+        pinned[table] = lake.table(table)
 
 
 def _version(lake: Lake, table: str) -> int:
@@ -577,20 +643,33 @@ def _version(lake: Lake, table: str) -> int:
     return -1 if version is None else version
 
 
-def _covered(con: duckdb.DuckDBPyConnection, versions: Mapping[str, int]) -> pa.Table:
+def _covered(con: duckdb.DuckDBPyConnection, lake: Lake, versions: Mapping[str, int]) -> pa.Table:
     """Marks for the connection's snapshot: each typed table's version and the highest offset of its partitions."""
     now = datetime.now(timezone.utc)
     rows = []
     for source in SOURCES:
-        partitions = con.execute(
-            f'SELECT kafka_topic, kafka_partition, max(kafka_offset) FROM "{source}" GROUP BY ALL').fetchall()
-        for topic, partition, offset in partitions or [(None, None, None)]:
+        highest = {(topic, partition): offset for topic, partition, offset in con.execute(
+            f'SELECT kafka_topic, kafka_partition, max(kafka_offset) FROM "{source}" GROUP BY ALL').fetchall()}
+        for (topic, partition), offset in sorted(_capped(lake, source, versions[source], highest).items()) \
+                or [((None, None), None)]:
             rows.append({"source": source, "source_version": versions[source], "kafka_topic": topic,
                          "kafka_partition": partition, "kafka_offset": offset, "compacted_at": now})
     return pa.Table.from_pylist(rows, schema=COMPACTION_MARKS)
 
 
-def _covered_tail(con: duckdb.DuckDBPyConnection, marks: Marks, versions: Mapping[str, int],
+def _capped(lake: Lake, source: str, version: int, highest: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+    """``highest`` (partition -> highest offset seen) no further than the ingester's exactly-once markers in ``source``
+    at ``version``: after ``trajlake ingest --recover`` re-read a recreated topic, the old log's rows hold offsets the
+    new log has not reached, and a mark past the new log's position would keep its next rows out of the views.
+    Partitions without a marker (rows written by other tools) keep their highest offset."""
+    from store.app_transactions import ingest_positions
+
+    positions = ingest_positions(lake, source, version) if version >= 0 else {}
+    return {key: offset if offset is None or key not in positions else min(offset, positions[key])
+            for key, offset in highest.items()}
+
+
+def _covered_tail(con: duckdb.DuckDBPyConnection, lake: Lake, marks: Marks, versions: Mapping[str, int],
                   branches: list[tuple[str, str, str]]) -> pa.Table:
     """``_covered`` from the marks and the tail's files alone: each partition's highest offset there or marked."""
     now = datetime.now(timezone.utc)
@@ -603,7 +682,8 @@ def _covered_tail(con: duckdb.DuckDBPyConnection, marks: Marks, versions: Mappin
                                                         f"FROM {scans[source]} GROUP BY ALL").fetchall():
                 if topic is not None:
                     highest[(topic, partition)] = max(offset, highest.get((topic, partition), offset))
-        for (topic, partition), offset in sorted(highest.items()) or [((None, None), None)]:
+        for (topic, partition), offset in sorted(_capped(lake, source, versions[source], highest).items()) \
+                or [((None, None), None)]:
             rows.append({"source": source, "source_version": versions[source], "kafka_topic": topic,
                          "kafka_partition": partition, "kafka_offset": offset, "compacted_at": now})
     return pa.Table.from_pylist(rows, schema=COMPACTION_MARKS)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 from store.claims import Heartbeat
 from store.lake import Lake
@@ -88,6 +88,11 @@ class Job:
             raise ValueError(f"job name {self.name!r}: use a non-empty printable name without ':'")
         if not croniter.is_valid(self.cron):
             raise ValueError(f"job {self.name}: {self.cron!r} is not a cron expression (e.g. '0 2 * * *' = 02:00 UTC daily)")
+        try:  # croniter accepts dates that never come (Feb 30), then fails at every next-fire computation
+            croniter(self.cron, datetime(2000, 1, 1, tzinfo=timezone.utc)).get_next(datetime)
+        except CroniterBadDateError:
+            raise ValueError(f"job {self.name}: {self.cron!r} never fires (no such date); pick a day every month or "
+                             f"year has") from None
         if self.max_attempts < 1:
             raise ValueError(f"job {self.name}: max_attempts must be >= 1, got {self.max_attempts}")
         if self.window is not None and self.window <= timedelta(0):

@@ -40,3 +40,21 @@ def test_log_entries_gone_are_read_again_from_the_checkpoint(any_lake):
     filesystem, root = arrow_filesystem(lake.root, lake.storage_options)
     filesystem.delete_file(f"{root}/t/_delta_log/{1:020d}.json")  # as forget drops entries older than its delete
     assert txns.versions(delta, ["a"]) == {"a": 3}
+
+
+def test_ingest_positions_as_of_a_version_from_the_checkpoint_and_the_commits_after(any_lake):
+    """The furthest offset per (topic, partition) over consumer groups (a group may hold ':'), as of a version:
+    through a checkpoint, past it, and never a marker committed after that version."""
+    from store.app_transactions import ingest_positions
+    from store.commit import marker_app_id
+
+    lake = any_lake
+    commit(lake, {marker_app_id("g:1", "events", 0): 40, marker_app_id("g2", "events", 0): 7, "other": 99})  # v0
+    commit(lake, {marker_app_id("g2", "events", 1): 3})  # v1
+    lake.table("t").create_checkpoint()
+    commit(lake, {marker_app_id("g:1", "events", 0): 5})  # v2: --recover rewound the partition, new log
+    commit(lake, {marker_app_id("g:1", "events", 0): 9})  # v3
+    assert ingest_positions(lake, "t", 0) == {("events", 0): 40}
+    assert ingest_positions(lake, "t", 1) == {("events", 0): 40, ("events", 1): 3}
+    assert ingest_positions(lake, "t", 2) == {("events", 0): 7, ("events", 1): 3}
+    assert ingest_positions(lake, "t", 3) == {("events", 0): 9, ("events", 1): 3}

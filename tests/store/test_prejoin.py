@@ -343,14 +343,19 @@ def test_a_reader_racing_a_whole_rewrite_never_sees_a_half_written_table(lake, o
     assert raced
 
 
-def test_a_forget_during_a_refresh_stays_forgotten(lake, tmp_path, monkeypatch):
-    """A refresh read r1's typed rows (a late reward put r1 in the tail), then an operator's forget of r1 committed,
-    then the refresh wrote: its rewrite is made against the pre-joined tables as they were before it read, so it
-    loses to the forget's delete and starts again, instead of writing r1 back where the marks cover it."""
+@pytest.mark.parametrize("where", ["compacted", "tail only", "tail only, s3"])
+def test_a_forget_during_a_refresh_stays_forgotten(where, lake, tmp_path, monkeypatch, request):
+    """A refresh read r1's typed rows, then an operator's forget of r1 committed, then the refresh wrote: its commits
+    are made against the pre-joined tables as they were before it read, so they lose to the forget (its delete where
+    r1 was compacted and a late reward put it in the tail; its fence where r1 is only in the tail and the pre-joined
+    tables hold no row to delete) and the refresh starts again, instead of writing r1 back where the marks cover it."""
+    if where.endswith("s3"):
+        lake = request.getfixturevalue("s3_lake")
     offsets = Offsets()
-    offsets.write(lake, sample_rollout("r1") + sample_rollout("r2"))
+    offsets.write(lake, sample_rollout("r2") + ([] if where.startswith("tail") else sample_rollout("r1")))
     refresh(lake)
-    offsets.write(lake, [event("reward", {"name": "late", "value": 1.0}, seq=11, rollout_id="r1")])
+    offsets.write(lake, sample_rollout("r1") if where.startswith("tail") else
+                  [event("reward", {"name": "late", "value": 1.0}, seq=11, rollout_id="r1")])
     append, forgotten = prejoin._append, []
 
     def forget_meanwhile(lake_, table, data, *, mode, predicate=None):
@@ -361,10 +366,77 @@ def test_a_forget_during_a_refresh_stays_forgotten(lake, tmp_path, monkeypatch):
     monkeypatch.setattr(prejoin, "_append", forget_meanwhile)
     refresh(lake)
     assert forgotten
-    left = run_query(lake, "SELECT DISTINCT rollout_id FROM llm_calls ORDER BY 1").column("rollout_id").to_pylist()
-    assert left == ["r2"]
-    monkeypatch.setattr(prejoin, "_append", append)
+    for view in ("llm_calls", "rollouts"):
+        left = run_query(lake, f"SELECT DISTINCT rollout_id FROM {view} ORDER BY 1").column("rollout_id").to_pylist()
+        assert left == ["r2"], view
+    if not where.endswith("s3"):
+        monkeypatch.setattr(prejoin, "_append", append)
+        refresh(lake)
+        assert answers(lake) == raw_answers(lake, tmp_path)
+
+
+def test_a_forget_before_a_refresh_reads_the_typed_rows_starts_it_again(lake, tmp_path, monkeypatch):
+    """A forget that commits after the refresh pinned the typed tables but before it read them vacuums the files that
+    snapshot lists and drops its log entries: the refresh's read fails, and it starts again (not a crash)."""
+    offsets = Offsets()
+    offsets.write(lake, sample_rollout("r1") + sample_rollout("r2"))
     refresh(lake)
+    offsets.write(lake, [event("reward", {"name": "late", "value": 1.0}, seq=11, rollout_id="r1")])
+    define, forgotten = prejoin.define_fresh, []
+
+    def forget_meanwhile(con, statements, where, **options):
+        if not forgotten:
+            forgotten.append(forget(lake, ForgetRequest(rollouts=("r1",))))
+        return define(con, statements, where, **options)
+
+    monkeypatch.setattr(prejoin, "define_fresh", forget_meanwhile)
+    refresh(lake)
+    assert forgotten
+    assert answers(lake) == raw_answers(lake, tmp_path)
+    assert run_query(lake, "SELECT DISTINCT rollout_id FROM rollouts").column("rollout_id").to_pylist() == ["r2"]
+
+
+def test_two_whole_writes_at_once_leave_each_row_once(lake, offsets, tmp_path, monkeypatch):
+    """B writes the tables whole between two of A's buckets (two schedulers, or a manual `trajlake compact`): each of
+    A's buckets is committed on top of A's previous one, so A's next one conflicts and A starts again, instead of
+    appending its later buckets to B's complete tables."""
+    monkeypatch.setattr(prejoin, "BUCKET_CALLS", 3)
+    offsets.write(lake, [e for r in ("r1", "r2", "r3", "r4") for e in sample_rollout(r)])
+    append, other = prejoin._append, []
+
+    def other_compaction_meanwhile(lake_, table, data, *, mode, predicate=None):
+        if mode == "append" and not other:  # A wrote bucket 0 of its first table
+            other.append(True)
+            monkeypatch.setattr(prejoin, "_append", append)
+            refresh(lake)  # B: no marks yet, so a whole write too
+            monkeypatch.setattr(prejoin, "_append", other_compaction_meanwhile)
+        return append(lake_, table, data, mode=mode, predicate=predicate)
+
+    monkeypatch.setattr(prejoin, "_append", other_compaction_meanwhile)
+    refresh(lake)
+    assert other
+    assert compacted_rows(lake) == tables_part(raw_answers(lake, tmp_path))
+    assert answers(lake) == raw_answers(lake, tmp_path)
+
+
+def test_a_reset_during_a_refresh_is_not_written_over(lake, offsets, tmp_path, monkeypatch):
+    """`trajlake rebuild` (or `ingest --recover`) moves the marks while a refresh runs: the refresh's marks are
+    committed on top of the marks it read, so they lose to the reset and the refresh starts again (here: whole, as
+    after any reset) instead of writing its incremental marks over the reset."""
+    offsets.write(lake, sample_rollout("r1") + sample_rollout("r2"))
+    refresh(lake)
+    offsets.write(lake, sample_rollout("r9"))  # a tail, so the refresh has work
+    touched, raced = prejoin._write_touched, []
+
+    def reset_meanwhile(*args, **kwargs):
+        if not raced:
+            raced.append(True)
+            prejoin.reset(lake)
+        return touched(*args, **kwargs)
+
+    monkeypatch.setattr(prejoin, "_write_touched", reset_meanwhile)
+    assert not refresh(lake).incremental
+    assert raced
     assert answers(lake) == raw_answers(lake, tmp_path)
 
 

@@ -384,3 +384,11 @@ def test_two_scheduler_processes_take_each_backfilled_window_once(lake: Lake) ->
     claims = {(r.window_key, r.claim, r.owner) for r in history if r.status is RunStatus.RUNNING}
     assert len(claims) == len({key for key, _, _ in claims}) == 3, claims
     assert {r.status for r in RunsTable(lake).current().values()} == {RunStatus.SUCCEEDED}
+
+
+@pytest.mark.parametrize("cron", ["0 0 31 2 *", "0 4 30 2 *"])
+def test_a_cron_that_never_fires_is_refused_when_the_job_is_made(cron):
+    """croniter parses Feb 30/31, then fails at every next-fire computation (every pass, and the daemon's wait)."""
+    with pytest.raises(ValueError, match="never fires"):
+        Job("vacuum", cron, run=lambda w: None)
+    Job("leap", "0 0 29 2 *", run=lambda w: None)  # rare, but it comes
