@@ -16,8 +16,11 @@ two of them took 17 min and 15 GB); later runs find the touched rollouts in the 
 rows in one commit per table (``overwrite`` with a predicate of id ranges and a ``rollout_id IN`` list), which
 rewrites only the files that hold them (measured on that lake: README, "SQL at scale"). The marks are written
 last: a run that stops before them leaves tables newer than the marks, and readers then recompute more rollouts,
-with the same rows. ``reset`` (``store.rebuild`` calls it) empties the marks; forget (and retention through it) deletes from
-the tables like from every table with ``tenant`` and ``rollout_id``.
+with the same rows. ``reset`` (``store.rebuild`` calls it) empties the marks; ``rewind`` (``ingest --recover``) sets
+the re-read partitions' offsets to -1, and marks never pass the ingester's exactly-once markers (a recreated topic's
+offsets start again below the old log's); forget (and retention through it) fences, then deletes from the tables
+like from every table with ``tenant`` and ``rollout_id``. A refresh commits everything on top of the versions it
+pinned before reading, so any of these (or another refresh) landing meanwhile makes it start again.
 
 Reading (``prejoined_views``, called by ``store.sql.connect``): the marks are read first, then the tables are
 attached (pinned), so the tables are never older than the marks. When no typed table a view reads has a log
