@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import operator
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
@@ -105,17 +105,20 @@ class RunsTable:
         return claims_table(self.lake, RUNS_TABLE, RUNS)
 
     def history(self, snapshot: DeltaTable | None = None, *, job: str | None = None,
-                window_key: str | None = None) -> list[RunRecord]:
-        """Every row (of one job / one run), oldest first."""
+                window_key: str | None = None, window_keys: Collection[str] | None = None) -> list[RunRecord]:
+        """Every row (of one job / one run / some of its runs), oldest first."""
         wanted = [pc.field(name) == value for name, value in (("job", job), ("window_key", window_key)) if value is not None]
+        if window_keys is not None:
+            wanted.append(pc.field("window_key").isin(sorted(window_keys)))
         table = self.lake.read(snapshot or self.snapshot(), filter=functools.reduce(operator.and_, wanted) if wanted else None)
         records = [RunRecord.from_row(row) for row in table.to_pylist()]
         return sorted(records, key=_order)
 
-    def current(self, snapshot: DeltaTable | None = None, *, job: str | None = None) -> dict[tuple[str, str], RunRecord]:
-        """The newest row of every run (of one job), by (job, window_key)."""
+    def current(self, snapshot: DeltaTable | None = None, *, job: str | None = None,
+                window_keys: Collection[str] | None = None) -> dict[tuple[str, str], RunRecord]:
+        """The newest row of every run (of one job; of the windows ``window_keys``), by (job, window_key)."""
         latest: dict[tuple[str, str], RunRecord] = {}
-        for record in self.history(snapshot, job=job):
+        for record in self.history(snapshot, job=job, window_keys=window_keys):
             latest[(record.job, record.window_key)] = record
         return latest
 

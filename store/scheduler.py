@@ -162,8 +162,10 @@ class Scheduler:
         trigger = "backfill" if backfill_from else "schedule"
         finished = []
         for job in self.jobs:
-            done = {key for (_, key), r in self.runs.current(job=job.name).items() if r.status in FINAL_STATUSES}
-            for window in job.due_windows(now, backfill_from=backfill_from):
+            windows = job.due_windows(now, backfill_from=backfill_from)
+            runs = self.runs.current(job=job.name, window_keys={w.key for w in windows})  # not the job's whole history
+            done = {key for (_, key), r in runs.items() if r.status in FINAL_STATUSES}
+            for window in windows:
                 if stop is not None and stop.is_set():
                     return finished
                 if window.key in done:

@@ -63,6 +63,24 @@ def test_backfill_runs_each_missed_window_once(lake: Lake) -> None:
     assert len(windows_written(lake)) == 3 and len(set(windows_written(lake))) == 3
 
 
+def test_a_pass_reads_the_runs_of_its_due_windows_only(lake: Lake, monkeypatch) -> None:
+    """A 5-minute job leaves ~600 runs rows a day: a pass (every minute) reads the rows of the windows it may run,
+    not the job's whole history."""
+    scheduler = Scheduler(lake, [writing_job(lake)], clock=lambda: NOW)
+    scheduler.run_pending(backfill_from=NOW - timedelta(days=3))
+    read: list[int] = []
+    history = RunsTable.history
+
+    def counted(self, *args, **kwargs):
+        rows = history(self, *args, **kwargs)
+        read.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(RunsTable, "history", counted)
+    assert scheduler.run_pending() == []
+    assert read == [2]  # the latest window's claim and final row; 6 rows in all
+
+
 def test_two_concurrent_commits_claiming_one_run_let_exactly_one_win(lake: Lake) -> None:
     runs = RunsTable(lake)
     snapshot_a, snapshot_b = runs.snapshot(), runs.snapshot()
