@@ -117,12 +117,12 @@ def _plan(
     """Rollouts to merge with their reward, advantage and weight; counts of what was left out; the trained calls.
 
     The SQL runs on a DuckDB connection that is closed before any token is
-    read: its buffer pool keeps the blocks its queries freed (the joins and
-    windows of ``call_index``, ~1.5 KB per call) for reuse up to
-    ``memory_limit``, in memory outside glibc's heaps that neither
-    ``malloc_trim`` nor dropping the temp tables returns. Held through the
-    streaming phase, they made the build's peak RSS grow with the number of
-    calls (1.11-1.15x for 4x the input); closing returns them to the OS.
+    read: DuckDB keeps memory its queries used (~1.2-1.5 KB per call, mostly
+    ``call_index``'s joins and windows) until the database closes, outside
+    ``duckdb_memory()`` and glibc's counters; dropping the temp tables or
+    ``malloc_trim`` returns none of it, lowering ``memory_limit`` about half.
+    Held through the streaming phase it made the build's peak RSS grow with
+    the number of calls (1.11-1.15x for 4x the input); closing returns it.
     """
     con = pinned_connection(lake, snapshot)
     try:

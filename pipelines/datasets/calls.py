@@ -247,21 +247,21 @@ def read_ahead(
     """Each batch of rollout ids with its tokens, the next batch read on a worker thread meanwhile.
 
     Arrow's Parquet decode releases the GIL, so reading batch n+1 overlaps
-    merging and writing batch n: at most one batch more in memory.
+    merging and writing batch n: at most one batch more in memory. The
+    caller holds the only reference to a batch's tokens (neither this
+    generator nor a finished future keeps one), so it can free them early.
     """
     batches = iter(batches)
     current = next(batches, None)
     if current is None:
         return
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajlake-token-read") as pool:
-        reading = pool.submit(read_batch, rows, tables, current)
+        pending = [pool.submit(read_batch, rows, tables, current)]
         for following in batches:
-            tokens = reading.result()
-            reading = pool.submit(read_batch, rows, tables, following)
-            yield current, tokens
-            del tokens
+            pending.append(pool.submit(read_batch, rows, tables, following))  # starts once batch n is read
+            yield current, pending.pop(0).result()
             current = following
-        yield current, reading.result()
+        yield current, pending.pop(0).result()
 
 
 def iter_batches(rollout_ids: list[str], read_tokens: list[int], batch_tokens: int) -> Iterator[list[str]]:
