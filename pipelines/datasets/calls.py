@@ -188,20 +188,22 @@ class CallRows:
     Each batch takes its rows by slicing (both are sorted by rollout_id):
     two ``call_index`` queries per batch cost 0.2-0.3 s CPU at 1,600 rollouts
     (16 batches), more than reading the whole index once (~5 MB at 34k calls, sliced by one key per rollout).
+    Read before the build closes its DuckDB connection: the streaming phase needs no SQL.
     """
 
     def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
-        self._calls = con.execute(
+        self.calls = con.execute(
             """SELECT rollout_id, call_id, seq, req_event_id, resp_event_id FROM call_index
                WHERE status = 'ok' ORDER BY rollout_id, seq, req_event_id"""
         ).to_arrow_table()
+        """rollout_id, call_id, seq, req_event_id, resp_event_id of the ok calls, by rollout_id, seq, req_event_id."""
         self._links = con.execute(
             """SELECT rollout_id, call_id, req_event_id, resp_event_id, extends_call_id, extends_tokens
                FROM call_index WHERE call_row AND rollout_id IN (
                    SELECT rollout_id FROM call_index WHERE status = 'ok' AND extends_call_id IS NOT NULL)
                ORDER BY rollout_id, seq, req_event_id"""
         ).to_arrow_table()
-        self._call_runs, self._link_runs = _Runs(self._calls), _Runs(self._links)
+        self._call_runs, self._link_runs = _Runs(self.calls), _Runs(self._links)
 
     def of(self, rollout_ids: list[str]) -> tuple[pa.Table, pa.Table]:
         """(calls, links) of ``rollout_ids`` (a sorted run of the plan's ids)."""
@@ -240,28 +242,26 @@ def read_batch(rows: CallRows, tables: TokenTables, rollout_ids: list[str]) -> B
 
 
 def read_ahead(
-    con: duckdb.DuckDBPyConnection, tables: TokenTables, batches: Iterable[list[str]]
+    rows: CallRows, tables: TokenTables, batches: Iterable[list[str]]
 ) -> Iterator[tuple[list[str], BatchTokens]]:
     """Each batch of rollout ids with its tokens, the next batch read on a worker thread meanwhile.
 
     Arrow's Parquet decode releases the GIL, so reading batch n+1 overlaps
-    merging and writing batch n: at most one batch more in memory. ``con``
-    is used only before the first batch (``CallRows``).
+    merging and writing batch n: at most one batch more in memory. The
+    caller holds the only reference to a batch's tokens (neither this
+    generator nor a finished future keeps one), so it can free them early.
     """
     batches = iter(batches)
     current = next(batches, None)
     if current is None:
         return
-    rows = CallRows(con)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajlake-token-read") as pool:
-        reading = pool.submit(read_batch, rows, tables, current)
+        pending = [pool.submit(read_batch, rows, tables, current)]
         for following in batches:
-            tokens = reading.result()
-            reading = pool.submit(read_batch, rows, tables, following)
-            yield current, tokens
-            del tokens
+            pending.append(pool.submit(read_batch, rows, tables, following))  # starts once batch n is read
+            yield current, pending.pop(0).result()
             current = following
-        yield current, reading.result()
+        yield current, pending.pop(0).result()
 
 
 def iter_batches(rollout_ids: list[str], read_tokens: list[int], batch_tokens: int) -> Iterator[list[str]]:

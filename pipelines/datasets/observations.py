@@ -37,17 +37,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 
-from pipelines.datasets.calls import TokenTables, iter_batches, read_ahead
+from pipelines.datasets.calls import CallRows, TokenTables, iter_batches, read_ahead
 from pipelines.datasets.merging import merge_calls
 from pipelines.datasets.samples import calls_by_rollout
 
 
 def observed_tokens_per_rollout(
-    con: duckdb.DuckDBPyConnection,
+    rows: CallRows,
     tables: TokenTables,
     rollout_ids: list[str],
     read_tokens: list[int],
@@ -59,7 +58,7 @@ def observed_tokens_per_rollout(
     index = {rollout_id: i for i, rollout_id in enumerate(rollout_ids)}
     counts = np.zeros(len(rollout_ids), dtype=np.int64)
     done = 0
-    for batch, tokens in read_ahead(con, tables, iter_batches(rollout_ids, read_tokens, batch_tokens)):
+    for batch, tokens in read_ahead(rows, tables, iter_batches(rollout_ids, read_tokens, batch_tokens)):
         for rollout_id, calls in calls_by_rollout(tokens):
             counts[index[rollout_id]] = sum(s.n_observed for s in merge_calls(calls))
         done += len(batch)
@@ -69,7 +68,7 @@ def observed_tokens_per_rollout(
 
 
 def with_observed_tokens(
-    con: duckdb.DuckDBPyConnection,
+    rows: CallRows,
     tables: TokenTables,
     rollouts: pa.Table,
     *,
@@ -77,7 +76,7 @@ def with_observed_tokens(
     progress: Callable[[int, int], None] | None = None,
 ) -> pa.Table:
     """``rollouts`` (sorted by rollout_id, with read_tokens) plus ``observed_tokens``, those without any left out."""
-    counts = observed_tokens_per_rollout(con, tables, rollouts["rollout_id"].to_pylist(),
+    counts = observed_tokens_per_rollout(rows, tables, rollouts["rollout_id"].to_pylist(),
                                          rollouts["read_tokens"].to_pylist(), batch_tokens=batch_tokens,
                                          progress=progress)
     rollouts = rollouts.append_column("observed_tokens", pa.array(counts, pa.int64()))

@@ -14,12 +14,11 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.datasets.calls import BatchTokens, TokenTables, iter_batches, read_ahead
+from pipelines.datasets.calls import BatchTokens, CallRows, TokenTables, iter_batches, read_ahead
 from pipelines.datasets.config import BuildConfig
 from pipelines.datasets.merging import MISMATCH_CLASSES, Call, Sample, merge_calls, sample_arrays, tokenizer_decoders
 from schemas.tables import SAMPLES
@@ -66,14 +65,14 @@ class SampleStream:
 
     def __init__(
         self,
-        con: duckdb.DuckDBPyConnection,
+        rows: CallRows,
         tables: TokenTables,
         plan: RolloutPlan,
         config: BuildConfig,
         *,
         progress: Callable[[int, int], None] | None = None,
     ) -> None:
-        self._con, self._tables, self._plan, self._config, self._progress = con, tables, plan, config, progress
+        self._rows, self._tables, self._plan, self._config, self._progress = rows, tables, plan, config, progress
         self._index = {rollout_id: i for i, rollout_id in enumerate(plan.rollout_ids)}
         self._observations = config.mask == "observations"
         self._decoders = tokenizer_decoders(config.tokenizers)
@@ -98,22 +97,29 @@ class SampleStream:
         """The samples as record batches of ``SAMPLES``, one per batch of rollouts; iterate once."""
         plan, done = self._plan, 0
         batches = iter_batches(plan.rollout_ids, plan.read_tokens.tolist(), self._config.batch_tokens)
-        for batch, tokens in read_ahead(self._con, self._tables, batches):
-            rows: list[tuple[int, int, Sample]] = []
-            for rollout_id, calls in calls_by_rollout(tokens):
-                i = self._index[rollout_id]
-                samples = merge_calls(calls, decoders=self._decoders)
-                self._check_counts(rollout_id, samples, int(plan.trained_tokens[i]))
-                written = [(i, k, s) for k, s in enumerate(samples) if not self._observations or s.n_observed]
-                self.n_without_observations += len(samples) - len(written)
-                self.samples_per_rollout[rollout_id] = len(written)
-                rows.extend(written)
-            yield self._record_batch(rows)
-            del tokens, rows
+        for batch, tokens in read_ahead(self._rows, self._tables, batches):
+            rows = self._merge(tokens)
+            del tokens  # the input and the merged samples are freed before the output is encoded
+            record = self._record_batch(rows)
+            del rows
             pa.default_memory_pool().release_unused()
+            yield record
             done += len(batch)
             if self._progress is not None:
                 self._progress(done, len(plan.rollout_ids))
+
+    def _merge(self, tokens: BatchTokens) -> list[tuple[int, int, Sample]]:
+        """(plan index, sample index, sample) of the batch's rollouts, in rollout order."""
+        rows: list[tuple[int, int, Sample]] = []
+        for rollout_id, calls in calls_by_rollout(tokens):
+            i = self._index[rollout_id]
+            samples = merge_calls(calls, decoders=self._decoders)
+            self._check_counts(rollout_id, samples, int(self._plan.trained_tokens[i]))
+            written = [(i, k, s) for k, s in enumerate(samples) if not self._observations or s.n_observed]
+            self.n_without_observations += len(samples) - len(written)
+            self.samples_per_rollout[rollout_id] = len(written)
+            rows.extend(written)
+        return rows
 
     def _record_batch(self, rows: list[tuple[int, int, Sample]]) -> pa.RecordBatch:
         """The rows as one record batch; token columns laid out by ``sample_arrays`` (one buffer per column)."""
