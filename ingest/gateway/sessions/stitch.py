@@ -32,7 +32,9 @@ renders still were ~0.6 of 0.96 ms. Now (0.2-0.45 ms by load, the request's JSON
   message and where the window skips, the kinds of every message of the
   conversation, and the parity of the answer's position. A new shape is always
   checked in full; a shape that failed is checked again on every call; one
-  whose window renders otherwise is always rendered whole.
+  whose window renders otherwise is always rendered whole. A rollout's first
+  stitched call has a shape too (its window is the whole conversation): it
+  rendered three times on every rollout before.
 - **Fill, do not render.** A checked shape also keeps its new turns as a
   ``skeleton`` (the template's text around the new messages' text, found by
   rendering the window once with sentinels in their place); its next calls
