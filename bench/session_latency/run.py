@@ -3,7 +3,7 @@
 Starts a minimal engine (``serve.py engine``: canned answers, one tool call;
 it neither renders nor tokenizes, so it costs ~nothing on either route) and
 two gateways in front of it (``serve.py gateway``, token sessions on and off,
-events encoded and dropped), each its own process. Then, in ``--rounds``
+events encoded and dropped), each its own process. After a warm-up round through each, in ``--rounds``
 rounds alternating the two (order swapped each round, so both see the same
 background load), ``--rollouts`` concurrent 30-turn tool-calling rollouts go
 through one gateway open loop at ``--rate`` req/s: call j starts at
@@ -160,14 +160,17 @@ def planner_cpu(model_dir: Path, turns: list[list[dict]], repeats: int = 3) -> d
             prompt = plan.prompt_ids or list(range(200))
             stitcher.remember(plan, prompt_ids=prompt, sampled_ids=sampled, content=content, tool_calls=calls)
     ms = [x * 1e3 for x in times]
+    checked = ms[len(turns):]  # the later rollouts: every shape checked by the first (a one-time cost per shape)
     return {"calls": len(ms), "cpu_ms_p50": round(statistics.median(ms), 3), "cpu_ms_p99": round(percentile(ms, 99), 3),
+            "cpu_ms_p99_shapes_checked": round(percentile(checked, 99), 3),
+            "cpu_ms_max_first_rollout": round(max(ms[:len(turns)]), 3),
             "cpu_ms_at_last_turn": round(statistics.median(ms[len(turns) - 1::len(turns)]), 3)}
 
 
 async def measure(ports: dict[str, int], pids: dict[str, int], engine_pid: int, turns: list[bytes], *, rollouts: int,
                   rate: float, rounds: int) -> dict:
-    for arm, port in ports.items():  # warm up: connections, imports, the engine's prompt cache
-        await rollouts_at_rate(port, f"warm-{arm}", turns, rollouts=4, rate=rate)
+    for arm, port in ports.items():  # warm up (a whole round each): connections, imports, the engine's answers
+        await rollouts_at_rate(port, f"warm-{arm}", turns, rollouts=rollouts, rate=rate)
     runs: dict[str, list[dict]] = {arm: [] for arm in ports}
     for k in range(rounds):
         for arm in (list(ports) if k % 2 == 0 else list(ports)[::-1]):
@@ -252,7 +255,9 @@ def record(recorder: Recorder, results: dict) -> None:
         f"{median(with_, 'p50_ms'):.2f} vs {median(without, 'p50_ms'):.2f} ms), p99 {added['p99_ms']:+.2f} ms; "
         f"CPU per call, request path {pair('request_path_cpu_ms_per_call')}, gateway with its event encoding "
         f"{pair('gateway_cpu_ms_per_call')}; planner CPU p50 {planner['cpu_ms_p50']:.2f} ms, p99 "
-        f"{planner['cpu_ms_p99']:.2f} ms per call; {results['stitched_share']:.0%} of calls stitched")
+        f"{planner['cpu_ms_p99']:.2f} ms per call ({planner['cpu_ms_p99_shapes_checked']:.2f} once the first "
+        f"rollout checked its shapes, whose first calls take up to {planner['cpu_ms_max_first_rollout']:.1f}); "
+        f"{results['stitched_share']:.0%} of calls stitched")
 
     def ratio(field: str) -> list[float]:
         return [w[field] / o[field] for w, o in zip(with_, without)]

@@ -148,7 +148,7 @@ class ProxyService:
         rollout = current.rollout
         key = (current.tenant, rollout.rollout_id, rollout.attempt, rollout.span_id) if rollout.attached else None
         plan = current.plan = self.sessions.plan(current.body, key)
-        self.metrics.prompts.labels(plan.made, plan.reason or "").inc()
+        self.metrics.prompt_made(plan.made, plan.reason)
         if plan.payload is None:
             return None
         current.answer = ChatAnswer(current.body, current.asked, plan.parser, plan.packed)

@@ -32,7 +32,9 @@ renders still were ~0.6 of 0.96 ms. Now (0.2-0.45 ms by load, the request's JSON
   message and where the window skips, the kinds of every message of the
   conversation, and the parity of the answer's position. A new shape is always
   checked in full; a shape that failed is checked again on every call; one
-  whose window renders otherwise is always rendered whole.
+  whose window renders otherwise is always rendered whole. A rollout's first
+  stitched call has a shape too (its window is the whole conversation): it
+  rendered three times on every rollout before.
 - **Fill, do not render.** A checked shape also keeps its new turns as a
   ``skeleton`` (the template's text around the new messages' text, found by
   rendering the window once with sentinels in their place); its next calls
@@ -228,9 +230,10 @@ def _window(messages: list[dict], answer: int) -> list[int]:
 class IdsJson:
     """Token ids -> the JSON text of their list's items (``1,2,3``), gathered from a table of each id's text.
 
-    A prompt of ~2k ids is sent on every stitched call: indexing a fixed-width table (``id,`` padded with NULs)
-    with the ids and dropping the padding takes numpy a fraction of ``json.dumps`` of the list (measured
-    ~0.6x with a 151k vocabulary), and needs no list of ints (the prompt stays an ``array``). The table covers
+    A prompt of ~2k ids is sent on every stitched call: taking the rows of a fixed-width table (``id,`` padded
+    with NULs: ``take``, ~4x cheaper than fancy indexing) and deleting the padding from their bytes
+    (``bytes.translate``, ~4x cheaper than a boolean mask) takes ~0.15x ``json.dumps`` of the list (2k ids),
+    and needs no list of ints (the prompt stays an ``array``). The table covers
     every 2-byte id when the vocabulary fits in them, so ``array('H')`` prompts need no bounds check."""
 
     def __init__(self, vocabulary: int) -> None:
@@ -245,8 +248,7 @@ class IdsJson:
         index = np.frombuffer(ids, dtype=ids.typecode)
         if ids.typecode != "H" and (index.min() < 0 or index.max() >= len(self._table)):
             return ",".join(map(str, ids)).encode()  # an id past the tokenizer's length: spelled out
-        rows = self._table[index]
-        return rows[rows != 0].tobytes()[:-1]
+        return self._table.take(index, axis=0).tobytes().translate(None, b"\0")[:-1]
 
 
 def completion_payload(body: dict[str, Any], prompt_json: bytes) -> bytes | None:
@@ -376,10 +378,9 @@ class Stitcher:
         k = session.count - 1  # the assistant message the gateway returned
         sampled_end = bool(session.sampled_ids) and self._ends_turn(session.sampled_ids[-1])
         window = _window(messages, k)
-        shape = None if len(window) == len(messages) else (
-            plan.context, sampled_end, k % 2, plan.kinds,
-            tuple((_kind(messages[n]), n - before > 1) for before, n in zip([-1, *window], window)))
-        windowed = self._shapes.get(shape) if shape is not None else False
+        shape = (plan.context, sampled_end, k % 2, plan.kinds,
+                 tuple((_kind(messages[n]), n - before > 1) for before, n in zip([-1, *window], window)))
+        windowed = self._shapes.get(shape)
         text = None
         if isinstance(windowed, Skeleton):
             before = [messages[n] for n in window if n <= k]
@@ -398,10 +399,11 @@ class Stitcher:
             if text is None:
                 plan.reason = "template_not_prefix"
                 return None
-            if shape is not None and windowed is None:
+            if windowed is None:
                 conversation = [messages[n] for n in window]
                 answer = window.index(k)
-                window_text = self._try_tail(conversation, answer, tools, sampled_end, checked=False)
+                window_text = text if len(window) == len(messages) else \
+                    self._try_tail(conversation, answer, tools, sampled_end, checked=False)
                 self._learn(shape, window_text == text and (
                     self._skeleton(conversation, answer, tools, sampled_end, text) or True))
         return self._encode(text)

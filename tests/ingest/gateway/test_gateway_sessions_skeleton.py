@@ -64,6 +64,17 @@ def test_a_template_that_writes_the_text_as_is_fills_its_skeleton_with_the_ids_a
     assert [renders for _, renders, _ in calls[3:]] == [0] * (len(calls) - 3)  # filled, not rendered
 
 
+def test_a_shape_checked_on_one_rollout_fills_the_next_rollouts_calls_from_their_first_stitched_one(tok):
+    """The first stitched call of a rollout (its window is the whole conversation) has a shape too: a later rollout
+    renders nothing once an earlier one checked it."""
+    tok.chat_template = template("m.content or ''")
+    stitcher = Stitcher(tok, SessionStore(max_bytes=1 << 20, ttl_s=60), parser="hermes")
+    rollout(tok, TEXTS, stitcher=stitcher, rollout_id="r0")
+    calls = rollout(tok, TEXTS, stitcher=stitcher, rollout_id="r1")
+    assert all(same for *_, same in calls) and [made for made, _, _ in calls] == ["first_call"] + ["stitched"] * 5
+    assert [renders for _, renders, _ in calls] == [0] * len(calls)
+
+
 @pytest.mark.parametrize("content", ["(m.content or '') | trim", "(m.content or '') | tojson",
                                      "(m.content or '').replace('\"', '')"])
 def test_a_template_that_rewrites_the_text_renders_every_call(tok, content):

@@ -169,7 +169,8 @@ def test_a_checked_shape_renders_a_window_and_gives_the_ids_the_whole_conversati
     plan, messages = call([{"role": "user", "content": "add"}], 1)
     assert plan.reason == "first_call" and renders == []
     plan, messages = call(messages, 2)
-    assert plan.made == "stitched" and len(renders) == 3  # the window would be the whole conversation
+    # The window is the whole conversation: checked on it (3 renders), then its skeleton (sentinels, masked: 4).
+    assert plan.made == "stitched" and len(renders) == 7
     plan, messages = call(messages, 3)
     # A new shape: the whole conversation, its window, the window with the new text as sentinels (the skeleton),
     # and once more with the earlier messages' text masked (a skeleton must not depend on it).
