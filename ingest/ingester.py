@@ -468,9 +468,11 @@ class _Loop:
         self.stats.last_commit_s = time.perf_counter() - started
         self.stats.commit_retries = sum(t.retries for t in self.tables.all)
         self.batch.clear()
+        last_offsets = decoded.last_offsets
+        del decoded  # the batch's rows and tables are freed before the trim, so that it hands their pages back too
         self.trim_free_memory()
         self.last_activity = time.monotonic()  # a long commit is not idleness
-        self.consumer.report_progress(decoded.last_offsets)
+        self.consumer.report_progress(last_offsets)
         self._report()
 
     def _check_replay(self, decoded: DecodedBatch) -> None:

@@ -71,6 +71,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NoReturn
+from xml.etree import ElementTree
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -144,6 +145,8 @@ class RssSampler:
         self.threads: list[int] = []
         self.regions: list[dict[str, float]] = []
         self.mappings: list[dict[str, list[float]]] = []
+        self.glibc_heaps: list[list[dict[str, float]]] = []
+        """Once a minute (``by_region``): glibc's arenas (``glibc_heaps_mb``)."""
         """Once a minute (``by_region``): every anonymous mapping with >= 1 MB resident, by start address."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -163,6 +166,7 @@ class RssSampler:
                 self.files.append(data_files(self.lake))
             if self.by_region and time.monotonic() - self.started >= 60 * len(self.mappings):
                 self.mappings.append(anon_mappings_mb())
+                self.glibc_heaps.append(glibc_heaps_mb())
             if self._stop.wait(self.every_s):
                 return
 
@@ -256,6 +260,28 @@ def anon_mappings_mb(least_mb: float = 1.0) -> dict[str, list[float]]:
         elif head[0] == "Rss:" and start is not None and int(head[1]) / 1024 >= least_mb:
             out[start] = [round(size, 1), round(int(head[1]) / 1024, 1)]
     return out
+
+
+def glibc_heaps_mb() -> list[dict[str, float]]:
+    """Per glibc arena (``malloc_info``): MB it holds from the system, MB free in it, and of that what sits in free
+    chunks under 8 KB (sub-page fragments around live blocks: ``malloc_trim`` cannot hand those pages back)."""
+    libc = ctypes.CDLL(None)
+    libc.fdopen.restype, libc.fdopen.argtypes = ctypes.c_void_p, (ctypes.c_int, ctypes.c_char_p)
+    libc.malloc_info.argtypes, libc.fclose.argtypes = (ctypes.c_int, ctypes.c_void_p), (ctypes.c_void_p,)
+    with tempfile.TemporaryFile() as out:
+        stream = libc.fdopen(os.dup(out.fileno()), b"w")
+        libc.malloc_info(0, stream)
+        libc.fclose(stream)
+        out.seek(0)
+        root = ElementTree.fromstring(out.read())
+    heaps = []
+    for heap in root.iter("heap"):
+        chunks = [(int(size.get("from")), int(size.get("total"))) for size in heap.find("sizes")]
+        free = sum(int(total.get("size")) for total in heap.findall("total") if total.get("type") in ("fast", "rest"))
+        system = next(int(x.get("size")) for x in heap.findall("system") if x.get("type") == "current")
+        heaps.append({"system": round(system / 2**20, 1), "free": round(free / 2**20, 1),
+                      "free_under_8k": round(sum(total for low, total in chunks if low < 8192) / 2**20, 1)})
+    return heaps
 
 
 class HeapSnapshots:
@@ -625,7 +651,7 @@ def main_soak(args: argparse.Namespace) -> int:
               "between_batches_rss_mb_samples": [[round(t, 1), round(mb, 1)] for t, mb in between.samples],
               "between_batches_threads_samples": between.threads, "between_batches_consumed": between.consumed,
               "checkpoints_by_table": per_table_hour, "checkpoint_mb_per_hour_per_table": checkpoint_mb_per_hour,
-              "allocator_environment": {k: os.environ.get(k) for k in (*allocators.ENVIRONMENT, "MALLOC_ARENA_MAX")},
+              "allocator_environment": {k: v for k, v in os.environ.items() if k in allocators.ENVIRONMENT or k.startswith("MALLOC_")},
               "slope_mb_per_min_after_minute_2": slope_after_2_min,
               "events": stats.events, "batches": stats.batches, "slope_mb_per_min_second_half": slope,
               "slope_mb_per_min_after_first_minute": slope_after_warm_up,
@@ -639,7 +665,7 @@ def main_soak(args: argparse.Namespace) -> int:
               "compact_cron": args.soak_compact_cron, "scheduled_compactions": scheduled,
               "tracemalloc_frames": args.soak_tracemalloc, "python_heap_growth": heap.growth(),
               "python_heap_traced_mb_at_minutes": heap.traced_mb,
-              "anon_mappings_at_minutes": sampler.mappings,
+              "anon_mappings_at_minutes": sampler.mappings, "glibc_heaps_at_minutes": sampler.glibc_heaps,
               "live_files_per_min_after_minute_2": slope_mb_per_min(
                   [(t, n) for (t, _), n in zip(sampler.samples, sampler.files)], after_s=120),
               "resident_mb_by_region_samples": sampler.regions}
@@ -758,15 +784,21 @@ def main(argv: list[str] | None = None) -> int:
     return main_soak(args) if args.soak_minutes else main_bench(args)
 
 
+GLIBC_ENVIRONMENT = {"MALLOC_ARENA_MAX": str(allocators.GLIBC_ARENAS),
+                     "MALLOC_MMAP_THRESHOLD_": str(allocators.GLIBC_MMAP_THRESHOLD)}
+"""glibc's ``M_ARENA_MAX`` and ``M_MMAP_THRESHOLD`` as variables: what ``ingest.allocators.configure`` sets by
+``mallopt`` in ``trajlake ingest``."""
+
+
 def allocators_configured() -> bool:
-    return all(name in os.environ for name in (*allocators.ENVIRONMENT, "MALLOC_ARENA_MAX"))
+    return all(name in os.environ for name in (*allocators.ENVIRONMENT, *GLIBC_ENVIRONMENT))
 
 
 def configured_environment(*, only_settings: bool = False) -> dict[str, str]:
     """This process's environment with the ingester's allocator settings added (a variable already set wins);
-    ``only_settings``: just those variables. ``MALLOC_ARENA_MAX`` is glibc's ``M_ARENA_MAX``."""
-    env = {**allocators.ENVIRONMENT, "MALLOC_ARENA_MAX": str(allocators.GLIBC_ARENAS), **os.environ}
-    return {k: env[k] for k in (*allocators.ENVIRONMENT, "MALLOC_ARENA_MAX")} if only_settings else env
+    ``only_settings``: just those variables."""
+    env = {**allocators.ENVIRONMENT, **GLIBC_ENVIRONMENT, **os.environ}
+    return {k: env[k] for k in (*allocators.ENVIRONMENT, *GLIBC_ENVIRONMENT)} if only_settings else env
 
 
 def configure_and_restart() -> NoReturn:
