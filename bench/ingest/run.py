@@ -50,6 +50,13 @@ cycle) with their slope and swing, and the checkpoint files each table's log hol
 hour); ``--soak-cadence`` picks when the tables reopen their snapshots (``store.commit.CADENCES``).
 ``--soak-compact-every-s S`` also runs ``trajlake compact`` on those tables (vacuum after 0 h, so that the
 files on disk are the live ones) in its own process every S seconds, as an operator's schedule would.
+As the deployed service runs, the scheduler's compaction job (``trajlake scheduler --job compact``, incremental,
+no vacuum) runs beside the ingester in its own process at ``--soak-compact-cron`` (the service's default, every
+5 minutes; '' for none), and its runs are recorded (``scheduled_compactions``). Once a minute the anonymous
+mappings with >= 1 MB resident (``anon_mappings_at_minutes``: which mapping grows) and glibc's arenas
+(``glibc_heaps_at_minutes``: held, free, free in sub-page fragments) are taken too; ``--soak-tracemalloc FRAMES``
+traces Python's heap and lists the allocation sites that grew after minute 2 (a diagnostic: at 5 frames and
+200 events/s on this machine the ingester fell behind and committed one batch).
 
 Writes bench/ingest/results.json (format: ``bench.results``).
 """
