@@ -330,8 +330,8 @@ class HeapSnapshots:
         if len(self.snapshots) < 3:
             return []
         stats = sorted(self.snapshots[-1].compare_to(self.snapshots[1], "traceback"), key=lambda st: -st.size_diff)
-        return [{"kb": round(stat.size_diff / 1024, 1), "blocks": stat.count_diff, "kb_at_end": round(stat.size / 1024, 1),
-                 "where": [f"{_source(frame.filename)}:{frame.lineno}" for frame in stat.traceback]}
+        return [{"kb": round(stat.size_diff / 1024, 1), "blocks": stat.count_diff,
+                 "kb_at_end": round(stat.size / 1024, 1), "where": [f"{_source(frame.filename)}:{frame.lineno}" for frame in stat.traceback]}
                 for stat in stats[:top]]
 
 
@@ -658,7 +658,8 @@ def main_soak(args: argparse.Namespace) -> int:
               "between_batches_rss_mb_samples": [[round(t, 1), round(mb, 1)] for t, mb in between.samples],
               "between_batches_threads_samples": between.threads, "between_batches_consumed": between.consumed,
               "checkpoints_by_table": per_table_hour, "checkpoint_mb_per_hour_per_table": checkpoint_mb_per_hour,
-              "allocator_environment": {k: v for k, v in os.environ.items() if k in allocators.ENVIRONMENT or k.startswith("MALLOC_")},
+              "allocator_environment": {k: v for k, v in os.environ.items()
+                                        if k in allocators.ENVIRONMENT or k.startswith("MALLOC_")},
               "slope_mb_per_min_after_minute_2": slope_after_2_min,
               "events": stats.events, "batches": stats.batches, "slope_mb_per_min_second_half": slope,
               "slope_mb_per_min_after_first_minute": slope_after_warm_up,
@@ -683,7 +684,7 @@ def main_soak(args: argparse.Namespace) -> int:
                    f"{between_swing:.0f} MB; cadence {args.soak_cadence}, checkpoints {checkpoint_mb_per_hour:.1f} MB/h "
                    f"per table; allocators {args.soak_allocators}"
                    f"{f'; trajlake compact every {args.soak_compact_every_s:g} s' if args.soak_compact_every_s else ''}"
-                   f"{f'; scheduler compact {args.soak_compact_cron!r}: {len(scheduled)} run(s)' if args.soak_compact_cron else ''}"
+                   f"{f'; scheduler compact {args.soak_compact_cron!r}: {len(scheduled)} run(s)' if scheduled else ''}"
                    f"{f'; tracemalloc on ({args.soak_tracemalloc} frames)' if args.soak_tracemalloc else ''}; "
                    f"data files {sampler.files[0]:,} -> {sampler.files[-1]:,}; threads {sampler.threads[0]} -> {sampler.threads[-1]}; {stats.events:,} events",
                    peak_rss_mb={"soak": sampler.peak}, detail=result, path=Path(args.soak_out))

@@ -26,7 +26,8 @@ def test_a_populated_mapping_shows_with_its_resident_megabytes():
 @linux
 def test_glibc_heaps_count_the_holes_left_between_live_blocks():
     libc = ctypes.CDLL(None)
-    libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, (ctypes.c_size_t,), (ctypes.c_void_p,)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
+    libc.free.argtypes = (ctypes.c_void_p,)
     blocks = [libc.malloc(3000) for _ in range(4000)]
     for block in blocks[::2]:
         libc.free(block)
@@ -53,4 +54,5 @@ def test_heap_snapshots_name_the_site_that_grew():
     finally:
         tracemalloc.stop()
     top = heap.growth()[0]
-    assert top["kb"] > 1500 and any(where.startswith("tests/bench/test_ingest_soak_probes.py:") for where in top["where"])
+    assert top["kb"] > 1500
+    assert any(where.startswith("tests/bench/test_ingest_soak_probes.py:") for where in top["where"])
