@@ -7,7 +7,9 @@ reuse, per thread or per arena, and the ingester runs ~140 threads (delta-rs's b
 ``configure`` makes each hand memory back sooner:
 
 * glibc: at most ``GLIBC_ARENAS`` arenas (``store.arenas``: ``mallopt(M_ARENA_MAX)``; default 8 per
-  core, each keeping its own free lists);
+  core, each keeping its own free lists), and blocks of ``GLIBC_MMAP_THRESHOLD`` or more in mappings of their
+  own, handed back when freed (``mallopt(M_MMAP_THRESHOLD)``: glibc's default threshold rises to each such block
+  freed, up to 32 MB, after which a batch's buffers are carved from the heaps and leave holes there);
 * Arrow: the system pool (``ARROW_DEFAULT_MEMORY_POOL=system``: glibc, so its frees join the
   above instead of mimalloc's segments);
 * delta-rs's jemalloc: dirty pages returned after 1 s instead of 10 (``_RJEM_MALLOC_CONF``, which
@@ -36,6 +38,13 @@ ENVIRONMENT = {
     "_RJEM_MALLOC_CONF": "dirty_decay_ms:1000,muzzy_decay_ms:0",
 }
 """Variables read by Arrow C++ and by delta-rs's jemalloc (prefixed ``_RJEM_``) when they first allocate."""
+GLIBC_MMAP_THRESHOLD = 128 << 10
+"""Blocks of at least this many bytes get a mapping of their own (glibc's initial threshold, kept fixed). With the
+threshold left to rise, a 10-minute soak at 200 events/s grew glibc's thread arena +1.7-2.8 MB/min after minute 2
+(10 -> 34 MB resident, its free-but-kept bytes 11 -> 66 MB: freed buffers' holes, below live blocks, that
+``malloc_trim`` could not hand back); fixed, flat (-0.03, +0.2 MB/min; bench/ingest/README.md, memory)."""
+M_MMAP_THRESHOLD = -3
+"""glibc's ``mallopt`` parameter number (malloc.h)."""
 TRIM_EVERY_S = 5.0
 """How often ``FreeMemoryTrim`` hands glibc's free pages back, at most."""
 READS_ENVIRONMENT_AT_LOAD = {"ARROW_DEFAULT_MEMORY_POOL": "pyarrow", "_RJEM_MALLOC_CONF": "deltalake"}
@@ -54,7 +63,21 @@ def configure() -> list[str]:
             os.environ[name] = value
     if not limit_arenas(GLIBC_ARENAS):
         late.append("M_ARENA_MAX")
+    if not fix_mmap_threshold(GLIBC_MMAP_THRESHOLD):
+        late.append("M_MMAP_THRESHOLD")
     return late
+
+
+def fix_mmap_threshold(threshold: int = GLIBC_MMAP_THRESHOLD) -> bool:
+    """Serve glibc blocks of ``threshold`` bytes or more from mappings of their own, whatever is freed later
+    (``mallopt(M_MMAP_THRESHOLD)``, which also stops glibc from raising it), unless ``MALLOC_MMAP_THRESHOLD_`` is set
+    (an operator's choice wins); False when glibc refused the setting. Without glibc: True (nothing to fix)."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return True
+    try:
+        return bool(ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, threshold))
+    except (OSError, AttributeError):
+        return True
 
 
 class FreeMemoryTrim:

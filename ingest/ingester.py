@@ -80,6 +80,8 @@ class IngesterConfig(CommonOptions):
     """Oldest a batch gets while records keep arriving; a drained topic commits the batch in hand at once."""
     max_event_bytes: int = MAX_EVENT_BYTES
     dedupe_max_ids: int = DEFAULT_MAX_IDS
+    """Event ids remembered for dedupe (TRAJLAKE_DEDUPE_MAX_IDS): ~36 B each, mapped and resident from the start
+    (36 MB at the default 1,000,000); a resend later than this many events is not caught (``ingest.dedupe``)."""
     marker_refresh_offsets: int = 0
     """An idle table's marker is committed once it trails by more than this many offsets; 0 = every commit
     cycle moves every table's markers, so a restart replays at most one batch."""
@@ -466,9 +468,11 @@ class _Loop:
         self.stats.last_commit_s = time.perf_counter() - started
         self.stats.commit_retries = sum(t.retries for t in self.tables.all)
         self.batch.clear()
+        last_offsets = decoded.last_offsets
+        del decoded  # the batch's rows and tables are freed before the trim, so that it hands their pages back too
         self.trim_free_memory()
         self.last_activity = time.monotonic()  # a long commit is not idleness
-        self.consumer.report_progress(decoded.last_offsets)
+        self.consumer.report_progress(last_offsets)
         self._report()
 
     def _check_replay(self, decoded: DecodedBatch) -> None:

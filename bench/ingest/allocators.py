@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from ingest.allocators import ENVIRONMENT, GLIBC_ARENAS  # noqa: E402
+from ingest.allocators import ENVIRONMENT, GLIBC_ARENAS, GLIBC_MMAP_THRESHOLD  # noqa: E402
 
 VARIANTS: dict[str, dict[str, str]] = {
     "default": {},
@@ -33,7 +33,9 @@ VARIANTS: dict[str, dict[str, str]] = {
     "arrow_system_pool": {"ARROW_DEFAULT_MEMORY_POOL": ENVIRONMENT["ARROW_DEFAULT_MEMORY_POOL"]},
     "jemalloc_decay_1s": {"_RJEM_MALLOC_CONF": ENVIRONMENT["_RJEM_MALLOC_CONF"]},
     "jemalloc_no_tcache_decay_0": {"_RJEM_MALLOC_CONF": "tcache:false,dirty_decay_ms:0,muzzy_decay_ms:0"},
-    "configured": {**ENVIRONMENT, "MALLOC_ARENA_MAX": str(GLIBC_ARENAS)},
+    "configured_before_mmap_threshold": {**ENVIRONMENT, "MALLOC_ARENA_MAX": str(GLIBC_ARENAS)},
+    "configured": {**ENVIRONMENT, "MALLOC_ARENA_MAX": str(GLIBC_ARENAS),
+                   "MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD)},
 }
 """Environment of each variant; ``configured`` is what ``ingest.allocators.configure`` sets. Without jemalloc's
 thread caches and with decay 0 (the settings tried first) its CPU per event was 1.46x the defaults'."""

@@ -50,6 +50,13 @@ cycle) with their slope and swing, and the checkpoint files each table's log hol
 hour); ``--soak-cadence`` picks when the tables reopen their snapshots (``store.commit.CADENCES``).
 ``--soak-compact-every-s S`` also runs ``trajlake compact`` on those tables (vacuum after 0 h, so that the
 files on disk are the live ones) in its own process every S seconds, as an operator's schedule would.
+As the deployed service runs, the scheduler's compaction job (``trajlake scheduler --job compact``, incremental,
+no vacuum) runs beside the ingester in its own process at ``--soak-compact-cron`` (the service's default, every
+5 minutes; '' for none), and its runs are recorded (``scheduled_compactions``). Once a minute the anonymous
+mappings with >= 1 MB resident (``anon_mappings_at_minutes``: which mapping grows) and glibc's arenas
+(``glibc_heaps_at_minutes``: held, free, free in sub-page fragments) are taken too; ``--soak-tracemalloc FRAMES``
+traces Python's heap and lists the allocation sites that grew after minute 2 (a diagnostic: at 5 frames and
+200 events/s on this machine the ingester fell behind and committed one batch).
 
 Writes bench/ingest/results.json (format: ``bench.results``).
 """
@@ -66,10 +73,12 @@ import sys
 import tempfile
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NoReturn
+from xml.etree import ElementTree
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -85,6 +94,7 @@ from ingest.consumer import AssignmentFlag, open_consumer  # noqa: E402
 from ingest.ingester import IngesterConfig, IngestStats, run_ingester  # noqa: E402
 import store.commit  # noqa: E402
 from schemas.tables import EVENTS_TABLE, QUARANTINE_TABLE, TYPED_TABLES  # noqa: E402
+from trajlake.commands.scheduler import SchedulerSettings  # noqa: E402
 
 PARTITIONS = (0, 1, 2, 3)
 GOAL = 0.70
@@ -141,6 +151,10 @@ class RssSampler:
         self.files: list[int] = []
         self.threads: list[int] = []
         self.regions: list[dict[str, float]] = []
+        self.mappings: list[dict[str, list[float]]] = []
+        self.glibc_heaps: list[list[dict[str, float]]] = []
+        """Once a minute (``by_region``): glibc's arenas (``glibc_heaps_mb``)."""
+        """Once a minute (``by_region``): every anonymous mapping with >= 1 MB resident, by start address."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.started = time.monotonic()
@@ -157,6 +171,9 @@ class RssSampler:
                                                                "glibc_mmapped": glibc_mmapped_mb()})
             if self.lake is not None:
                 self.files.append(data_files(self.lake))
+            if self.by_region and time.monotonic() - self.started >= 60 * len(self.mappings):
+                self.mappings.append(anon_mappings_mb())
+                self.glibc_heaps.append(glibc_heaps_mb())
             if self._stop.wait(self.every_s):
                 return
 
@@ -233,6 +250,116 @@ def resident_by_region_mb() -> dict[str, float]:
             kind = "other_anon"
         out[kind] += rss[i] / 1024
     return {k: round(v, 1) for k, v in out.items()}
+
+
+def anon_mappings_mb(least_mb: float = 1.0) -> dict[str, list[float]]:
+    """Anonymous mappings of this process with at least ``least_mb`` resident (``/proc/self/smaps``): start address ->
+    [size MB, resident MB]. Diffed over minutes, they say which mappings grow (glibc's heaps, jemalloc's extents,
+    Python's arenas, the dedupe ring)."""
+    out: dict[str, list[float]] = {}
+    start = size = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(maxsplit=5)
+        if "-" in head[0] and not head[0].endswith(":"):
+            low, high = (int(x, 16) for x in head[0].split("-"))
+            anonymous = len(head) < 6 or head[5] in ("[heap]", "[stack]") or not head[5].startswith(("/", "["))
+            start, size = (head[0].split("-")[0], (high - low) / 2**20) if anonymous else (None, None)
+        elif head[0] == "Rss:" and start is not None and int(head[1]) / 1024 >= least_mb:
+            out[start] = [round(size, 1), round(int(head[1]) / 1024, 1)]
+    return out
+
+
+def glibc_heaps_mb() -> list[dict[str, float]]:
+    """Per glibc arena (``malloc_info``): MB it holds from the system, MB free in it, and of that what sits in free
+    chunks under 8 KB (sub-page fragments around live blocks: ``malloc_trim`` cannot hand those pages back)."""
+    libc = ctypes.CDLL(None)
+    libc.fdopen.restype, libc.fdopen.argtypes = ctypes.c_void_p, (ctypes.c_int, ctypes.c_char_p)
+    libc.malloc_info.argtypes, libc.fclose.argtypes = (ctypes.c_int, ctypes.c_void_p), (ctypes.c_void_p,)
+    with tempfile.TemporaryFile() as out:
+        stream = libc.fdopen(os.dup(out.fileno()), b"w")
+        libc.malloc_info(0, stream)
+        libc.fclose(stream)
+        out.seek(0)
+        root = ElementTree.fromstring(out.read())
+    heaps = []
+    for heap in root.iter("heap"):
+        chunks = [(int(size.get("from")), int(size.get("total"))) for size in heap.find("sizes")]
+        free = sum(int(total.get("size")) for total in heap.findall("total") if total.get("type") in ("fast", "rest"))
+        system = next(int(x.get("size")) for x in heap.findall("system") if x.get("type") == "current")
+        heaps.append({"system": round(system / 2**20, 1), "free": round(free / 2**20, 1),
+                      "free_under_8k": round(sum(total for low, total in chunks if low < 8192) / 2**20, 1)})
+    return heaps
+
+
+class HeapSnapshots:
+    """``tracemalloc`` over a soak (``frames`` > 0; off at 0): a snapshot of Python's traced heap each minute, and the
+    allocation sites whose traced bytes grew most from minute 2 to the end. Tracing costs CPU and memory of its own:
+    a run with it says where Python's heap grows, not what RSS does."""
+
+    def __init__(self, frames: int, sampler: RssSampler) -> None:
+        self.frames, self.sampler = frames, sampler
+        self.snapshots: list[tracemalloc.Snapshot] = []
+        self.traced_mb: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> HeapSnapshots:
+        if self.frames:
+            tracemalloc.start(self.frames)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(max(0.0, 60 * (len(self.snapshots) + 1) - (time.monotonic() - self.sampler.started))):
+            self._take()
+
+    def _take(self) -> None:
+        snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+        self.snapshots.append(snapshot)
+        self.traced_mb.append(round(tracemalloc.get_traced_memory()[0] / 2**20, 1))
+
+    def __exit__(self, *exc: object) -> None:
+        if self.frames:
+            self._stop.set()
+            self._thread.join()
+            self._take()
+            tracemalloc.stop()
+
+    def growth(self, top: int = 25) -> list[dict]:
+        """The ``top`` allocation sites by traced bytes grown from minute 2 (the second snapshot) to the end."""
+        if len(self.snapshots) < 3:
+            return []
+        stats = sorted(self.snapshots[-1].compare_to(self.snapshots[1], "traceback"), key=lambda st: -st.size_diff)
+        return [{"kb": round(stat.size_diff / 1024, 1), "blocks": stat.count_diff,
+                 "kb_at_end": round(stat.size / 1024, 1), "where": [f"{_source(frame.filename)}:{frame.lineno}" for frame in stat.traceback]}
+                for stat in stats[:top]]
+
+
+def _source(filename: str) -> str:
+    """A traced file named without this machine's folders: relative to the repository, a package or the stdlib."""
+    for root in (str(REPO) + "/", "site-packages/", f"python{sys.version_info[0]}.{sys.version_info[1]}/"):
+        if root in filename:
+            return filename.split(root, 1)[1]
+    return filename
+
+
+def scheduler_beside(lake: str, cron: str) -> subprocess.Popen:
+    """``trajlake scheduler --job compact`` in its own process, as the deployed service runs it beside the ingester
+    (``TRAJLAKE_COMPACT_CRON`` = ``cron``; it also runs the window due at its start). SIGTERM stops it."""
+    env = {**os.environ, "TRAJLAKE_COMPACT_CRON": cron, "TRAJLAKE_SCHEDULER_POLL_S": "10"}
+    return subprocess.Popen([sys.executable, "-c", "from trajlake.cli import main; main()", "scheduler", "--job",
+                             "compact", "--lake", lake], env=env, stdout=subprocess.DEVNULL)
+
+
+def scheduled_compactions(lake: str) -> list[dict]:
+    """The scheduler's compaction runs recorded in the lake's ``runs`` table: window, status, seconds, files removed."""
+    from store.lake import Lake
+    from store.runs import RunsTable
+
+    records = sorted(RunsTable(Lake(lake)).current(job="compact").values(), key=lambda r: r.window_end)
+    return [{"window_end": r.window_end.isoformat(), "status": str(r.status),
+             "seconds": round((r.ended_at - r.started_at).total_seconds(), 1) if r.ended_at else None,
+             "files_removed": r.results.get("files_removed")} for r in records]
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -490,18 +617,26 @@ def main_soak(args: argparse.Namespace) -> int:
         between = BetweenBatches(sampler)
         compactor = threading.Thread(target=compact_every, args=(config.lake, args.soak_compact_every_s, stop, compactions),
                                      daemon=True)
+        heap = HeapSnapshots(args.soak_tracemalloc, sampler)
+        scheduler = None
         try:
-            with sampler:
+            with sampler, heap:
                 if args.soak_compact_every_s:
                     compactor.start()
+                if args.soak_compact_cron:
+                    scheduler = scheduler_beside(config.lake, args.soak_compact_cron)
                 stats = run_ingester(config, stop, on_progress=between)
         finally:
             timer.cancel()
             stop.set()
             if compactor.is_alive():
                 compactor.join()
+            if scheduler is not None:
+                scheduler.terminate()  # SIGTERM: a running compaction finishes first
+                scheduler.wait(600)
             feeder.wait(60)
         checkpoints = checkpoint_files(Path(config.lake))
+        scheduled = scheduled_compactions(config.lake) if args.soak_compact_cron else []
     slope = slope_mb_per_min(sampler.samples, after_s=seconds / 2)
     slope_after_warm_up = slope_mb_per_min(sampler.samples, after_s=60)
     slope_after_2_min = slope_mb_per_min(sampler.samples, after_s=120)
@@ -523,7 +658,8 @@ def main_soak(args: argparse.Namespace) -> int:
               "between_batches_rss_mb_samples": [[round(t, 1), round(mb, 1)] for t, mb in between.samples],
               "between_batches_threads_samples": between.threads, "between_batches_consumed": between.consumed,
               "checkpoints_by_table": per_table_hour, "checkpoint_mb_per_hour_per_table": checkpoint_mb_per_hour,
-              "allocator_environment": {k: os.environ.get(k) for k in (*allocators.ENVIRONMENT, "MALLOC_ARENA_MAX")},
+              "allocator_environment": {k: v for k, v in os.environ.items()
+                                        if k in allocators.ENVIRONMENT or k.startswith("MALLOC_")},
               "slope_mb_per_min_after_minute_2": slope_after_2_min,
               "events": stats.events, "batches": stats.batches, "slope_mb_per_min_second_half": slope,
               "slope_mb_per_min_after_first_minute": slope_after_warm_up,
@@ -534,6 +670,10 @@ def main_soak(args: argparse.Namespace) -> int:
               "python_allocated_blocks_samples": sampler.python_blocks, "threads_samples": sampler.threads,
               "live_files_samples": sampler.files, "compact_every_s": args.soak_compact_every_s,
               "compactions_s": [round(c, 1) for c in compactions],
+              "compact_cron": args.soak_compact_cron, "scheduled_compactions": scheduled,
+              "tracemalloc_frames": args.soak_tracemalloc, "python_heap_growth": heap.growth(),
+              "python_heap_traced_mb_at_minutes": heap.traced_mb,
+              "anon_mappings_at_minutes": sampler.mappings, "glibc_heaps_at_minutes": sampler.glibc_heaps,
               "live_files_per_min_after_minute_2": slope_mb_per_min(
                   [(t, n) for (t, _), n in zip(sampler.samples, sampler.files)], after_s=120),
               "resident_mb_by_region_samples": sampler.regions}
@@ -543,7 +683,9 @@ def main_soak(args: argparse.Namespace) -> int:
                    f"first minute {slope_after_warm_up:+.1f}); between batches {between_slope:+.1f} MB/min, swing "
                    f"{between_swing:.0f} MB; cadence {args.soak_cadence}, checkpoints {checkpoint_mb_per_hour:.1f} MB/h "
                    f"per table; allocators {args.soak_allocators}"
-                   f"{f'; trajlake compact every {args.soak_compact_every_s:g} s' if args.soak_compact_every_s else ''}; "
+                   f"{f'; trajlake compact every {args.soak_compact_every_s:g} s' if args.soak_compact_every_s else ''}"
+                   f"{f'; scheduler compact {args.soak_compact_cron!r}: {len(scheduled)} run(s)' if scheduled else ''}"
+                   f"{f'; tracemalloc on ({args.soak_tracemalloc} frames)' if args.soak_tracemalloc else ''}; "
                    f"data files {sampler.files[0]:,} -> {sampler.files[-1]:,}; threads {sampler.threads[0]} -> {sampler.threads[-1]}; {stats.events:,} events",
                    peak_rss_mb={"soak": sampler.peak}, detail=result, path=Path(args.soak_out))
     print(f"soak: {args.soak_minutes} min, {stats.events:,} events in {stats.batches:,} batches; RSS {first:,.0f} -> "
@@ -620,6 +762,13 @@ def main(argv: list[str] | None = None) -> int:
                              "them) or the libraries' defaults")
     parser.add_argument("--soak-compact-every-s", type=float, default=0,
                         help="during the soak, run `trajlake compact` every this many seconds (0: never)")
+    parser.add_argument("--soak-compact-cron", default=SchedulerSettings.model_fields["compact_cron"].default,
+                        help="during the soak, run the scheduler's compaction job beside the ingester "
+                             "(`trajlake scheduler --job compact`, TRAJLAKE_COMPACT_CRON; default: the service's "
+                             "default; '': off)")
+    parser.add_argument("--soak-tracemalloc", type=int, default=0, metavar="FRAMES",
+                        help="trace Python's heap with this many frames per allocation and report the sites that grew "
+                             "(0: off; a diagnostic: tracing costs CPU and memory)")
     parser.add_argument("--soak-cadence", choices=sorted(store.commit.CADENCES),
                         default=next(k for k, v in store.commit.CADENCES.items() if v == store.commit.CADENCE),
                         help="when the ingester's tables reopen their Delta snapshots (store.commit.CADENCES)")
@@ -643,15 +792,21 @@ def main(argv: list[str] | None = None) -> int:
     return main_soak(args) if args.soak_minutes else main_bench(args)
 
 
+GLIBC_ENVIRONMENT = {"MALLOC_ARENA_MAX": str(allocators.GLIBC_ARENAS),
+                     "MALLOC_MMAP_THRESHOLD_": str(allocators.GLIBC_MMAP_THRESHOLD)}
+"""glibc's ``M_ARENA_MAX`` and ``M_MMAP_THRESHOLD`` as variables: what ``ingest.allocators.configure`` sets by
+``mallopt`` in ``trajlake ingest``."""
+
+
 def allocators_configured() -> bool:
-    return all(name in os.environ for name in (*allocators.ENVIRONMENT, "MALLOC_ARENA_MAX"))
+    return all(name in os.environ for name in (*allocators.ENVIRONMENT, *GLIBC_ENVIRONMENT))
 
 
 def configured_environment(*, only_settings: bool = False) -> dict[str, str]:
     """This process's environment with the ingester's allocator settings added (a variable already set wins);
-    ``only_settings``: just those variables. ``MALLOC_ARENA_MAX`` is glibc's ``M_ARENA_MAX``."""
-    env = {**allocators.ENVIRONMENT, "MALLOC_ARENA_MAX": str(allocators.GLIBC_ARENAS), **os.environ}
-    return {k: env[k] for k in (*allocators.ENVIRONMENT, "MALLOC_ARENA_MAX")} if only_settings else env
+    ``only_settings``: just those variables."""
+    env = {**allocators.ENVIRONMENT, **GLIBC_ENVIRONMENT, **os.environ}
+    return {k: env[k] for k in (*allocators.ENVIRONMENT, *GLIBC_ENVIRONMENT)} if only_settings else env
 
 
 def configure_and_restart() -> NoReturn:

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from ingest import allocators
 
 PROBE = """
@@ -50,3 +52,32 @@ def test_free_memory_trim_runs_at_most_every_interval():
         trim._trim = lambda pad, trim=trim: calls.append((trim, pad))
     due(), due(), not_yet()
     assert calls == [(due, 0), (due, 0)]
+
+
+MMAP_PROBE = """
+import ctypes, json
+{configure}
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, (ctypes.c_size_t,), (ctypes.c_void_p,)
+class Mallinfo2(ctypes.Structure):  # hblkhd: bytes in blocks with mappings of their own
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                                           "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc.mallinfo2.restype = Mallinfo2
+libc.free(libc.malloc(4 << 20))  # glibc's own threshold rises to 4 MB here
+before = libc.mallinfo2().hblkhd
+block = libc.malloc(1 << 20)
+print(json.dumps({{"own_mapping": libc.mallinfo2().hblkhd - before >= 1 << 20}}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mmap threshold")
+def test_big_blocks_keep_mappings_of_their_own_after_a_bigger_one_is_freed():
+    def own_mapping(configure: str) -> bool:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+        out = subprocess.run([sys.executable, "-c", MMAP_PROBE.format(configure=configure)], env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["own_mapping"]
+
+    assert own_mapping("from ingest import allocators; assert allocators.configure() == []")
+    assert not own_mapping("")  # glibc's default: the threshold rose, the block came from the heap

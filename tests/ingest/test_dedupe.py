@@ -1,8 +1,13 @@
 """SeenEventIds' compact layout: the same decisions as a plain ordered map, in a bounded, small footprint."""
 
+import ctypes
+import mmap
 import random
+import sys
 import tracemalloc
 from collections import OrderedDict
+
+import pytest
 
 from ingest.dedupe import SeenEventIds
 
@@ -65,4 +70,25 @@ def test_memory_stays_under_40_bytes_per_remembered_id():
     finally:
         tracemalloc.stop()
     assert len(seen) == 50_000
-    assert held / 50_000 < 40
+    assert seen.mapped_bytes / 50_000 < 40
+    assert held < 64 << 10  # nothing per id on Python's heap: the ids live in the ring's mapping
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MAP_POPULATE and mincore are Linux's")
+def test_the_whole_bound_is_resident_from_the_start():
+    # RSS shows the configured bound from the first minute instead of growing with the ids until it
+    seen = SeenEventIds(max_ids=200_000)
+    assert len(seen) == 0
+    mapping = seen._ring._mapping
+    page = mmap.PAGESIZE
+    pages = -(-len(mapping) // page)
+    resident = (ctypes.c_ubyte * pages)()
+    anchor = ctypes.c_char.from_buffer(mapping)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+        assert libc.mincore(ctypes.addressof(anchor), len(mapping), resident) == 0, ctypes.get_errno()
+    finally:
+        del anchor
+    assert len(mapping) == seen.mapped_bytes >= 200_000 * 36
+    assert sum(b & 1 for b in resident) == pages
