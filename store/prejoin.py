@@ -624,7 +624,9 @@ def _append(lake: Lake, table: str | DeltaTable, data: pa.Table, *, mode: str, p
     free text): what its optimize would leave, written once. Measured on the 1M-call bench lake's pre-joined tables,
     bare ``read_parquet`` with 2 threads at load ~12: ``model, finish_reason`` group-by with ``avg(latency_ms)`` over
     1M calls 0.16 -> 0.07 CPU s, ``name`` group-by over 900k tool steps 0.08 -> 0.03, same bytes (+1%). Dictionary
-    pages on token lists cost: ``sum(len(prompt_token_ids))`` over 53M ids 0.58 CPU s with them, 0.43 without."""
+    pages on token lists cost: ``sum(len(prompt_token_ids))`` over 53M ids 0.58 CPU s with them, 0.43 without.
+    zstd(1) stays for them: LZ4_RAW decodes 15-24% faster (256M ids: 2.05 -> 1.75 CPU s) for 1.56x the bytes
+    (bench/sql/README.md); the rest is DuckDB assembling every id of the list, whatever the layout."""
     from deltalake import write_deltalake
 
     from store.compact import COMPACT_WRITER_PROPERTIES  # store.compact imports this module
