@@ -28,11 +28,13 @@ entry past its marked version (one file stat per table), the view is the table a
 rollout ids are read from the rows past the marked offsets in the data files the later commits added (where a
 later commit rewrote one, in the files it wrote instead; by the marked offsets over the whole tables where log
 entries are gone; ``refresh`` reads them the same way) and the view is the table
-without those rollouts plus ``_fresh``'s view of them. Their rows of the typed tables are read once per connection,
-into tables of the connection (up to ``MAX_MATERIALIZED`` rollouts; past it, views read at each query), through
-a condition DuckDB checks inside the Parquet scan (``_touched_filter``: id ranges, then list membership): row
-groups outside the ranges are skipped, and the other columns, token lists included, are decoded only where those
-rows are; views.sql's statements then run over those rows at each query.
+without those rollouts plus ``_fresh``'s view of them. Their rows are read through a condition DuckDB
+checks inside the Parquet scan (``_touched_filter``: id ranges, then list membership): row groups outside the
+ranges are skipped, and the other columns, token lists included, are decoded only where those rows are. A
+connection that answers many questions (the default: the query API, the workbench, the benchmark) computes the
+tail's views once, into tables of the connection (up to ``MAX_MATERIALIZED`` rollouts; past it, views read at each
+query); one that answers one question (``store.sql.run_query``: ``trajlake sql``) leaves them views, so that the
+question reads only the typed columns it needs, once (``keep=False``; measured in README, "SQL at scale").
 Measured on the 1M-call bench lake with a 207-rollout tail (100 of its rows resent responses of old rollouts), load
 16-18: connect 4.9 s, then 0.04-0.4 s a scalar question. An ``IN`` filter (a subquery, or a long literal list, which
 DuckDB turns into a join) is checked after the scan, which then decodes whole files: 2-7 s a question read per
@@ -149,9 +151,11 @@ class Prejoined:
 
 
 def prejoined_views(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapping[str, str],
-                    views: Collection[str]) -> dict[str, str]:
+                    views: Collection[str], *, keep: bool = True) -> dict[str, str]:
     """``CREATE VIEW`` statements that read the compacted tables, for the views among ``views`` that can
     (``statements``: views.sql's, by view name; ``views``: the connection's view names, typed tables included).
+    ``keep``: the connection answers more than one question: the tail's views are computed once, at connect
+    (``_materialize_fresh``); False: each question recomputes the tail's rollouts over the columns it reads.
 
     Empty when the lake was never compacted, was reset, or its tail is too long: views.sql's views then stand.
     """
@@ -177,7 +181,7 @@ def prejoined_views(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapp
     fresh = {name: f'{FRESH}."{name}"' for name in wanted}
     if touched:
         _touched_table(con, touched)  # the compacted rows of the touched rollouts are left out by a hash lookup
-        materialize = len(touched) <= MAX_MATERIALIZED
+        materialize = keep and len(touched) <= MAX_MATERIALIZED
         define_fresh(con, statements, _touched_filter(touched), wanted=wanted, materialize=materialize)
         if materialize:
             fresh = _materialize_fresh(con, wanted)
@@ -212,8 +216,10 @@ def _materialize_fresh(con: duckdb.DuckDBPyConnection, wanted: Collection[str]) 
 def _touched_table(con: duckdb.DuckDBPyConnection, touched: list[str]) -> str:
     """Temporary table ``_touched`` of ``touched``; returns the filter that keeps their rows. Measured on the
     1M-call lake with 207 ids (load ~20): a literal ``rollout_id IN (...)`` list costs seconds per million rows
-    (each row compared with every id), the subquery a hash lookup."""
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {TOUCHED} AS SELECT unnest(?::VARCHAR[]) AS rollout_id", [touched])
+    (each row compared with every id), the subquery a hash lookup. The ids are written as a literal list: bound as
+    a Python list parameter, 731 ids took 0.2 CPU s and 1.4-2.3 s wall (load ~20), as a literal 0.01 / 0.06-0.15."""
+    ids = ", ".join("NULL" if rollout is None else _text(rollout) for rollout in touched)
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {TOUCHED} AS SELECT unnest([{ids}]::VARCHAR[]) AS rollout_id")
     return f"rollout_id IN (SELECT rollout_id FROM {TOUCHED})"
 
 
@@ -701,7 +707,9 @@ def _append(lake: Lake, table: str | DeltaTable, data: pa.Table, *, mode: str, p
     free text): what its optimize would leave, written once. Measured on the 1M-call bench lake's pre-joined tables,
     bare ``read_parquet`` with 2 threads at load ~12: ``model, finish_reason`` group-by with ``avg(latency_ms)`` over
     1M calls 0.16 -> 0.07 CPU s, ``name`` group-by over 900k tool steps 0.08 -> 0.03, same bytes (+1%). Dictionary
-    pages on token lists cost: ``sum(len(prompt_token_ids))`` over 53M ids 0.58 CPU s with them, 0.43 without."""
+    pages on token lists cost: ``sum(len(prompt_token_ids))`` over 53M ids 0.58 CPU s with them, 0.43 without.
+    zstd(1) stays for them: LZ4_RAW decodes 15-24% faster (256M ids: 2.05 -> 1.75 CPU s) for 1.56x the bytes
+    (bench/sql/README.md); the rest is DuckDB assembling every id of the list, whatever the layout."""
     from deltalake import write_deltalake
 
     from store.compact import COMPACT_WRITER_PROPERTIES  # store.compact imports this module

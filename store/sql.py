@@ -168,7 +168,7 @@ def discover_tables(lake: Lake) -> dict[str, str]:
 
 
 def connect(lake: Lake, *, tables: Iterable[str] | None = None, views: Collection[str] | None = None,
-            sandbox: bool = False) -> duckdb.DuckDBPyConnection:
+            sandbox: bool = False, one_query: bool = False) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with a view per lake table plus the joined views.
 
     ``tables`` names the Delta tables to expose (default: every one found;
@@ -179,7 +179,10 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, views: Collectio
     replacement scans and extension loading, then locks the configuration;
     ``run_query`` always uses it. Every table is pinned at the version it had
     when the connection opened (``attach_table``): one consistent snapshot per
-    connection; open a new connection to see later commits.
+    connection; open a new connection to see later commits. ``one_query``: the
+    connection answers one statement (``run_query``): rows that arrived since the
+    last ``trajlake compact`` are recomputed by that statement over the columns it
+    reads instead of once at connect for every later one (``store.prejoin``).
 
     >>> con = connect(Lake("./lake"))  # doctest: +SKIP
     >>> con.sql("SELECT status, count(*) FROM rollouts GROUP BY ALL").fetchall()  # doctest: +SKIP
@@ -205,7 +208,8 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, views: Collectio
         if present & set(PREJOINED_VIEW_NAMES):  # only then load the pre-joined tables' reader (Arrow schemas)
             from store.prejoin import prejoined_views
 
-            statements.update(prejoined_views(con, lake, statements, present))  # the compacted tables, where current
+            # the compacted tables, where current
+            statements.update(prejoined_views(con, lake, statements, present, keep=not one_query))
         for name, statement in statements.items():
             if views is not None and name not in views:
                 continue
@@ -288,8 +292,8 @@ def lock_down(con: duckdb.DuckDBPyConnection, lake: Lake) -> None:
 def run_query(lake: Lake, sql: str, *, max_rows: int | None = None) -> pa.Table:
     """Run one read-only statement over the lake's views and return Arrow.
 
-    A fresh sandboxed connection per call (``connect(lake, sandbox=True)``
-    then ``run_read_only``) with only the views the statement reads
+    A fresh sandboxed connection per call (``connect(lake, sandbox=True,
+    one_query=True)`` then ``run_read_only``) with only the views the statement reads
     (``views_read_by``: ``SELECT 1`` attaches nothing); an error is worded
     by a connection with every view (its hint lists them). Raises
     ``LakeMissing`` when the lake root does not exist, and what
@@ -317,7 +321,7 @@ def query_lake(lake: Lake, sql: str, fetch: Callable[[duckdb.DuckDBPyConnection]
 
 def _run_on_views(lake: Lake, sql: str, views: Collection[str] | None,
                   fetch: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
-    con = connect(lake, views=views, sandbox=True)
+    con = connect(lake, views=views, sandbox=True, one_query=True)
     try:
         return read_only(con, sql, fetch)
     finally:

@@ -21,6 +21,9 @@ On the compacted lake each round also asks the view's form over a bare
 takes for those columns on this machine now, with its CPU seconds,
 ``floor_cpu_s``, beside the view's, ``view_cpu_s``: under load the wall time
 is several times the CPU time).
+Each question is then asked once more the way ``trajlake sql`` asks it
+(``store.sql.run_query``: a fresh connection for the one statement, connect
+included: ``one_query_s``, ``one_query_cpu_s``; same rows as the kept connection?).
 The 1-minute load average is recorded beside every figure: on a shared
 machine absolute times move with it, ratios less so. Writes
 ``bench/sql/results.json`` (``bench.results`` format) after every answer, so
@@ -53,7 +56,7 @@ from bench.sql.lake import ensure_lakes, ensure_tail  # noqa: E402
 from bench.sql.questions import Question, questions  # noqa: E402
 from store.lake import Lake  # noqa: E402
 from store.prejoin import PREJOINED  # noqa: E402
-from store.sql import connect  # noqa: E402
+from store.sql import connect, run_query  # noqa: E402
 
 GOALS_S = {"scalar": 0.1, "tokens": 1.0}
 GOAL_RATIO = 1.5
@@ -86,6 +89,7 @@ def bench_lake(root: Path, rounds: int, out: dict[str, Any], save: Callable[[], 
     out["questions"] = []
     for q in questions(rollout_id):
         out["questions"].append(_bench_question(con, q, rounds, floor=floor_sql(lake, q.view) if floors else None))
+        out["questions"][-1].update(_one_query(lake, q, con.execute(q.view).to_arrow_table().to_pylist()))
         print(json.dumps(out["questions"][-1]), flush=True)
         save()
     con.close()
@@ -140,6 +144,15 @@ def _bench_question(con: Any, q: Question, rounds: int, *, floor: str | None = N
     return result
 
 
+def _one_query(lake: Lake, q: Question, expected: list[dict[str, Any]]) -> dict[str, Any]:
+    """``q`` asked as ``trajlake sql`` asks it: ``run_query`` opens a connection for it alone (timed with it)."""
+    rows: list[dict[str, Any]] = []
+    started = time.process_time()
+    wall = seconds(lambda: rows.extend(run_query(lake, q.view).to_pylist()))
+    return {"one_query_s": round(wall, 3), "one_query_cpu_s": round(time.process_time() - started, 3),
+            "one_query_same_answer": sorted(rows, key=repr) == sorted(expected, key=repr)}
+
+
 def ratios(results: dict[str, Any]) -> list[Ratio]:
     """One view / raw ratio per lake and question, a value per round; the service lake's compactions against a
     whole one."""
@@ -179,8 +192,12 @@ def summary(results: dict[str, Any]) -> str:
             met = sum(q["meets_goal_s"] for q in qs)
             times = ", ".join(f"{q['question']} {q['view_s']:.2f}"
                               + (f" (floor {q['floor_s']:.2f})" if "floor_s" in q else "") for q in qs)
-            parts.append(f"{lake}: warm s through the views {times}; {met}/{len(qs)} within < 0.1 s scalar / "
-                         f"< 1 s tokens (load {min(q['load'] for q in qs):.0f}-{max(q['load'] for q in qs):.0f})")
+            parts.append(f"{lake}: connect {results[lake]['connect_s']:.2f} s, then warm s through the views {times}; "
+                         f"{met}/{len(qs)} within < 0.1 s scalar / < 1 s tokens (load "
+                         f"{min(q['load'] for q in qs):.0f}-{max(q['load'] for q in qs):.0f})")
+            if once := [q["one_query_s"] for q in qs if "one_query_s" in q]:
+                parts.append(f"{lake}: one question per connection (`trajlake sql`, connect included) "
+                             f"{min(once):.2f}-{max(once):.2f} s")
     return "; ".join(parts)
 
 
@@ -217,7 +234,7 @@ def main() -> int:
         print(f"== {name}", flush=True)
         bench_lake(args.workdir / name, args.rounds, results.setdefault(name, {}), save, floors=name == "compacted")
     differ = [q["question"] for lake in LAKES for q in results.get(lake, {}).get("questions", [])
-              if not q["same_answer"]]
+              if not q["same_answer"] or not q.get("one_query_same_answer", True)]
     if differ:
         print(f"answers differ: {', '.join(differ)}", file=sys.stderr)
     return 1 if differ else 0

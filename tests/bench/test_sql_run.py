@@ -9,7 +9,7 @@ import pytest
 
 from bench.sql.fast_lake import FastLakeConfig, write_lake
 from bench.sql.questions import questions
-from bench.sql.run import floor_sql
+from bench.sql.run import _one_query, floor_sql
 from store.compact import compact
 from store.lake import Lake
 from store.sql import connect
@@ -42,5 +42,21 @@ def test_a_floor_reads_the_files_and_answers_as_the_view(lake: Lake) -> None:
             if floor is not None:
                 assert "read_parquet([" in floor and Path(lake.root).name in floor, name
                 assert rows(con, floor) == rows(con, q.view), name
+    finally:
+        con.close()
+
+
+def test_each_question_asked_alone_answers_as_the_kept_connection(lake: Lake) -> None:
+    """``_one_query`` asks as ``trajlake sql`` does (``run_query``, its own connection) and says whether the rows are
+    the kept connection's."""
+    con = connect(lake)
+    try:
+        (rollout_id,) = con.execute("SELECT rollout_id FROM rollout_starts ORDER BY rollout_id LIMIT 1").fetchone()
+        for q in questions(rollout_id):
+            expected = con.execute(q.view).to_arrow_table().to_pylist()
+            once = _one_query(lake, q, expected)
+            assert once["one_query_same_answer"], q.name
+            assert once["one_query_s"] >= 0 and once["one_query_cpu_s"] >= 0
+            assert not _one_query(lake, q, [*expected, {"other": 1}])["one_query_same_answer"], q.name
     finally:
         con.close()

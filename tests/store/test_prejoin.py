@@ -237,6 +237,39 @@ def test_a_tail_is_copied_into_the_connection_only_up_to_a_bound(lake, offsets, 
         assert set(found) == set(kinds), "the typed rows and views the tail's rows came from are dropped"
 
 
+def fresh_kinds(lake: Lake, **options: Any) -> dict[str, str]:
+    """Schema ``_fresh`` of a connection: name -> VIEW or BASE TABLE."""
+    con = connect(lake, **options)
+    try:
+        return dict(con.execute("SELECT table_name, table_type FROM information_schema.tables "
+                                "WHERE table_schema = '_fresh'").fetchall())
+    finally:
+        con.close()
+
+
+def test_a_one_query_connection_copies_nothing_at_connect(lake, offsets, tmp_path, monkeypatch):
+    """``run_query`` answers one statement: the tail's rollouts are recomputed inside it (views), never copied into
+    the connection first; a kept connection (``connect``'s default) copies them once: the same answers."""
+    offsets.write(lake, sample_rollout("r1"))
+    refresh(lake)
+    offsets.write(lake, sample_rollout("r2"))
+    assert set(fresh_kinds(lake, one_query=True).values()) == {"VIEW"}
+    assert set(fresh_kinds(lake).values()) == {"BASE TABLE"}
+    kept = connect(lake, sandbox=True)
+    try:
+        kept_answers = {name: kept.execute(sql).to_arrow_table().to_pylist() for name, sql in QUERIES.items()}
+    finally:
+        kept.close()
+
+    def copied(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a one-query connection copied the tail at connect")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(prejoin, "_materialize_fresh", copied)
+        one_query = answers(lake)
+    assert one_query == kept_answers == same(lake, tmp_path, "+tail")
+
+
 def test_a_forgotten_rollout_leaves_the_compacted_tables(lake, offsets, tmp_path):
     offsets.write(lake, sample_rollout("r1") + sample_rollout("r2"))
     refresh(lake)
