@@ -82,19 +82,35 @@ def ingest_positions(lake: Lake, table: str, version: int) -> dict[tuple[str, in
 
 
 def _checkpoint_at_most(lake: Lake, log: str, version: int) -> tuple[int, dict[str, int]] | None:
-    """(the version after the last checkpoint, the app transactions it holds) when that checkpoint is a single file at
-    or before ``version``; None otherwise (the commits are then read from the first)."""
+    """(the version after the newest single-file checkpoint at or before ``version``, the app transactions it holds);
+    None when there is none (the commits are then read from the first). ``_last_checkpoint`` names the newest, which
+    is past ``version`` when one was written since: the log is then listed."""
     import io
 
     import pyarrow.parquet as pq
 
     pointer = lake.read_file(f"{log}/_last_checkpoint")
     try:
-        at = int(json.loads(pointer)["version"]) if pointer else None
+        newest = json.loads(pointer) if pointer else None
+        at = int(newest["version"]) if newest and not newest.get("parts") else None
     except (ValueError, KeyError, TypeError):
-        return None
-    data = lake.read_file(f"{log}/{at:020d}.checkpoint.parquet") if at is not None and at <= version else None
+        at = None
+    if at is None or at > version:
+        at = max((v for v in _checkpoint_versions(lake, log) if v <= version), default=None)
+    data = lake.read_file(f"{log}/{at:020d}.checkpoint.parquet") if at is not None else None
     if data is None:
         return None
     txns = pq.read_table(io.BytesIO(data), columns=["txn"]).column("txn").to_pylist()
     return at + 1, {txn["appId"]: int(txn["version"]) for txn in txns if txn}
+
+
+def _checkpoint_versions(lake: Lake, log: str) -> list[int]:
+    """Versions of the single-file checkpoints in the log folder ``log``."""
+    from pyarrow import fs as pafs
+
+    from store.storage import arrow_filesystem
+
+    filesystem, root = arrow_filesystem(f"{lake.root.rstrip('/')}/{log}", lake.storage_options)
+    names = [info.base_name for info in filesystem.get_file_info(pafs.FileSelector(root, allow_not_found=True))]
+    return [int(name.split(".", 1)[0]) for name in names
+            if name.endswith(".checkpoint.parquet") and name.split(".", 1)[0].isdigit() and name.count(".") == 2]

@@ -22,8 +22,8 @@ offsets start again below the old log's); forget (and retention through it) fenc
 like from every table with ``tenant`` and ``rollout_id``. A refresh commits everything on top of the versions it
 pinned before reading, so any of these (or another refresh) landing meanwhile makes it start again.
 
-Reading (``prejoined_views``, called by ``store.sql.connect``): the marks are read first, then the tables are
-attached (pinned), so the tables are never older than the marks. When no typed table a view reads has a log
+Reading (``prejoined_views``, called by ``store.sql.connect``): the marks are read first, then the typed and
+pre-joined tables are attached (pinned), so the tables are never older than the marks. When no typed table a view reads has a log
 entry past its marked version (one file stat per table), the view is the table alone. Otherwise the tail's
 rollout ids are read from the rows past the marked offsets in the data files the later commits added (where a
 later commit rewrote one, in the files it wrote instead; by the marked offsets over the whole tables where log
@@ -151,23 +151,24 @@ class Prejoined:
 
 
 def prejoined_views(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapping[str, str],
-                    views: Collection[str], *, keep: bool = True) -> dict[str, str]:
+                    views: Collection[str], marks: Marks | None, *, keep: bool = True) -> dict[str, str]:
     """``CREATE VIEW`` statements that read the compacted tables, for the views among ``views`` that can
-    (``statements``: views.sql's, by view name; ``views``: the connection's view names, typed tables included).
+    (``statements``: views.sql's, by view name; ``views``: the connection's view names, typed tables included;
+    ``marks``: ``read_marks`` before the connection pinned the typed tables, which are then never older than them).
     ``keep``: the connection answers more than one question: the tail's views are computed once, at connect
     (``_materialize_fresh``); False: each question recomputes the tail's rollouts over the columns it reads.
 
     Empty when the lake was never compacted, was reset, or its tail is too long: views.sql's views then stand.
     """
     wanted = [name for name in PREJOINED if name in views and set(PREJOINED[name][2]) <= set(views)]
-    marks = read_marks(con, lake) if wanted else None
     wanted = [name for name in wanted if _is_table(lake, PREJOINED[name][0])]  # a lake compacted before one existed
     if marks is None or not wanted:
         return {}
     for name in wanted:
         table = PREJOINED[name][0]
         con.execute(f"ATTACH '{_quote(lake.uri(table))}' AS \"_{table}\" (TYPE delta, PIN_SNAPSHOT, READ_ONLY)")
-    if read_marks(con, lake) != marks:  # a refresh began since the marks were read: its tables may be half written
+    if read_marks(con, lake) != marks:  # a refresh since the marks were read: tables half written, or typed tables
+        # pinned before the marks moved (a rollout the tail touched since would be recomputed from older rows)
         for name in wanted:
             con.execute(f'DETACH "_{PREJOINED[name][0]}"')
         log.info("prejoin.marks_changed: views read the typed tables")
@@ -486,7 +487,11 @@ def _refresh_once(lake: Lake) -> Prejoined:
             result = _write_whole(con, lake, statements, pinned, had_marks=marks is not None)
         elif branches is None:  # a tail file's log entry is gone: the typed tables by the marked offsets
             covered = _covered(con, lake, versions)
-            result = _write_touched(con, lake, statements, touched_rollouts(con, marks, SOURCES) or [], pinned)
+            touched = touched_rollouts(con, marks, SOURCES, limit=MAX_TOUCHED)
+            if touched is None:  # e.g. a rewound partition (every row past -1) after a forget: bucket by bucket
+                result = _write_whole(con, lake, statements, pinned, had_marks=True)
+            else:
+                result = _write_touched(con, lake, statements, touched, pinned)
         else:
             covered = _covered_tail(con, lake, marks, versions, branches)
             result = _write_touched(con, lake, statements, _branch_ids(con, branches, limit=None) or [], pinned)
@@ -513,10 +518,11 @@ def _deleted_since(lake: Lake, versions: Mapping[str, int], *, any_commit: bool 
         if any_commit or now < version:
             return source
         try:
-            operations = [commit.get("operation") for commit in lake.table(source).history(now - version)]
+            history = lake.table(source).history(now - version + 16)  # the table may have moved again since
         except Exception:  # its log entries are gone (a forget drops them): deleted  # noqa: BLE001
             return source
-        if "DELETE" in operations:
+        if any(commit.get("operation") == "DELETE" and commit.get("version", version + 1) > version
+               for commit in history):
             return source
     return None
 
@@ -556,7 +562,16 @@ def fence(lake: Lake, table: str, reason: str) -> None:
     (delta-rs fails any commit whose snapshot predates a metadata change). ``trajlake forget`` fences each pre-joined
     table after deleting from the typed tables, so a rollout that only the tail held (nothing to delete here, no
     commit) is not written back by a refresh that read it before."""
-    lake.table(table).alter.set_table_properties({"trajlake.fenced_by": reason}, raise_if_not_exists=False)
+    from deltalake.exceptions import CommitFailedError
+
+    for attempt in range(1, REFRESH_ATTEMPTS + 1):
+        try:
+            lake.table(table).alter.set_table_properties({"trajlake.fenced_by": reason}, raise_if_not_exists=False)
+            return
+        except CommitFailedError as exc:  # a refresh's rewrite or another forget's fence committed first: again
+            if attempt == REFRESH_ATTEMPTS:
+                raise Conflict(f"{table} kept changing while `trajlake forget` fenced it ({exc})",
+                               hint="run the forget again (it is idempotent) once the compaction ended") from exc
 
 
 def _write_whole(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapping[str, str],

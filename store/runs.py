@@ -118,6 +118,8 @@ class RunsTable:
                 window_keys: Collection[str] | None = None) -> dict[tuple[str, str], RunRecord]:
         """The newest row of every run (of one job; of the windows ``window_keys``), by (job, window_key)."""
         latest: dict[tuple[str, str], RunRecord] = {}
+        if window_keys is not None and not window_keys:  # e.g. a backfill range in which a job never fires
+            return latest
         for record in self.history(snapshot, job=job, window_keys=window_keys):
             latest[(record.job, record.window_key)] = record
         return latest

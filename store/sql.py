@@ -195,6 +195,12 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, views: Collectio
         found = {name: path for name, path in found.items() if name.lower() in views}
     con = open_duckdb(lake)
     try:
+        present = set(INGESTED_TABLE_NAMES) | set(found) | set(JOINED_VIEWS) if views is None else set(views)
+        prejoined = bool(present & set(PREJOINED_VIEW_NAMES))
+        if prejoined:  # only then load the pre-joined tables' reader (Arrow schemas)
+            from store.prejoin import prejoined_views, read_marks
+
+            marks = read_marks(con, lake)  # before the typed tables are pinned: they are then never older than it
         for name, path in found.items():
             attach_table(con, lake.uri(path), name)
         if views is None or set(views) & (set(INGESTED_TABLE_NAMES) - set(found)):  # an ingested table not written
@@ -204,12 +210,8 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, views: Collectio
                 if name not in found and (views is None or name in views):
                     con.register(name, schema.empty_table())
         statements = dict(zip(JOINED_VIEWS, joined_view_statements()))
-        present = set(INGESTED_TABLE_NAMES) | set(found) | set(JOINED_VIEWS) if views is None else set(views)
-        if present & set(PREJOINED_VIEW_NAMES):  # only then load the pre-joined tables' reader (Arrow schemas)
-            from store.prejoin import prejoined_views
-
-            # the compacted tables, where current
-            statements.update(prejoined_views(con, lake, statements, present, keep=not one_query))
+        if prejoined:  # the compacted tables, where current
+            statements.update(prejoined_views(con, lake, statements, present, marks, keep=not one_query))
         for name, statement in statements.items():
             if views is not None and name not in views:
                 continue

@@ -2,7 +2,8 @@ import pyarrow as pa
 import pytest
 from deltalake import CommitProperties, Transaction, write_deltalake
 
-from store.app_transactions import AppTransactions
+from store.app_transactions import AppTransactions, ingest_positions
+from store.commit import marker_app_id
 from store.storage import arrow_filesystem
 
 
@@ -45,9 +46,6 @@ def test_log_entries_gone_are_read_again_from_the_checkpoint(any_lake):
 def test_ingest_positions_as_of_a_version_from_the_checkpoint_and_the_commits_after(any_lake):
     """The furthest offset per (topic, partition) over consumer groups (a group may hold ':'), as of a version:
     through a checkpoint, past it, and never a marker committed after that version."""
-    from store.app_transactions import ingest_positions
-    from store.commit import marker_app_id
-
     lake = any_lake
     commit(lake, {marker_app_id("g:1", "events", 0): 40, marker_app_id("g2", "events", 0): 7, "other": 99})  # v0
     commit(lake, {marker_app_id("g2", "events", 1): 3})  # v1
@@ -58,3 +56,38 @@ def test_ingest_positions_as_of_a_version_from_the_checkpoint_and_the_commits_af
     assert ingest_positions(lake, "t", 1) == {("events", 0): 40, ("events", 1): 3}
     assert ingest_positions(lake, "t", 2) == {("events", 0): 7, ("events", 1): 3}
     assert ingest_positions(lake, "t", 3) == {("events", 0): 9, ("events", 1): 3}
+
+
+def test_ingest_positions_past_a_checkpoint_newer_than_the_version(lake):
+    """The ingester checkpoints every 100 versions, and log cleanup drops entries older than 30 days: a refresh whose
+    pinned version is below the newest checkpoint must still find the markers (an older checkpoint, or the entries)."""
+    for offset in range(3):
+        commit(lake, {marker_app_id("g", "events", 0): offset})  # v0..v2
+    lake.table("t").create_checkpoint()  # checkpoint at v2
+    commit(lake, {marker_app_id("g", "events", 0): 3})  # v3: the refresh pins this version
+    commit(lake, {marker_app_id("g", "events", 0): 4})  # v4: the ingester commits on while the refresh reads
+    lake.table("t").create_checkpoint()  # ... and checkpoints (v4 > pinned v3)
+    filesystem, root = arrow_filesystem(lake.root, lake.storage_options)
+    for version in (0, 1):  # expired entries removed by log cleanup (or dropped by a forget)
+        filesystem.delete_file(f"{root}/t/_delta_log/{version:020d}.json")
+    assert ingest_positions(lake, "t", 3) == {("events", 0): 3}
+
+
+def test_ingest_positions_from_the_newest_checkpoint_at_or_before_the_version(lake, monkeypatch):
+    """Same race without cleanup: every log entry from version 0 is read (one GET each on S3)."""
+    for offset in range(30):
+        commit(lake, {marker_app_id("g", "events", 0): offset})  # v0..v29
+    lake.table("t").create_checkpoint()  # v29
+    commit(lake, {marker_app_id("g", "events", 0): 30})  # v30: pinned
+    commit(lake, {marker_app_id("g", "events", 0): 31})  # v31
+    lake.table("t").create_checkpoint()  # v31 > pinned
+    reads = []
+    read_file = type(lake).read_file
+
+    def counting(self, path):
+        reads.append(path)
+        return read_file(self, path)
+
+    monkeypatch.setattr(type(lake), "read_file", counting)
+    assert ingest_positions(lake, "t", 30) == {("events", 0): 30}
+    assert len([p for p in reads if p.endswith(".json")]) <= 2, len(reads)

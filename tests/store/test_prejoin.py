@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deltalake import write_deltalake
 from tests.store.lake_builder import T0, event, sample_rollout, write_events
 from tests.store.test_view_shapes import messy_rollout
 
@@ -19,6 +20,7 @@ from schemas.tables import (
     COMPACTED_TOOL_STEPS_TABLE,
     COMPACTION_MARKS_TABLE,
 )
+import store.forget as forget_module
 from store import prejoin
 from store.compact import compact
 from store.forget import ForgetRequest, forget
@@ -482,3 +484,71 @@ def test_a_rollout_id_with_a_nul_character_breaks_no_query(lake, tmp_path):
     assert answers(lake) == raw_answers(lake, tmp_path)
     refresh(lake)
     assert answers(lake) == raw_answers(lake, tmp_path)
+
+
+def test_a_forget_whose_fence_loses_to_a_concurrent_commit_still_forgets(lake, offsets, monkeypatch):
+    """forget's fence (a metadata commit) fails on any commit that lands between its load and its commit (a refresh's
+    rewrite, another forget's fence): it loads the table again and fences again."""
+    offsets.write(lake, sample_rollout("r1") + sample_rollout("r2"))
+    refresh(lake)
+    real_table, inside, raced = Lake.table, [], []
+
+    def table(self, name, **options):
+        handle = real_table(self, name, **options)
+        if inside and name == COMPACTED_LLM_CALLS_TABLE and not raced:  # a refresh's rewrite lands meanwhile
+            raced.append(True)
+            write_deltalake(self.uri(name), real_table(self, name).to_pyarrow_table(), mode="overwrite",
+                            storage_options=dict(self.storage_options))
+        return handle
+
+    real_fence = forget_module.fence
+
+    def fence(lake_, name, reason):
+        inside.append(True)
+        try:
+            return real_fence(lake_, name, reason)
+        finally:
+            inside.pop()
+
+    monkeypatch.setattr(Lake, "table", table)
+    monkeypatch.setattr(forget_module, "fence", fence)
+    forget(lake, ForgetRequest(rollouts=("r1",)))
+    assert raced
+    left = run_query(lake, "SELECT DISTINCT rollout_id FROM llm_calls ORDER BY 1").column("rollout_id").to_pylist()
+    assert left == ["r2"]
+
+
+def test_a_tail_past_the_bound_with_its_log_entries_gone_is_written_whole(lake, offsets, tmp_path, monkeypatch):
+    """After `ingest --recover` (a rewound partition marked -1) a forget drops the typed tables' log entries: the
+    next refresh finds the tail by the marked offsets, every rollout of the partition. Past ``MAX_TOUCHED`` it writes
+    the tables whole, bucket by bucket, instead of one rewrite with an IN list of every id."""
+    monkeypatch.setattr(prejoin, "MAX_TOUCHED", 5)
+    offsets.write(lake, [e for n in range(20) for e in sample_rollout(f"r{n:02d}")])
+    refresh(lake)
+    prejoin.rewind(lake, "trajlake.events", [0])
+    offsets.write(lake, sample_rollout("new"))
+    forget(lake, ForgetRequest(rollouts=("r00",)))
+    assert not refresh(lake).incremental
+    assert answers(lake) == raw_answers(lake, tmp_path)
+
+
+def test_a_compaction_while_a_reader_connects_gives_one_lake_or_the_other(lake, offsets, monkeypatch):
+    """A compaction lands after `connect` pinned the typed tables, before it attached the pre-joined ones: the marks
+    were read first, so the reader sees they moved and keeps views.sql's views over its pinned typed tables; it never
+    recomputes a rollout from typed rows older than the marks (r2 would vanish, r3 show)."""
+    offsets.write(lake, sample_rollout("r1"))
+    refresh(lake)
+    real, raced = prejoin.prejoined_views, []
+
+    def compaction_meanwhile(*args, **kwargs):
+        if not raced:
+            raced.append(True)
+            offsets.write(lake, sample_rollout("r2") + sample_rollout("r3"))
+            refresh(lake)
+            offsets.write(lake, [event("reward", {"name": "late", "value": 1.0}, seq=11, rollout_id="r2")])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(prejoin, "prejoined_views", compaction_meanwhile)
+    got = run_query(lake, "SELECT DISTINCT rollout_id FROM rollouts ORDER BY 1").column("rollout_id").to_pylist()
+    assert raced
+    assert got in (["r1"], ["r1", "r2", "r3"])

@@ -410,3 +410,13 @@ def test_a_cron_that_never_fires_is_refused_when_the_job_is_made(cron):
     with pytest.raises(ValueError, match="never fires"):
         Job("vacuum", cron, run=lambda w: None)
     Job("leap", "0 0 29 2 *", run=lambda w: None)  # rare, but it comes
+
+
+def test_a_backfill_range_without_a_window_of_a_job_runs_the_other_jobs(lake: Lake) -> None:
+    """--backfill-from 1 h ago: the 5-minute job has 12 windows there, the nightly job none."""
+    jobs = [writing_job(lake), writing_job(lake, "often", cron="*/5 * * * *")]
+    scheduler = Scheduler(lake, jobs, clock=lambda: NOW)
+    scheduler.run_pending()
+    done = scheduler.run_pending(backfill_from=NOW - timedelta(hours=1))
+    assert len(windows_written(lake, "often")) == 13 and windows_written(lake) == ["2026-11-30T02:00:00Z"]
+    assert {r.job for r in done} == {"often"}
