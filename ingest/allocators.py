@@ -31,7 +31,7 @@ import sys
 import time
 
 from store.arenas import ARENAS as GLIBC_ARENAS
-from store.arenas import limit_arenas
+from store.arenas import limit_arenas, mallopt
 
 ENVIRONMENT = {
     "ARROW_DEFAULT_MEMORY_POOL": "system",
@@ -72,12 +72,7 @@ def fix_mmap_threshold(threshold: int = GLIBC_MMAP_THRESHOLD) -> bool:
     """Serve glibc blocks of ``threshold`` bytes or more from mappings of their own, whatever is freed later
     (``mallopt(M_MMAP_THRESHOLD)``, which also stops glibc from raising it), unless ``MALLOC_MMAP_THRESHOLD_`` is set
     (an operator's choice wins); False when glibc refused the setting. Without glibc: True (nothing to fix)."""
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return True
-    try:
-        return bool(ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, threshold))
-    except (OSError, AttributeError):
-        return True
+    return mallopt(M_MMAP_THRESHOLD, threshold, unless_set="MALLOC_MMAP_THRESHOLD_")
 
 
 class FreeMemoryTrim:

@@ -20,9 +20,15 @@ def limit_arenas(arenas: int = ARENAS) -> bool:
     """Cap this process's glibc malloc arenas at ``arenas`` (``mallopt(M_ARENA_MAX)``), unless
     ``MALLOC_ARENA_MAX`` is set (an operator's choice wins); False when glibc refused the setting.
     Without glibc (musl, macOS) there are no arenas to limit: True."""
-    if "MALLOC_ARENA_MAX" in os.environ:
+    return mallopt(M_ARENA_MAX, arenas, unless_set="MALLOC_ARENA_MAX")
+
+
+def mallopt(parameter: int, value: int, *, unless_set: str) -> bool:
+    """glibc's ``mallopt(parameter, value)`` unless the environment variable ``unless_set`` (glibc's own spelling of
+    the same setting) is set: an operator's choice wins. False when glibc refused it; True without glibc."""
+    if unless_set in os.environ:
         return True
     try:
-        return bool(ctypes.CDLL(None).mallopt(M_ARENA_MAX, arenas))
+        return bool(ctypes.CDLL(None).mallopt(parameter, value))
     except (OSError, AttributeError):
         return True
