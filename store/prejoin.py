@@ -131,6 +131,9 @@ class Marks:
     versions: Mapping[str, int]
     """Typed table -> its Delta version when compacted (-1: not written then)."""
     offsets: Mapping[str, Offsets]
+    written_at: int | None = None
+    """When the refresh that wrote them ran (epoch microseconds): a whole rewrite of an unchanged lake writes the same marks again, and
+    a reader that compares marks before and after attaching the tables must still tell them apart."""
 
 
 @dataclass(frozen=True)
@@ -260,18 +263,19 @@ def read_marks(con: duckdb.DuckDBPyConnection, lake: Lake) -> Marks | None:
     if not _is_table(lake, COMPACTION_MARKS_TABLE):
         return None
     rows = con.execute(
-        "SELECT source, source_version, kafka_topic, kafka_partition, kafka_offset FROM delta_scan(?)",
+        "SELECT source, source_version, kafka_topic, kafka_partition, kafka_offset, epoch_us(compacted_at) "
+        "FROM delta_scan(?)",
         [lake.uri(COMPACTION_MARKS_TABLE)]).fetchall()
     if not rows:
         return None
     versions: dict[str, int] = {}
     offsets: dict[str, dict[tuple[str, int], int]] = {}
-    for source, version, topic, partition, offset in rows:
+    for source, version, topic, partition, offset, _ in rows:
         versions[source] = version
         partitions = offsets.setdefault(source, {})
         if topic is not None:
             partitions[(topic, partition)] = offset
-    return Marks(versions, offsets)
+    return Marks(versions, offsets, max((row[5] for row in rows if row[5] is not None), default=None))
 
 
 def tail_rollouts(con: duckdb.DuckDBPyConnection, lake: Lake, marks: Marks, sources: Iterable[str], *,
@@ -750,15 +754,17 @@ def _in(ids: list[str], *, ranges: int = 16) -> str:
 
 def _text(value: str) -> str:
     """A SQL string literal of ``value`` (DuckDB's and delta-rs's predicates). A NUL is written ``chr(0)``: both
-    parsers end a quoted literal at it, and the event contract lets an id hold one.
+    parsers end a quoted literal at it, and the event contract lets an id hold one (up to 500). One flat
+    ``concat``: a chain of ``||`` nests one level per NUL, past DuckDB's expression depth limit (1000) at ~500, and
+    binds in superlinear time below it (400 NULs: ~38 CPU s a literal).
 
     >>> _text("it's")
     "'it''s'"
     >>> _text("a\\x00b")
-    "('a' || chr(0) || 'b')"
+    "concat('a', chr(0), 'b')"
     """
     quoted = ["'" + part.replace("'", "''") + "'" for part in value.split("\x00")]
-    return quoted[0] if len(quoted) == 1 else "(" + " || chr(0) || ".join(quoted) + ")"
+    return quoted[0] if len(quoted) == 1 else "concat(" + ", chr(0), ".join(quoted) + ")"
 
 
 def _quote(s: str) -> str:
