@@ -548,7 +548,7 @@ def rewind(lake: Lake, topic: str, partitions: Collection[int]) -> None:
         if not _is_table(lake, COMPACTION_MARKS_TABLE):
             return
         handle = lake.table(COMPACTION_MARKS_TABLE)
-        rows = handle.to_pyarrow_table().to_pylist()
+        rows = lake.read(handle).to_pylist()
         for row in rows:
             if row["kafka_topic"] == topic and row["kafka_partition"] in partitions:
                 row["kafka_offset"] = -1
