@@ -554,3 +554,18 @@ def test_a_compaction_while_a_reader_connects_gives_one_lake_or_the_other(lake, 
     got = run_query(lake, "SELECT DISTINCT rollout_id FROM rollouts ORDER BY 1").column("rollout_id").to_pylist()
     assert raced
     assert got in (["r1"], ["r1", "r2", "r3"])
+
+
+def test_a_whole_rewrite_of_an_unchanged_lake_writes_marks_a_reader_tells_apart(lake, offsets):
+    """A pre-joined table missing (a lake compacted before it existed) and nothing new: the refresh rewrites whole and
+    writes the same versions and offsets again. A reader compares the marks before and after attaching the tables
+    (a half-written table in between): they must differ, so they carry when they were written."""
+    offsets.write(lake, sample_rollout("r1"))
+    refresh(lake)
+    con = connect(lake, tables=[], views=set())
+    before = prejoin.read_marks(con, lake)
+    shutil.rmtree(Path(lake.root) / COMPACTED_TOOL_STEPS_TABLE)
+    assert not refresh(lake).incremental
+    after = prejoin.read_marks(con, lake)
+    assert (before.versions, before.offsets) == (after.versions, after.offsets)
+    assert before != after
