@@ -44,14 +44,25 @@ class AppTransactions:
         """Apply the ``txn`` actions of commits ``through + 1 .. current``; False when one cannot be read."""
         if current < through:
             return False
-        for version in range(through + 1, current + 1):
-            entry = self._lake.read_file(f"{self._log}/{version:020d}.json")
-            if entry is None:
-                return False
-            for line in entry.splitlines():
-                if b'"txn"' in line and (txn := json.loads(line).get("txn")) and txn.get("appId") in self._versions:
-                    self._versions[txn["appId"]] = int(txn["version"])
+        committed = _txn_versions(self._lake, self._log, through + 1, current)
+        if committed is None:
+            return False
+        self._versions.update((app_id, v) for app_id, v in committed.items() if app_id in self._versions)
         return True
+
+
+def _txn_versions(lake: Lake, log: str, first: int, last: int) -> dict[str, int] | None:
+    """App id -> the version its latest ``txn`` action in commits ``first .. last`` of the log folder ``log`` set;
+    None when one of those commits cannot be read."""
+    versions: dict[str, int] = {}
+    for version in range(first, last + 1):
+        entry = lake.read_file(f"{log}/{version:020d}.json")
+        if entry is None:
+            return None
+        for line in entry.splitlines():
+            if b'"txn"' in line and (txn := json.loads(line).get("txn")):
+                versions[txn["appId"]] = int(txn["version"])
+    return versions
 
 
 def ingest_positions(lake: Lake, table: str, version: int) -> dict[tuple[str, int], int]:
@@ -60,18 +71,12 @@ def ingest_positions(lake: Lake, table: str, version: int) -> dict[tuple[str, in
     before ``version``, then the commits after it. Empty when the log cannot be read through ``version`` (no cap)."""
     from store.commit import MARKER_PREFIX
 
-    versions: dict[str, int] = {}
-    log, start = f"{table}/_delta_log", 0
-    checkpoint = _checkpoint_at_most(lake, log, version)
-    if checkpoint is not None:
-        start, versions = checkpoint
-    for commit in range(start, version + 1):
-        entry = lake.read_file(f"{log}/{commit:020d}.json")
-        if entry is None:
-            return {}
-        for line in entry.splitlines():
-            if b'"txn"' in line and (txn := json.loads(line).get("txn")):
-                versions[txn["appId"]] = int(txn["version"])
+    log = f"{table}/_delta_log"
+    start, versions = _checkpoint_at_most(lake, log, version) or (0, {})
+    since = _txn_versions(lake, log, start, version)
+    if since is None:
+        return {}
+    versions.update(since)
     positions: dict[tuple[str, int], int] = {}
     for app_id, offset in versions.items():
         if app_id.startswith(MARKER_PREFIX):

@@ -23,9 +23,9 @@ like from every table with ``tenant`` and ``rollout_id``. A refresh commits ever
 pinned before reading, so any of these (or another refresh) landing meanwhile makes it start again.
 
 Reading (``prejoined_views``, called by ``store.sql.connect``): the marks are read first, then the typed and
-pre-joined tables are attached (pinned), so the tables are never older than the marks. When no typed table a view reads has a log
-entry past its marked version (one file stat per table), the view is the table alone. Otherwise the tail's
-rollout ids are read from the rows past the marked offsets in the data files the later commits added (where a
+pre-joined tables are attached (pinned), so the tables are never older than the marks. When no typed table a view
+reads has a log entry past its marked version (one file stat per table), the view is the table alone. Otherwise the
+tail's rollout ids are read from the rows past the marked offsets in the data files the later commits added (where a
 later commit rewrote one, in the files it wrote instead; by the marked offsets over the whole tables where log
 entries are gone; ``refresh`` reads them the same way) and the view is the table
 without those rollouts plus ``_fresh``'s view of them. Their rows are read through a condition DuckDB
@@ -53,7 +53,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
@@ -132,8 +132,8 @@ class Marks:
     """Typed table -> its Delta version when compacted (-1: not written then)."""
     offsets: Mapping[str, Offsets]
     written_at: int | None = None
-    """When the refresh that wrote them ran (epoch microseconds): a whole rewrite of an unchanged lake writes the same marks again, and
-    a reader that compares marks before and after attaching the tables must still tell them apart."""
+    """When the refresh that wrote them ran (epoch microseconds): a whole rewrite of an unchanged lake writes the
+    same marks again, and a reader that compares marks before and after attaching the tables must tell them apart."""
 
 
 @dataclass(frozen=True)
@@ -542,40 +542,43 @@ def rewind(lake: Lake, topic: str, partitions: Collection[int]) -> None:
     the marks: their marked offsets become -1, so every row of them in a file added after the marked versions (the
     new log's, and the old log's not yet folded in) is the tail's until the next refresh, which marks them no
     further than the ingester's exactly-once markers (``_capped``): the new log's position."""
-    from deltalake.exceptions import CommitFailedError
 
-    for attempt in range(1, REFRESH_ATTEMPTS + 1):
-        if not _is_table(lake, COMPACTION_MARKS_TABLE):
-            return
+    def rewound() -> None:
         handle = lake.table(COMPACTION_MARKS_TABLE)
         rows = lake.read(handle).to_pylist()
         for row in rows:
             if row["kafka_topic"] == topic and row["kafka_partition"] in partitions:
                 row["kafka_offset"] = -1
-        try:
-            _append(lake, handle, pa.Table.from_pylist(rows, schema=COMPACTION_MARKS), mode="overwrite")
-            return
-        except CommitFailedError as exc:  # a compaction wrote its marks meanwhile: read them again
-            if attempt == REFRESH_ATTEMPTS:
-                raise Conflict(f"the compaction marks kept changing while partitions were rewound ({exc})",
-                               hint="run `trajlake ingest --recover` again once the compaction ended") from exc
+        _append(lake, handle, pa.Table.from_pylist(rows, schema=COMPACTION_MARKS), mode="overwrite")
+
+    if _is_table(lake, COMPACTION_MARKS_TABLE):  # a compaction writing its marks meanwhile: read them again
+        _until_committed(rewound, what="the compaction marks kept changing while partitions were rewound",
+                         hint="run `trajlake ingest --recover` again once the compaction ended")
 
 
 def fence(lake: Lake, table: str, reason: str) -> None:
     """A metadata commit on a pre-joined ``table``: a refresh that read the typed tables before it then conflicts
     (delta-rs fails any commit whose snapshot predates a metadata change). ``trajlake forget`` fences each pre-joined
     table after deleting from the typed tables, so a rollout that only the tail held (nothing to delete here, no
-    commit) is not written back by a refresh that read it before."""
+    commit) is not written back by a refresh that read it before. A refresh's rewrite or another forget's fence
+    committed first: fenced again."""
+    _until_committed(
+        lambda: lake.table(table).alter.set_table_properties({"trajlake.fenced_by": reason}, raise_if_not_exists=False),
+        what=f"{table} kept changing while `trajlake forget` fenced it",
+        hint="run the forget again (it is idempotent) once the compaction ended")
+
+
+def _until_committed(commit: Callable[[], None], *, what: str, hint: str) -> None:
+    """Run ``commit`` (which loads the table afresh) again when a concurrent commit wins, up to ``REFRESH_ATTEMPTS``
+    times; then ``Conflict`` saying ``what`` with ``hint``."""
     from deltalake.exceptions import CommitFailedError
 
     for attempt in range(1, REFRESH_ATTEMPTS + 1):
         try:
-            lake.table(table).alter.set_table_properties({"trajlake.fenced_by": reason}, raise_if_not_exists=False)
-            return
-        except CommitFailedError as exc:  # a refresh's rewrite or another forget's fence committed first: again
+            return commit()
+        except CommitFailedError as exc:
             if attempt == REFRESH_ATTEMPTS:
-                raise Conflict(f"{table} kept changing while `trajlake forget` fenced it ({exc})",
-                               hint="run the forget again (it is idempotent) once the compaction ended") from exc
+                raise Conflict(f"{what} ({exc})", hint=hint) from exc
 
 
 def _write_whole(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapping[str, str],
@@ -673,12 +676,31 @@ def _version(lake: Lake, table: str) -> int:
 
 def _covered(con: duckdb.DuckDBPyConnection, lake: Lake, versions: Mapping[str, int]) -> pa.Table:
     """Marks for the connection's snapshot: each typed table's version and the highest offset of its partitions."""
+    return _mark_rows(lake, versions, {source: {(topic, partition): offset for topic, partition, offset in con.execute(
+        f'SELECT kafka_topic, kafka_partition, max(kafka_offset) FROM "{source}" GROUP BY ALL').fetchall()}
+        for source in SOURCES})
+
+
+def _covered_tail(con: duckdb.DuckDBPyConnection, lake: Lake, marks: Marks, versions: Mapping[str, int],
+                  branches: list[tuple[str, str, str]]) -> pa.Table:
+    """``_covered`` from the marks and the tail's files alone: each partition's highest offset there or marked."""
+    scans = {source: scan for source, scan, _ in branches}
+    highest = {source: dict(marks.offsets.get(source, {})) for source in SOURCES}
+    for source, scan in scans.items():
+        for topic, partition, offset in con.execute(f"SELECT kafka_topic, kafka_partition, max(kafka_offset) "
+                                                    f"FROM {scan} GROUP BY ALL").fetchall():
+            if topic is not None:
+                highest[source][(topic, partition)] = max(offset, highest[source].get((topic, partition), offset))
+    return _mark_rows(lake, versions, highest)
+
+
+def _mark_rows(lake: Lake, versions: Mapping[str, int], highest: Mapping[str, dict[tuple[str, int], int]]) -> pa.Table:
+    """The marks table's rows: per typed table its version, and per partition its highest offset (``_capped``); one
+    row without a partition for a table that has none."""
     now = datetime.now(timezone.utc)
     rows = []
     for source in SOURCES:
-        highest = {(topic, partition): offset for topic, partition, offset in con.execute(
-            f'SELECT kafka_topic, kafka_partition, max(kafka_offset) FROM "{source}" GROUP BY ALL').fetchall()}
-        for (topic, partition), offset in sorted(_capped(lake, source, versions[source], highest).items()) \
+        for (topic, partition), offset in sorted(_capped(lake, source, versions[source], highest[source]).items()) \
                 or [((None, None), None)]:
             rows.append({"source": source, "source_version": versions[source], "kafka_topic": topic,
                          "kafka_partition": partition, "kafka_offset": offset, "compacted_at": now})
@@ -695,26 +717,6 @@ def _capped(lake: Lake, source: str, version: int, highest: dict[tuple[str, int]
     positions = ingest_positions(lake, source, version) if version >= 0 else {}
     return {key: offset if offset is None or key not in positions else min(offset, positions[key])
             for key, offset in highest.items()}
-
-
-def _covered_tail(con: duckdb.DuckDBPyConnection, lake: Lake, marks: Marks, versions: Mapping[str, int],
-                  branches: list[tuple[str, str, str]]) -> pa.Table:
-    """``_covered`` from the marks and the tail's files alone: each partition's highest offset there or marked."""
-    now = datetime.now(timezone.utc)
-    scans = {source: scan for source, scan, _ in branches}
-    rows = []
-    for source in SOURCES:
-        highest = dict(marks.offsets.get(source, {}))
-        if source in scans:
-            for topic, partition, offset in con.execute(f"SELECT kafka_topic, kafka_partition, max(kafka_offset) "
-                                                        f"FROM {scans[source]} GROUP BY ALL").fetchall():
-                if topic is not None:
-                    highest[(topic, partition)] = max(offset, highest.get((topic, partition), offset))
-        for (topic, partition), offset in sorted(_capped(lake, source, versions[source], highest).items()) \
-                or [((None, None), None)]:
-            rows.append({"source": source, "source_version": versions[source], "kafka_topic": topic,
-                         "kafka_partition": partition, "kafka_offset": offset, "compacted_at": now})
-    return pa.Table.from_pylist(rows, schema=COMPACTION_MARKS)
 
 
 def _overwrite(lake: Lake, table: str, data: pa.Table) -> None:
