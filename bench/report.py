@@ -3,7 +3,7 @@
 The table sits between two marker comments in README.md (``BEGIN``/``END``
 below); only what is between them is rewritten. One row per benchmark, from
 its results.json (``bench.results`` format): each ratio's median over the
-run's rounds with their range, its goal and verdict, the benchmark's summary
+run's rounds with their range (a paired difference signed, in its unit), its goal and verdict, the benchmark's summary
 and peak RSS, and when it was measured with the machine's load average beside
 it; other files in the format in the same folder (a soak's) get a row each. A benchmark whose results.json predates that format keeps the row the
 table already has for it (a note says so).
@@ -31,7 +31,10 @@ HEADER = ("| benchmark | what | ratio (median of the run's rounds) | goal | figu
 
 
 def ratio_cell(r: dict[str, Any]) -> str:
-    runs = r["runs"]
+    runs, unit = r["runs"], r.get("unit", "x")
+    if unit != "x":  # a paired difference: signed, in its unit
+        spread = f", {min(runs):+.2f} to {max(runs):+.2f} over {len(runs)}" if len(runs) > 1 else ""
+        return f"**{r['value']:+.2f} {unit}** {r['label']}{spread}"
     spread = f", {min(runs):.2f}-{max(runs):.2f} over {len(runs)}" if len(runs) > 1 else ""
     return f"**{r['value']:.2f}x** {r['label']}{spread}"
 
@@ -40,7 +43,9 @@ def goal_cell(r: dict[str, Any]) -> str:
     if r["goal"] is None:
         return "-"
     verdict = "met" if r["meets"] else "**missed**"
-    return f"{'>=' if r['better'] == 'higher' else '<='} {r['goal']:.2f}x: {verdict}"
+    unit = r.get("unit", "x")
+    goal = f"{r['goal']:.2f}x" if unit == "x" else f"{r['goal']:+.2f} {unit}"
+    return f"{'>=' if r['better'] == 'higher' else '<='} {goal}: {verdict}"
 
 
 def row(result: dict[str, Any]) -> str:

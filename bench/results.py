@@ -3,7 +3,9 @@
 Every benchmark states its outcome as one or more **ratios** measured in one
 run (ours / a baseline measured in the same run, so machine drift hits both
 sides), each with the value of every round (``runs``), their median
-(``value``) and interquartile range (``iqr``), its goal and which direction is better. Around them: when it was
+(``value``) and interquartile range (``iqr``), its goal and which direction is better. A figure that is a
+paired **difference** instead (ours - baseline per round, in ``unit``, e.g. ``ms``: an added latency whose
+ratio hides it) has the same shape. Around them: when it was
 measured, the machine's load, peak RSS, CPU seconds by stage, and a free-form
 ``detail`` section for the benchmark's own figures. The README's table is
 generated from these files (``python -m bench.report``) and ``python -m bench``
@@ -54,6 +56,8 @@ class Ratio:
     runs: Sequence[float]
     goal: float | None = None
     better: Literal["higher", "lower"] = "higher"
+    unit: str = "x"
+    """``x``: each round is ours / baseline; any other unit (``ms``): ours - baseline, in that unit."""
 
     @property
     def value(self) -> float:
@@ -75,7 +79,7 @@ class Ratio:
 
     def as_json(self) -> dict[str, Any]:
         return {"key": self.key, "label": self.label, "value": self.value, "runs": list(self.runs),
-                "iqr": self.iqr, "goal": self.goal, "better": self.better, "meets": self.meets}
+                "iqr": self.iqr, "goal": self.goal, "better": self.better, "meets": self.meets, "unit": self.unit}
 
 
 def results_path(bench: str) -> Path:
@@ -131,13 +135,14 @@ def regressions(old: Mapping[str, Any], new: Mapping[str, Any], *, tolerance: fl
 
     "Worse" follows each ratio's ``better``: a higher-is-better ratio that fell
     below (1 - tolerance) x its old value, or a lower-is-better one that rose
-    above old / (1 - tolerance). Ratios present on one side only are not compared.
+    above old / (1 - tolerance). Ratios present on one side only are not compared, nor differences (a ``unit``
+    other than ``x``: near zero, a fraction of them says nothing).
     """
     before = {r["key"]: r for r in old.get("ratios", [])}
     found = []
     for r in new.get("ratios", []):
         prev = before.get(r["key"])
-        if prev is None or not prev["value"]:
+        if prev is None or not prev["value"] or r.get("unit", "x") != "x" or prev.get("unit", "x") != "x":
             continue
         was, now = prev["value"], r["value"]
         worse = now < was * (1 - tolerance) if r["better"] == "higher" else now > was / (1 - tolerance)

@@ -78,3 +78,14 @@ def test_report_without_markers_says_where_to_put_them(tmp_path: Path, capsys: p
     readme.write_text("no table here\n")
     assert report.main(["--readme", str(readme)]) == 2
     assert report.BEGIN in capsys.readouterr().err
+
+
+def test_a_paired_difference_is_rendered_signed_in_its_unit_and_not_checked_as_a_ratio() -> None:
+    added = Ratio("p50_added", "p50, on - off per round", [0.12, -0.05, 0.4], goal=0.3, better="lower", unit="ms")
+    row = added.as_json()
+    assert row["value"] == pytest.approx(0.12) and row["meets"] is True and row["unit"] == "ms"
+    assert report.ratio_cell(row) == "**+0.12 ms** p50, on - off per round, -0.05 to +0.40 over 3"
+    assert report.goal_cell(row) == "<= +0.30 ms: met"
+    older = {"bench": "b", "ratios": [{**row, "value": 0.01}]}
+    assert regressions(older, {"bench": "b", "ratios": [row]}) == []  # 12x "worse" near zero says nothing
+    assert report.ratio_cell({**row, "unit": "x", "value": 1.5, "runs": [1.5]}) == "**1.50x** p50, on - off per round"
