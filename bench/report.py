@@ -3,8 +3,8 @@
 The table sits between two marker comments in README.md (``BEGIN``/``END``
 below); only what is between them is rewritten. One row per benchmark, from
 its results.json (``bench.results`` format): each ratio's median over the
-run's rounds with their range (a paired difference signed, in its unit), its goal and verdict, the benchmark's summary
-and peak RSS, and when it was measured with the machine's load average beside
+run's rounds with their range (a paired difference signed, in its unit), its
+goal and verdict, the benchmark's summary and peak RSS, and when it was measured with the machine's load average beside
 it; other files in the format in the same folder (a soak's) get a row each. A benchmark whose results.json predates that format keeps the row the
 table already has for it (a note says so).
 
