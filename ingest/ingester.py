@@ -44,6 +44,7 @@ from ingest.dedupe import DEFAULT_MAX_IDS, SeenEventIds
 from ingest.held import LakeRecords, not_held
 from ingest.log_check import CheckInFlight, LogGuard, LogProbe, LogUnverifiable, LogWentBackwards
 from ingest.redaction import Redactor
+from ingest.thread_cpu import KAFKA_THREADS, ThreadsCpu
 from ingest.topics import ensure_topic
 from schemas.options import CommonOptions
 from schemas.tables import EVENTS, EVENTS_TABLE, QUARANTINE, QUARANTINE_TABLE, TYPED_TABLES
@@ -128,9 +129,10 @@ class IngestStats:
     """Wall time of the last batch's commit (decode + every table), for the commit latency metric."""
     rows: dict[str, int] = field(default_factory=dict)
     cpu_s: dict[str, float] = field(default_factory=dict)
-    """CPU seconds of the whole process (all threads) by stage of the loop: ``consume`` (Kafka polls),
-    ``log_check``, ``decode`` (validation, dedupe, ``events`` rows), ``typed_rows``, ``commit`` (Delta commits
-    of every table, dead letters)."""
+    """CPU seconds by stage: the loop's thread in ``consume`` (Kafka polls), ``log_check``, ``decode``
+    (validation, dedupe, ``events`` rows) and ``typed_rows``; every thread but librdkafka's during ``commit``
+    (Delta commits of every table, dead letters); librdkafka's threads over the whole run in ``kafka_threads``
+    (fetching, decompressing: they run beside every stage). What is left of the process's CPU is outside these."""
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -179,6 +181,7 @@ def run_ingester(config: IngesterConfig, stop: threading.Event, *, on_progress: 
         finally:
             loop.pool.shutdown()
             loop.check.close()
+            loop.stats.cpu_s["kafka_threads"] = loop.kafka_cpu()
     finally:
         consumer.close()
         if probe is not None:
@@ -200,12 +203,25 @@ def ingest_until_idle(config: IngesterConfig, *, idle_s: float = 3.0, on_progres
 
 @contextmanager
 def _cpu(stats: IngestStats, stage: str) -> Iterator[None]:
-    """Add the process's CPU time spent inside the block to ``stats.cpu_s[stage]``."""
-    started = time.process_time()
+    """Add this thread's CPU time spent inside the block to ``stats.cpu_s[stage]`` (not the process's: librdkafka
+    fetches in its own threads meanwhile, ``ingest.thread_cpu``)."""
+    started = time.thread_time()
     try:
         yield
     finally:
-        stats.cpu_s[stage] = stats.cpu_s.get(stage, 0.0) + time.process_time() - started
+        stats.cpu_s[stage] = stats.cpu_s.get(stage, 0.0) + time.thread_time() - started
+
+
+@contextmanager
+def _cpu_but(stats: IngestStats, stage: str, threads: ThreadsCpu) -> Iterator[None]:
+    """Add the process's CPU time spent inside the block, less that of ``threads``, to ``stats.cpu_s[stage]``: for
+    work other threads do (Delta commits in the pool and delta-rs's runtime) while librdkafka's keep fetching."""
+    started, theirs = time.process_time(), threads()
+    try:
+        yield
+    finally:
+        spent = time.process_time() - started - (threads() - theirs)
+        stats.cpu_s[stage] = stats.cpu_s.get(stage, 0.0) + spent
 
 
 @contextmanager
@@ -256,6 +272,7 @@ class _Loop:
         self.retry_at = 0.0
         self.pool = ThreadPoolExecutor(max_workers=len(tables.all), thread_name_prefix="commit")
         self.trim_free_memory = FreeMemoryTrim()
+        self.kafka_cpu = ThreadsCpu(KAFKA_THREADS)
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set() and not self._idle_too_long():
@@ -498,7 +515,7 @@ class _Loop:
         fresh = self.tables.quarantine.unwritten(rejected)
         self._check_quarantine_replay(rejected, fresh)
         events = self._fresh(decoded.events, EVENTS_TABLE)
-        with _cpu(self.stats, "commit"):
+        with _cpu_but(self.stats, "commit", self.kafka_cpu):
             events_commit = self.pool.submit(self.tables.events.commit, events, last, refresh_offsets=refresh)
             derived, typed_cpu = self._typed_rows_during(events_commit, decoded.events)
             written = events_commit.result()
@@ -514,7 +531,7 @@ class _Loop:
             )
         work = [(t, self._fresh(derived.get(t.name, t.schema.empty_table()), t.name)) for t in self.tables.typed]
         work.append((self.tables.quarantine, rejected))
-        with _cpu(self.stats, "commit"):
+        with _cpu_but(self.stats, "commit", self.kafka_cpu):
             written_per_table = self._commit_side_by_side(work, last)
         for (table, _), n in zip(work, written_per_table):
             self._count(table.name, n)

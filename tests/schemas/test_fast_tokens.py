@@ -189,6 +189,20 @@ def test_pick_mixes_batch_rows_and_the_lists_of_events_decoded_one_by_one():
     assert tokens.pick([]) == (pa.array([], TOKENS), pa.array([], LOGPROBS))
 
 
+@pytest.mark.parametrize("rows", [[0, 1, 2, 4, 5, 9], [9, 8, 7], [3, 3, 4, 4], [0, 2, 4, 6, 8], list(range(10)), [5]],
+                         ids=["runs with gaps", "reversed", "repeated", "no runs", "every row", "one row"])
+def test_pick_copies_the_rows_asked_for_in_runs_or_not(rows):
+    """``take`` copies one slice per run of consecutive rows: any choice of rows reads as the lists do."""
+    raws = [response(list(range(i, 2 * i)), [-0.5] * i) if i % 3 else request([i] * i if i % 2 else None)
+            for i in range(10)]
+    tokens = decode_batch_columnar([json.dumps(raw).encode() for raw in raws]).tokens
+    ids, logprobs = tokens.pick(rows)
+    expected = [(r["payload"].get("response_token_ids", r["payload"].get("prompt_token_ids")),
+                 r["payload"].get("logprobs")) for r in (raws[i] for i in rows)]
+    assert ids.to_pylist() == [i for i, _ in expected] and logprobs.to_pylist() == [lp for _, lp in expected]
+    assert (ids.type, logprobs.type) == (TOKENS, LOGPROBS)
+
+
 TIMESTAMPS = [
     "2026-01-01T00:00:00Z", "2026-01-01T00:00:00.5Z", "2026-07-04T12:34:56.123456Z", "0001-01-01T00:00:00Z",
     "9999-12-31T23:59:59.999999Z", "2024-02-29T00:00:00Z", "1969-12-31T23:59:59.999999Z",
