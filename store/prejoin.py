@@ -81,6 +81,7 @@ from schemas.tables import (
     TOOL_STEPS_VIEW,
     TYPED_TABLES,
 )
+from store import tail_cache
 from store.lake import Lake
 
 if TYPE_CHECKING:
@@ -154,17 +155,19 @@ class Prejoined:
 
 
 def prejoined_views(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapping[str, str],
-                    views: Collection[str], marks: Marks | None, *, keep: bool = True) -> dict[str, str]:
+                    views: Collection[str], marks: Marks | None, *, keep: bool = True,
+                    heads: tail_cache.Heads | None = None) -> dict[str, str]:
     """``CREATE VIEW`` statements that read the compacted tables, for the views among ``views`` that can
     (``statements``: views.sql's, by view name; ``views``: the connection's view names, typed tables included;
     ``marks``: ``read_marks`` before the connection pinned the typed tables, which are then never older than them).
     ``keep``: the connection answers more than one question: the tail's views are computed once, at connect
-    (``_materialize_fresh``); False: each question recomputes the tail's rollouts over the columns it reads.
+    (``_materialize_fresh``); False: each question recomputes the tail's rollouts over the columns it reads, unless
+    ``heads`` (``tail_heads``, read before the typed tables were pinned) still holds: then the first such connection
+    keeps the recomputed rows on disk and the next ones read them (``store.tail_cache``).
 
     Empty when the lake was never compacted, was reset, or its tail is too long: views.sql's views then stand.
     """
-    wanted = [name for name in PREJOINED if name in views and set(PREJOINED[name][2]) <= set(views)]
-    wanted = [name for name in wanted if _is_table(lake, PREJOINED[name][0])]  # a lake compacted before one existed
+    wanted = _wanted(lake, views)
     if marks is None or not wanted:
         return {}
     for name in wanted:
@@ -178,17 +181,29 @@ def prejoined_views(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapp
         return {}
     sources = [s for s in SOURCES if any(s in PREJOINED[name][2] for name in wanted)]
     moved = [s for s in sources if _moved(lake, s, marks.versions.get(s, -1))]
-    touched = tail_rollouts(con, lake, marks, moved, limit=MAX_TOUCHED) if moved else []
+    cache_key = None  # a one-shot connection pinned at the versions walked: the tail's rows kept on disk
+    if moved and not keep and heads is not None and tail_cache.unchanged(lake, heads):
+        cache_key = tail_cache.key(heads, marks, statements)
+    touched = tail_cache.attach(con, lake, cache_key, wanted) if cache_key else None
+    cached = touched is not None
+    if not cached:
+        touched = tail_rollouts(con, lake, marks, moved, limit=MAX_TOUCHED,
+                                until=heads.versions if cache_key else None) if moved else []
     if touched is None:
         log.info("prejoin.tail_too_long limit=%d: views read the typed tables", MAX_TOUCHED)
         return {}
     fresh = {name: f'{FRESH}."{name}"' for name in wanted}
     if touched:
         _touched_table(con, touched)  # the compacted rows of the touched rollouts are left out by a hash lookup
-        materialize = keep and len(touched) <= MAX_MATERIALIZED
-        define_fresh(con, statements, _touched_filter(touched), wanted=wanted, materialize=materialize)
-        if materialize:
-            fresh = _materialize_fresh(con, wanted)
+        if not cached and cache_key and len(touched) <= MAX_MATERIALIZED:
+            cached = _write_cache(con, lake, statements, touched, wanted, cache_key, heads)
+        if cached:
+            _fresh_from_cache(con, wanted)
+        else:
+            materialize = keep and len(touched) <= MAX_MATERIALIZED
+            define_fresh(con, statements, _touched_filter(touched), wanted=wanted, materialize=materialize)
+            if materialize:
+                fresh = _materialize_fresh(con, wanted)
     result = {}
     for name in wanted:
         compacted = f'SELECT * FROM "_{PREJOINED[name][0]}"'
@@ -200,6 +215,45 @@ def prejoined_views(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapp
     return result
 
 
+def tail_heads(lake: Lake, marks: Marks | None, views: Collection[str]) -> tail_cache.Heads | None:
+    """The newest versions of the typed tables that the pre-joined views among ``views`` read, walked from the marks
+    (``store.tail_cache.heads``): read before a one-shot connection pins those tables, so that the tail's rows it
+    recomputes can be kept on disk for the next one (``prejoined_views``' ``heads``)."""
+    wanted = _wanted(lake, views) if marks is not None else []
+    sources = [s for s in SOURCES if any(s in PREJOINED[name][2] for name in wanted)]
+    return tail_cache.heads(lake, marks.versions, sources) if sources else None
+
+
+def _wanted(lake: Lake, views: Collection[str]) -> list[str]:
+    """The pre-joined views among ``views`` whose typed tables are there too and whose table exists."""
+    wanted = [name for name in PREJOINED if name in views and set(PREJOINED[name][2]) <= set(views)]
+    return [name for name in wanted if _is_table(lake, PREJOINED[name][0])]  # a lake compacted before one existed
+
+
+def _write_cache(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapping[str, str], touched: list[str],
+                 wanted: Collection[str], cache_key: str, heads: tail_cache.Heads) -> bool:
+    """Recompute the touched rollouts' rows of the ``wanted`` views (their typed rows read once, every column) and
+    keep them on disk under ``cache_key``, then attach them; False when they could not be written (the caller then
+    recomputes them in the statement). Drops what the recompute defined in schema ``_fresh``. A typed table that
+    moved meanwhile (a forget's delete: its rows must not stay on disk) makes the key stale: its files are removed
+    (a forget that commits after this check removes them itself)."""
+    define_fresh(con, statements, _touched_filter(touched), wanted=wanted, materialize=True)
+    written = tail_cache.write(con, lake, cache_key, {name: f'SELECT * FROM {FRESH}."{name}"' for name in wanted},
+                               f"SELECT rollout_id FROM {TOUCHED}")
+    _drop_fresh(con, kept=())
+    if written and not tail_cache.unchanged(lake, heads):
+        tail_cache.discard(lake, cache_key)
+        written = False
+    return written and tail_cache.attach(con, lake, cache_key, wanted) is not None
+
+
+def _fresh_from_cache(con: duckdb.DuckDBPyConnection, wanted: Collection[str]) -> None:
+    """Schema ``_fresh``'s ``wanted`` views over the rows ``tail_cache.attach`` attached."""
+    con.execute(f"CREATE SCHEMA IF NOT EXISTS {FRESH}")
+    for name in wanted:
+        con.execute(f'CREATE OR REPLACE VIEW {FRESH}."{name}" AS SELECT * FROM "_tail_{name}".rows')
+
+
 def _materialize_fresh(con: duckdb.DuckDBPyConnection, wanted: Collection[str]) -> dict[str, str]:
     """The ``wanted`` views of schema ``_fresh`` computed once into tables ``_fresh."<view>_rows"`` (returned by
     view), and the typed rows and views they came from dropped: each question then reads a small table instead of
@@ -208,13 +262,17 @@ def _materialize_fresh(con: duckdb.DuckDBPyConnection, wanted: Collection[str]) 
     rows = {name: f'{FRESH}."{name}_rows"' for name in wanted}
     for name, table in rows.items():
         con.execute(f'CREATE OR REPLACE TABLE {table} AS SELECT * FROM {FRESH}."{name}"')
-    kept = {f"{name}_rows" for name in wanted}
+    _drop_fresh(con, kept={f"{name}_rows" for name in wanted})
+    return rows
+
+
+def _drop_fresh(con: duckdb.DuckDBPyConnection, *, kept: Collection[str]) -> None:
+    """Drop every view and table of schema ``_fresh`` but ``kept``."""
     for kind in ("VIEW", "BASE TABLE"):  # views first: they read the tables
         for (name,) in con.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = ? AND "
                                    "table_type = ?", [FRESH, kind]).fetchall():
             if name not in kept:
                 con.execute(f'DROP {"VIEW" if kind == "VIEW" else "TABLE"} {FRESH}."{name}"')
-    return rows
 
 
 def _touched_table(con: duckdb.DuckDBPyConnection, touched: list[str]) -> str:

@@ -198,9 +198,10 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, views: Collectio
         present = set(INGESTED_TABLE_NAMES) | set(found) | set(JOINED_VIEWS) if views is None else set(views)
         prejoined = bool(present & set(PREJOINED_VIEW_NAMES))
         if prejoined:  # only then load the pre-joined tables' reader (Arrow schemas)
-            from store.prejoin import prejoined_views, read_marks
+            from store.prejoin import prejoined_views, read_marks, tail_heads
 
             marks = read_marks(con, lake)  # before the typed tables are pinned: they are then never older than it
+            heads = tail_heads(lake, marks, present) if one_query else None  # so are these versions
         for name, path in found.items():
             attach_table(con, lake.uri(path), name)
         if views is None or set(views) & (set(INGESTED_TABLE_NAMES) - set(found)):  # an ingested table not written
@@ -211,7 +212,8 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, views: Collectio
                     con.register(name, schema.empty_table())
         statements = dict(zip(JOINED_VIEWS, joined_view_statements()))
         if prejoined:  # the compacted tables, where current
-            statements.update(prejoined_views(con, lake, statements, present, marks, keep=not one_query))
+            statements.update(prejoined_views(con, lake, statements, present, marks, keep=not one_query,
+                                              heads=heads))
         for name, statement in statements.items():
             if views is not None and name not in views:
                 continue
