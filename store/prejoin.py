@@ -60,44 +60,43 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import duckdb
-import pyarrow as pa
 
 from schemas.errors import Conflict
-from schemas.tables import (
-    COMPACTED_LLM_CALLS,
+from schemas.table_names import (  # the names alone: a one-shot query over kept rows loads no Arrow (0.1-0.3 s)
     COMPACTED_LLM_CALLS_TABLE,
-    COMPACTED_ROLLOUTS,
     COMPACTED_ROLLOUTS_TABLE,
-    COMPACTED_TOOL_STEPS,
     COMPACTED_TOOL_STEPS_TABLE,
-    COMPACTION_MARKS,
     COMPACTION_MARKS_TABLE,
     LLM_CALLS_VIEW,
     LLM_REQUESTS_TABLE,
     LLM_RESPONSES_TABLE,
+    REWARDS_TABLE,
+    ROLLOUT_ENDS_TABLE,
+    ROLLOUT_STARTS_TABLE,
     ROLLOUTS_VIEW,
     TOOL_CALLS_TABLE,
     TOOL_RESULTS_TABLE,
     TOOL_STEPS_VIEW,
-    TYPED_TABLES,
 )
 from store import tail_cache
 from store.lake import Lake
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from deltalake import DeltaTable
 
 log = logging.getLogger(__name__)
 
-SOURCES: tuple[str, ...] = tuple(name for name, _ in TYPED_TABLES.values())
-"""The typed tables the pre-joined tables are computed from."""
-PREJOINED: dict[str, tuple[str, pa.Schema, tuple[str, ...]]] = {
-    LLM_CALLS_VIEW: (COMPACTED_LLM_CALLS_TABLE, COMPACTED_LLM_CALLS, (LLM_REQUESTS_TABLE, LLM_RESPONSES_TABLE)),
-    TOOL_STEPS_VIEW: (COMPACTED_TOOL_STEPS_TABLE, COMPACTED_TOOL_STEPS, (TOOL_CALLS_TABLE, TOOL_RESULTS_TABLE)),
-    ROLLOUTS_VIEW: (COMPACTED_ROLLOUTS_TABLE, COMPACTED_ROLLOUTS, SOURCES),
+SOURCES: tuple[str, ...] = (ROLLOUT_STARTS_TABLE, ROLLOUT_ENDS_TABLE, LLM_REQUESTS_TABLE, LLM_RESPONSES_TABLE,
+                             TOOL_CALLS_TABLE, TOOL_RESULTS_TABLE, REWARDS_TABLE)
+"""The typed tables the pre-joined tables are computed from (``schemas.tables.TYPED_TABLES``' tables, in its order)."""
+PREJOINED: dict[str, tuple[str, tuple[str, ...]]] = {
+    LLM_CALLS_VIEW: (COMPACTED_LLM_CALLS_TABLE, (LLM_REQUESTS_TABLE, LLM_RESPONSES_TABLE)),
+    TOOL_STEPS_VIEW: (COMPACTED_TOOL_STEPS_TABLE, (TOOL_CALLS_TABLE, TOOL_RESULTS_TABLE)),
+    ROLLOUTS_VIEW: (COMPACTED_ROLLOUTS_TABLE, SOURCES),
 }
-"""View -> (the table that stores it, its schema, the typed tables it reads)."""
-PREJOINED_TABLES: tuple[str, ...] = tuple(table for table, _, _ in PREJOINED.values())
+"""View -> (the table that stores it, the typed tables it reads); its schema: ``_schema``."""
+PREJOINED_TABLES: tuple[str, ...] = tuple(table for table, _ in PREJOINED.values())
 RECOMPUTED_VIEWS = (LLM_CALLS_VIEW, TOOL_STEPS_VIEW, ROLLOUTS_VIEW)
 """views.sql's statements run in schema ``_fresh`` (``rollouts`` reads the other two)."""
 FRESH = "_fresh"
@@ -179,7 +178,7 @@ def prejoined_views(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapp
             con.execute(f'DETACH "_{PREJOINED[name][0]}"')
         log.info("prejoin.marks_changed: views read the typed tables")
         return {}
-    sources = [s for s in SOURCES if any(s in PREJOINED[name][2] for name in wanted)]
+    sources = [s for s in SOURCES if any(s in PREJOINED[name][1] for name in wanted)]
     moved = [s for s in sources if _moved(lake, s, marks.versions.get(s, -1))]
     cache_key = None  # a one-shot connection pinned at the versions walked: the tail's rows kept on disk
     if moved and not keep and heads is not None and tail_cache.unchanged(lake, heads):
@@ -220,13 +219,13 @@ def tail_heads(lake: Lake, marks: Marks | None, views: Collection[str]) -> tail_
     (``store.tail_cache.heads``): read before a one-shot connection pins those tables, so that the tail's rows it
     recomputes can be kept on disk for the next one (``prejoined_views``' ``heads``)."""
     wanted = _wanted(lake, views) if marks is not None else []
-    sources = [s for s in SOURCES if any(s in PREJOINED[name][2] for name in wanted)]
+    sources = [s for s in SOURCES if any(s in PREJOINED[name][1] for name in wanted)]
     return tail_cache.heads(lake, marks.versions, sources) if sources else None
 
 
 def _wanted(lake: Lake, views: Collection[str]) -> list[str]:
     """The pre-joined views among ``views`` whose typed tables are there too and whose table exists."""
-    wanted = [name for name in PREJOINED if name in views and set(PREJOINED[name][2]) <= set(views)]
+    wanted = [name for name in PREJOINED if name in views and set(PREJOINED[name][1]) <= set(views)]
     return [name for name in wanted if _is_table(lake, PREJOINED[name][0])]  # a lake compacted before one existed
 
 
@@ -457,7 +456,7 @@ def define_fresh(con: duckdb.DuckDBPyConnection, statements: Mapping[str, str], 
     con.execute(f"CREATE SCHEMA IF NOT EXISTS {FRESH}")
     kind = "TABLE" if materialize else "VIEW"
     for source in SOURCES:
-        if any(source in PREJOINED[name][2] for name in wanted):
+        if any(source in PREJOINED[name][1] for name in wanted):
             con.execute(f'CREATE OR REPLACE {kind} {FRESH}."{source}" AS SELECT * FROM main."{source}" WHERE {where}')
     for name in RECOMPUTED_VIEWS if ROLLOUTS_VIEW in wanted else [v for v in RECOMPUTED_VIEWS if v in wanted]:
         statement, n = re.subn(rf'CREATE VIEW "?{name}"? AS', f'CREATE OR REPLACE VIEW {FRESH}."{name}" AS',
@@ -592,7 +591,7 @@ def _deleted_since(lake: Lake, versions: Mapping[str, int], *, any_commit: bool 
 def reset(lake: Lake) -> None:
     """Forget what the pre-joined tables cover: readers use views.sql's views, the next ``refresh`` writes whole."""
     if _is_table(lake, COMPACTION_MARKS_TABLE):
-        _overwrite(lake, COMPACTION_MARKS_TABLE, COMPACTION_MARKS.empty_table())
+        _overwrite(lake, COMPACTION_MARKS_TABLE, _schema(COMPACTION_MARKS_TABLE).empty_table())
 
 
 def rewind(lake: Lake, topic: str, partitions: Collection[int]) -> None:
@@ -607,7 +606,7 @@ def rewind(lake: Lake, topic: str, partitions: Collection[int]) -> None:
         for row in rows:
             if row["kafka_topic"] == topic and row["kafka_partition"] in partitions:
                 row["kafka_offset"] = -1
-        _append(lake, handle, pa.Table.from_pylist(rows, schema=COMPACTION_MARKS), mode="overwrite")
+        _append(lake, handle, _marks_table(rows), mode="overwrite")
 
     if _is_table(lake, COMPACTION_MARKS_TABLE):  # a compaction writing its marks meanwhile: read them again
         _until_committed(rewound, what="the compaction marks kept changing while partitions were rewound",
@@ -644,15 +643,15 @@ def _write_whole(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapping
     """Every bucket committed on top of this run's previous commit (``pinned``): a concurrent whole write or forget
     in between conflicts, instead of this run appending its later buckets to another run's tables."""
     if had_marks:  # readers must not pair the old marks with half-written tables
-        _commit(lake, COMPACTION_MARKS_TABLE, pinned, COMPACTION_MARKS.empty_table(), mode="overwrite")
+        _commit(lake, COMPACTION_MARKS_TABLE, pinned, _schema(COMPACTION_MARKS_TABLE).empty_table(), mode="overwrite")
     (calls,) = con.execute(f'SELECT count(*) FROM "{LLM_REQUESTS_TABLE}"').fetchone()
     bounds = _bucket_bounds(con, max(1, -(-calls // BUCKET_CALLS)))
     written = {name: 0 for name in PREJOINED}
     for bucket, where in enumerate(_bucket_filters(bounds)):
         define_fresh(con, statements, where)
-        for name, (table, schema, _) in PREJOINED.items():
+        for name, (table, _) in PREJOINED.items():
             rows = con.execute(f'SELECT * FROM {FRESH}."{name}" ORDER BY {_ORDER[name]}').to_arrow_table()
-            _commit(lake, table, pinned, rows.cast(schema), mode="overwrite" if bucket == 0 else "append")
+            _commit(lake, table, pinned, rows.cast(_schema(table)), mode="overwrite" if bucket == 0 else "append")
             written[name] += rows.num_rows
         log.info("prejoin.bucket bucket=%d of=%d calls=%d", bucket + 1, len(bounds) + 1, written[LLM_CALLS_VIEW])
     return Prejoined(False, written[ROLLOUTS_VIEW], written[LLM_CALLS_VIEW], len(bounds) + 1)
@@ -698,9 +697,9 @@ def _write_touched(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mappi
     written = {name: 0 for name in PREJOINED}
     if touched:  # the typed rows read once (each view's statement reads them again: three scans, then two)
         define_fresh(con, statements, _touched_filter(touched), materialize=len(touched) <= MAX_TOUCHED)
-        for name, (table, schema, _) in PREJOINED.items():
+        for name, (table, _) in PREJOINED.items():
             rows = con.execute(f'SELECT * FROM {FRESH}."{name}" ORDER BY {_ORDER[name]}').to_arrow_table()
-            _commit(lake, table, pinned, rows.cast(schema), mode="overwrite", predicate=_in(touched))
+            _commit(lake, table, pinned, rows.cast(_schema(table)), mode="overwrite", predicate=_in(touched))
             written[name] = rows.num_rows
     return Prejoined(True, len(touched), written[LLM_CALLS_VIEW], 0)
 
@@ -762,7 +761,7 @@ def _mark_rows(lake: Lake, versions: Mapping[str, int], highest: Mapping[str, di
                 or [((None, None), None)]:
             rows.append({"source": source, "source_version": versions[source], "kafka_topic": topic,
                          "kafka_partition": partition, "kafka_offset": offset, "compacted_at": now})
-    return pa.Table.from_pylist(rows, schema=COMPACTION_MARKS)
+    return _marks_table(rows)
 
 
 def _capped(lake: Lake, source: str, version: int, highest: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
@@ -775,6 +774,20 @@ def _capped(lake: Lake, source: str, version: int, highest: dict[tuple[str, int]
     positions = ingest_positions(lake, source, version) if version >= 0 else {}
     return {key: offset if offset is None or key not in positions else min(offset, positions[key])
             for key, offset in highest.items()}
+
+
+def _schema(table: str) -> pa.Schema:
+    """The Arrow schema of a pre-joined table or of the marks (loaded by writers only)."""
+    from schemas import tables
+
+    return {COMPACTED_LLM_CALLS_TABLE: tables.COMPACTED_LLM_CALLS, COMPACTED_TOOL_STEPS_TABLE: tables.COMPACTED_TOOL_STEPS,
+            COMPACTED_ROLLOUTS_TABLE: tables.COMPACTED_ROLLOUTS, COMPACTION_MARKS_TABLE: tables.COMPACTION_MARKS}[table]
+
+
+def _marks_table(rows: list[dict]) -> pa.Table:
+    import pyarrow as pa
+
+    return pa.Table.from_pylist(rows, schema=_schema(COMPACTION_MARKS_TABLE))
 
 
 def _overwrite(lake: Lake, table: str, data: pa.Table) -> None:

@@ -4,6 +4,10 @@ commits, forgets or compactions land before, between or during the queries."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +16,7 @@ from tests.store.lake_builder import event, sample_rollout
 from tests.store.test_prejoin import Offsets, answers, raw_answers, same
 
 import store.sql as sql_module
+from schemas.tables import TYPED_TABLES
 from store import prejoin, tail_cache
 from store.forget import ForgetRequest, forget
 from store.lake import Lake
@@ -143,3 +148,35 @@ def test_only_the_newest_keys_are_kept(lake, offsets, monkeypatch):
         offsets.write(lake, sample_rollout(rollout))
         run_query(lake, "SELECT count(*) FROM llm_calls")
     assert len({path.split("/")[0] for path in kept_files(lake)}) == 2
+
+
+ONE_SHOT = """
+import json, sys
+sys.argv = ["trajlake", "sql", "--lake", sys.argv[1], "SELECT count(*) AS n FROM llm_calls"]
+from trajlake.cli import main
+try:
+    main()
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_a_one_shot_over_kept_rows_loads_no_arrow(lake, offsets):
+    """``trajlake sql`` over a tail kept by an earlier one-shot reads the marks, the log and DuckDB files only: it loads
+    neither pyarrow nor deltalake nor the catalogue's Arrow schemas (0.1-0.3 s of start-up)."""
+    with_tail(lake, offsets)
+    run_query(lake, "SELECT count(*) AS n FROM llm_calls")
+    assert kept_files(lake)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")}
+    done = subprocess.run([sys.executable, "-c", ONE_SHOT, lake.root], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "6" in done.stdout and "1 row" in done.stdout  # r1, r2, r3: two calls each
+    modules = set(json.loads(done.stdout.splitlines()[-1]))
+    assert {m.partition(".")[0] for m in modules} & {"pyarrow", "deltalake", "polars"} == set()
+    assert "schemas.tables" not in modules
+
+
+def test_the_sources_are_the_typed_tables():
+    assert prejoin.SOURCES == tuple(name for name, _ in TYPED_TABLES.values())
