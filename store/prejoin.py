@@ -34,7 +34,11 @@ ranges are skipped, and the other columns, token lists included, are decoded onl
 connection that answers many questions (the default: the query API, the workbench, the benchmark) computes the
 tail's views once, into tables of the connection (up to ``MAX_MATERIALIZED`` rollouts; past it, views read at each
 query); one that answers one question (``store.sql.run_query``: ``trajlake sql``) leaves them views, so that the
-question reads only the typed columns it needs, once (``keep=False``; measured in README, "SQL at scale").
+question reads only the typed columns it needs, once (``keep=False``; measured in README, "SQL at scale"), unless the
+rows can be kept on disk (``store.tail_cache``: a local lake whose typed tables did not move while the connection
+pinned them): the first such question of a tail recomputes them whole into files under the lake, the next ones
+attach those instead of finding the tail's rows in the typed tables (no index: the ``rollout_id`` column of every
+compacted typed file).
 Measured on the 1M-call bench lake with a 207-rollout tail (100 of its rows resent responses of old rollouts), load
 16-18: connect 4.9 s, then 0.04-0.4 s a scalar question. An ``IN`` filter (a subquery, or a long literal list, which
 DuckDB turns into a join) is checked after the scan, which then decodes whole files: 2-7 s a question read per
@@ -53,6 +57,7 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -194,7 +199,7 @@ def prejoined_views(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapp
     fresh = {name: f'{FRESH}."{name}"' for name in wanted}
     if touched:
         _touched_table(con, touched)  # the compacted rows of the touched rollouts are left out by a hash lookup
-        if not cached and cache_key and len(touched) <= MAX_MATERIALIZED:
+        if not cached and cache_key and len(touched) <= MAX_MATERIALIZED and heads.quiet(time.time()):
             cached = _write_cache(con, lake, statements, touched, wanted, cache_key, heads)
         if cached:
             _fresh_from_cache(con, wanted)

@@ -182,7 +182,9 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, views: Collectio
     connection; open a new connection to see later commits. ``one_query``: the
     connection answers one statement (``run_query``): rows that arrived since the
     last ``trajlake compact`` are recomputed by that statement over the columns it
-    reads instead of once at connect for every later one (``store.prejoin``).
+    reads instead of once at connect for every later one (``store.prejoin``), or,
+    on a local lake, read from the files where the first one-shot over that tail
+    kept them (``store.tail_cache``).
 
     >>> con = connect(Lake("./lake"))  # doctest: +SKIP
     >>> con.sql("SELECT status, count(*) FROM rollouts GROUP BY ALL").fetchall()  # doctest: +SKIP

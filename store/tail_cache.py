@@ -4,8 +4,9 @@ A connection that answers one statement (``store.prejoin.prejoined_views`` with 
 rollouts the tail touched from the typed tables inside that statement: on the 1M-call bench lake with a 5-minute
 tail, finding their old rows reads the ``rollout_id`` column of every compacted typed file (no index; the files are
 z-ordered), 1-4 CPU s a question (README, "SQL at scale"). Those rows depend only on the marks and on the typed
-tables' commits since: the first one-shot query of a tail writes each view's rows it recomputed (and the touched ids)
-to a DuckDB file under the lake, ``_sql_cache/tail/<key>/<view>.duckdb``; the next ones attach it read-only.
+tables' commits since: the first one-shot query of a tail that has taken no commit for ``QUIET_S`` writes each view's
+rows it recomputed (and the touched ids) to a DuckDB file under the lake, ``_sql_cache/tail/<key>/<view>.duckdb``;
+the next ones attach it read-only.
 
 ``key`` hashes the marks (versions, offsets, when written), the text of every typed table's log entry past its mark
 (so a new commit, a forget's delete, an optimize, a recreated table all give another key), the views' statements
@@ -24,6 +25,7 @@ import json
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -39,6 +41,12 @@ CACHE_DIR = "_sql_cache/tail"
 """Under the lake root: a folder starting with ``_`` is never a table (``store.sql.discover_tables``)."""
 KEEP = 4
 """Keys kept (the newest by change time): an older key never matches again once the typed tables moved."""
+QUIET_S = 60.0
+"""A tail is kept once no typed table it reads has taken a commit for this long. Writing the rows costs the one-shot
+that does it about what a kept connection's connect costs (every column of the tail's typed rows: on the 1M-call bench
+lake 1.5-1.9 CPU s against 0.9-1.0 for ``count(*)`` of ``llm_calls`` recomputed in the statement), and an ingester
+that commits every ~20 s would make each kept tail stale before the next question: a lake still being written
+recomputes in the statement, as before."""
 FORMAT = "1"
 """Changes when what a file holds changes: older files then never match."""
 
@@ -50,6 +58,12 @@ class Heads:
 
     versions: Mapping[str, int]
     entries: Mapping[str, tuple[bytes, ...]]
+    newest: float | None = None
+    """When the newest of those entries was written (epoch seconds; None: no entry past the marks)."""
+
+    def quiet(self, now: float) -> bool:
+        """Whether no typed table has taken a commit for ``QUIET_S`` (what ``write`` waits for)."""
+        return self.newest is not None and now - self.newest >= QUIET_S
 
 
 def heads(lake: Lake, marked: Mapping[str, int], sources: Iterable[str]) -> Heads | None:
@@ -57,7 +71,7 @@ def heads(lake: Lake, marked: Mapping[str, int], sources: Iterable[str]) -> Head
     entry at a time; None for a lake that keeps no cache, or when an entry cannot be read."""
     if not lake.is_local:
         return None
-    versions, entries = {}, {}
+    versions, entries, newest = {}, {}, None
     for source in sources:
         version, texts = marked.get(source, -1), []
         while (text := lake.read_file(f"{source}/_delta_log/{version + 1:020d}.json")) is not None:
@@ -65,8 +79,11 @@ def heads(lake: Lake, marked: Mapping[str, int], sources: Iterable[str]) -> Head
             version += 1
         if version == marked.get(source, -1) and _checkpointed_past(lake, source, version):
             return None  # entries past the mark were cleaned up: the tail is told by offsets, not cached
+        if texts:
+            written = _mtime(lake, f"{source}/_delta_log/{version:020d}.json")
+            newest = written if newest is None else max(newest, written)
         versions[source], entries[source] = version, tuple(texts)
-    return Heads(versions, entries)
+    return Heads(versions, entries, newest)
 
 
 def unchanged(lake: Lake, found: Heads) -> bool:
@@ -159,6 +176,13 @@ def _prune(parent: Path, *, keep: str) -> None:
     for old in folders[KEEP:]:
         if old.name != keep:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _mtime(lake: Lake, path: str) -> float:
+    try:
+        return os.stat(os.path.join(lake.root.removeprefix("file://"), path)).st_mtime
+    except OSError:
+        return time.time()  # gone meanwhile: as if just written
 
 
 def _checkpointed_past(lake: Lake, source: str, version: int) -> bool:
