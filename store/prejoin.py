@@ -785,8 +785,10 @@ def _schema(table: str) -> pa.Schema:
     """The Arrow schema of a pre-joined table or of the marks (loaded by writers only)."""
     from schemas import tables
 
-    return {COMPACTED_LLM_CALLS_TABLE: tables.COMPACTED_LLM_CALLS, COMPACTED_TOOL_STEPS_TABLE: tables.COMPACTED_TOOL_STEPS,
-            COMPACTED_ROLLOUTS_TABLE: tables.COMPACTED_ROLLOUTS, COMPACTION_MARKS_TABLE: tables.COMPACTION_MARKS}[table]
+    return {COMPACTED_LLM_CALLS_TABLE: tables.COMPACTED_LLM_CALLS,
+            COMPACTED_TOOL_STEPS_TABLE: tables.COMPACTED_TOOL_STEPS,
+            COMPACTED_ROLLOUTS_TABLE: tables.COMPACTED_ROLLOUTS,
+            COMPACTION_MARKS_TABLE: tables.COMPACTION_MARKS}[table]
 
 
 def _marks_table(rows: list[dict]) -> pa.Table:

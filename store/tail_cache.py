@@ -3,10 +3,10 @@
 A connection that answers one statement (``store.prejoin.prejoined_views`` with ``keep=False``) recomputes the
 rollouts the tail touched from the typed tables inside that statement: on the 1M-call bench lake with a 5-minute
 tail, finding their old rows reads the ``rollout_id`` column of every compacted typed file (no index; the files are
-z-ordered), 1-4 CPU s a question (README, "SQL at scale"). Those rows depend only on the marks and on the typed
-tables' commits since: the first one-shot query of a tail that has taken no commit for ``QUIET_S`` writes each view's
-rows it recomputed (and the touched ids) to a DuckDB file under the lake, ``_sql_cache/tail/<key>/<view>.duckdb``;
-the next ones attach it read-only.
+z-ordered): 0.7-2.0 CPU s a ``trajlake sql`` process, most of it those scans (README, "SQL at scale"). Those rows
+depend only on the marks and on the typed tables' commits since: the first one-shot query of a tail that has taken no
+commit for ``QUIET_S`` writes each view's rows it recomputed (and the touched ids) to a DuckDB file under the lake,
+``_sql_cache/tail/<key>/<view>.duckdb``; the next ones attach it read-only.
 
 ``key`` hashes the marks (versions, offsets, when written), the text of every typed table's log entry past its mark
 (so a new commit, a forget's delete, an optimize, a recreated table all give another key), the views' statements
