@@ -75,6 +75,7 @@ from schemas.tables import (
     QUARANTINE_TABLE,
     ROLLOUT_STARTS_TABLE,
 )
+from store import tail_cache
 from store.compact import COMPACT_WRITER_PROPERTIES
 from store.lake import Lake, list_tables
 from store.prejoin import PREJOINED_TABLES, fence
@@ -174,6 +175,7 @@ def forget(
             result = replace(result, dataset_versions_marked=tuple(sorted(versions)))
         report.tables.append(result)
         log.info("forget.table id=%s table=%s rows=%d files=%d", report.forget_id, name, result.rows_deleted, result.files_vacuumed)
+    tail_cache.clear(lake)  # after the deletes: a one-shot query that read the rows before writes no file after
     _audit(lake, report, requested_at, clock())
     return report
 

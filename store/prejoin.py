@@ -34,7 +34,11 @@ ranges are skipped, and the other columns, token lists included, are decoded onl
 connection that answers many questions (the default: the query API, the workbench, the benchmark) computes the
 tail's views once, into tables of the connection (up to ``MAX_MATERIALIZED`` rollouts; past it, views read at each
 query); one that answers one question (``store.sql.run_query``: ``trajlake sql``) leaves them views, so that the
-question reads only the typed columns it needs, once (``keep=False``; measured in README, "SQL at scale").
+question reads only the typed columns it needs, once (``keep=False``; measured in README, "SQL at scale"), unless the
+rows can be kept on disk (``store.tail_cache``: a local lake whose typed tables did not move while the connection
+pinned them): the first such question of a tail recomputes them whole into files under the lake, the next ones
+attach those instead of finding the tail's rows in the typed tables (no index: the ``rollout_id`` column of every
+compacted typed file).
 Measured on the 1M-call bench lake with a 207-rollout tail (100 of its rows resent responses of old rollouts), load
 16-18: connect 4.9 s, then 0.04-0.4 s a scalar question. An ``IN`` filter (a subquery, or a long literal list, which
 DuckDB turns into a join) is checked after the scan, which then decodes whole files: 2-7 s a question read per
@@ -53,6 +57,7 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -60,43 +65,43 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import duckdb
-import pyarrow as pa
 
 from schemas.errors import Conflict
-from schemas.tables import (
-    COMPACTED_LLM_CALLS,
+from schemas.table_names import (  # the names alone: a one-shot query over kept rows loads no Arrow (0.1-0.3 s)
     COMPACTED_LLM_CALLS_TABLE,
-    COMPACTED_ROLLOUTS,
     COMPACTED_ROLLOUTS_TABLE,
-    COMPACTED_TOOL_STEPS,
     COMPACTED_TOOL_STEPS_TABLE,
-    COMPACTION_MARKS,
     COMPACTION_MARKS_TABLE,
     LLM_CALLS_VIEW,
     LLM_REQUESTS_TABLE,
     LLM_RESPONSES_TABLE,
+    REWARDS_TABLE,
+    ROLLOUT_ENDS_TABLE,
+    ROLLOUT_STARTS_TABLE,
     ROLLOUTS_VIEW,
     TOOL_CALLS_TABLE,
     TOOL_RESULTS_TABLE,
     TOOL_STEPS_VIEW,
-    TYPED_TABLES,
 )
+from store import tail_cache
 from store.lake import Lake
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from deltalake import DeltaTable
 
 log = logging.getLogger(__name__)
 
-SOURCES: tuple[str, ...] = tuple(name for name, _ in TYPED_TABLES.values())
-"""The typed tables the pre-joined tables are computed from."""
-PREJOINED: dict[str, tuple[str, pa.Schema, tuple[str, ...]]] = {
-    LLM_CALLS_VIEW: (COMPACTED_LLM_CALLS_TABLE, COMPACTED_LLM_CALLS, (LLM_REQUESTS_TABLE, LLM_RESPONSES_TABLE)),
-    TOOL_STEPS_VIEW: (COMPACTED_TOOL_STEPS_TABLE, COMPACTED_TOOL_STEPS, (TOOL_CALLS_TABLE, TOOL_RESULTS_TABLE)),
-    ROLLOUTS_VIEW: (COMPACTED_ROLLOUTS_TABLE, COMPACTED_ROLLOUTS, SOURCES),
+SOURCES: tuple[str, ...] = (ROLLOUT_STARTS_TABLE, ROLLOUT_ENDS_TABLE, LLM_REQUESTS_TABLE, LLM_RESPONSES_TABLE,
+                             TOOL_CALLS_TABLE, TOOL_RESULTS_TABLE, REWARDS_TABLE)
+"""The typed tables the pre-joined tables are computed from (``schemas.tables.TYPED_TABLES``' tables, in its order)."""
+PREJOINED: dict[str, tuple[str, tuple[str, ...]]] = {
+    LLM_CALLS_VIEW: (COMPACTED_LLM_CALLS_TABLE, (LLM_REQUESTS_TABLE, LLM_RESPONSES_TABLE)),
+    TOOL_STEPS_VIEW: (COMPACTED_TOOL_STEPS_TABLE, (TOOL_CALLS_TABLE, TOOL_RESULTS_TABLE)),
+    ROLLOUTS_VIEW: (COMPACTED_ROLLOUTS_TABLE, SOURCES),
 }
-"""View -> (the table that stores it, its schema, the typed tables it reads)."""
-PREJOINED_TABLES: tuple[str, ...] = tuple(table for table, _, _ in PREJOINED.values())
+"""View -> (the table that stores it, the typed tables it reads); its schema: ``_schema``."""
+PREJOINED_TABLES: tuple[str, ...] = tuple(table for table, _ in PREJOINED.values())
 RECOMPUTED_VIEWS = (LLM_CALLS_VIEW, TOOL_STEPS_VIEW, ROLLOUTS_VIEW)
 """views.sql's statements run in schema ``_fresh`` (``rollouts`` reads the other two)."""
 FRESH = "_fresh"
@@ -154,17 +159,19 @@ class Prejoined:
 
 
 def prejoined_views(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapping[str, str],
-                    views: Collection[str], marks: Marks | None, *, keep: bool = True) -> dict[str, str]:
+                    views: Collection[str], marks: Marks | None, *, keep: bool = True,
+                    heads: tail_cache.Heads | None = None) -> dict[str, str]:
     """``CREATE VIEW`` statements that read the compacted tables, for the views among ``views`` that can
     (``statements``: views.sql's, by view name; ``views``: the connection's view names, typed tables included;
     ``marks``: ``read_marks`` before the connection pinned the typed tables, which are then never older than them).
     ``keep``: the connection answers more than one question: the tail's views are computed once, at connect
-    (``_materialize_fresh``); False: each question recomputes the tail's rollouts over the columns it reads.
+    (``_materialize_fresh``); False: each question recomputes the tail's rollouts over the columns it reads, unless
+    ``heads`` (``tail_heads``, read before the typed tables were pinned) still holds: then the first such connection
+    keeps the recomputed rows on disk and the next ones read them (``store.tail_cache``).
 
     Empty when the lake was never compacted, was reset, or its tail is too long: views.sql's views then stand.
     """
-    wanted = [name for name in PREJOINED if name in views and set(PREJOINED[name][2]) <= set(views)]
-    wanted = [name for name in wanted if _is_table(lake, PREJOINED[name][0])]  # a lake compacted before one existed
+    wanted = _wanted(lake, views)
     if marks is None or not wanted:
         return {}
     for name in wanted:
@@ -176,19 +183,31 @@ def prejoined_views(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapp
             con.execute(f'DETACH "_{PREJOINED[name][0]}"')
         log.info("prejoin.marks_changed: views read the typed tables")
         return {}
-    sources = [s for s in SOURCES if any(s in PREJOINED[name][2] for name in wanted)]
+    sources = [s for s in SOURCES if any(s in PREJOINED[name][1] for name in wanted)]
     moved = [s for s in sources if _moved(lake, s, marks.versions.get(s, -1))]
-    touched = tail_rollouts(con, lake, marks, moved, limit=MAX_TOUCHED) if moved else []
+    cache_key = None  # a one-shot connection pinned at the versions walked: the tail's rows kept on disk
+    if moved and not keep and heads is not None and tail_cache.unchanged(lake, heads):
+        cache_key = tail_cache.key(heads, marks, statements)
+    touched = tail_cache.attach(con, lake, cache_key, wanted) if cache_key else None
+    cached = touched is not None
+    if not cached:
+        touched = tail_rollouts(con, lake, marks, moved, limit=MAX_TOUCHED,
+                                until=heads.versions if cache_key else None) if moved else []
     if touched is None:
         log.info("prejoin.tail_too_long limit=%d: views read the typed tables", MAX_TOUCHED)
         return {}
     fresh = {name: f'{FRESH}."{name}"' for name in wanted}
     if touched:
         _touched_table(con, touched)  # the compacted rows of the touched rollouts are left out by a hash lookup
-        materialize = keep and len(touched) <= MAX_MATERIALIZED
-        define_fresh(con, statements, _touched_filter(touched), wanted=wanted, materialize=materialize)
-        if materialize:
-            fresh = _materialize_fresh(con, wanted)
+        if not cached and cache_key and len(touched) <= MAX_MATERIALIZED and heads.quiet(time.time()):
+            cached = _write_cache(con, lake, statements, touched, wanted, cache_key, heads)
+        if cached:
+            _fresh_from_cache(con, wanted)
+        else:
+            materialize = keep and len(touched) <= MAX_MATERIALIZED
+            define_fresh(con, statements, _touched_filter(touched), wanted=wanted, materialize=materialize)
+            if materialize:
+                fresh = _materialize_fresh(con, wanted)
     result = {}
     for name in wanted:
         compacted = f'SELECT * FROM "_{PREJOINED[name][0]}"'
@@ -200,6 +219,45 @@ def prejoined_views(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapp
     return result
 
 
+def tail_heads(lake: Lake, marks: Marks | None, views: Collection[str]) -> tail_cache.Heads | None:
+    """The newest versions of the typed tables that the pre-joined views among ``views`` read, walked from the marks
+    (``store.tail_cache.heads``): read before a one-shot connection pins those tables, so that the tail's rows it
+    recomputes can be kept on disk for the next one (``prejoined_views``' ``heads``)."""
+    wanted = _wanted(lake, views) if marks is not None else []
+    sources = [s for s in SOURCES if any(s in PREJOINED[name][1] for name in wanted)]
+    return tail_cache.heads(lake, marks.versions, sources) if sources else None
+
+
+def _wanted(lake: Lake, views: Collection[str]) -> list[str]:
+    """The pre-joined views among ``views`` whose typed tables are there too and whose table exists."""
+    wanted = [name for name in PREJOINED if name in views and set(PREJOINED[name][1]) <= set(views)]
+    return [name for name in wanted if _is_table(lake, PREJOINED[name][0])]  # a lake compacted before one existed
+
+
+def _write_cache(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapping[str, str], touched: list[str],
+                 wanted: Collection[str], cache_key: str, heads: tail_cache.Heads) -> bool:
+    """Recompute the touched rollouts' rows of the ``wanted`` views (their typed rows read once, every column) and
+    keep them on disk under ``cache_key``, then attach them; False when they could not be written (the caller then
+    recomputes them in the statement). Drops what the recompute defined in schema ``_fresh``. A typed table that
+    moved meanwhile (a forget's delete: its rows must not stay on disk) makes the key stale: its files are removed
+    (a forget that commits after this check removes them itself)."""
+    define_fresh(con, statements, _touched_filter(touched), wanted=wanted, materialize=True)
+    written = tail_cache.write(con, lake, cache_key, {name: f'SELECT * FROM {FRESH}."{name}"' for name in wanted},
+                               f"SELECT rollout_id FROM {TOUCHED}")
+    _drop_fresh(con, kept=())
+    if written and not tail_cache.unchanged(lake, heads):
+        tail_cache.discard(lake, cache_key)
+        written = False
+    return written and tail_cache.attach(con, lake, cache_key, wanted) is not None
+
+
+def _fresh_from_cache(con: duckdb.DuckDBPyConnection, wanted: Collection[str]) -> None:
+    """Schema ``_fresh``'s ``wanted`` views over the rows ``tail_cache.attach`` attached."""
+    con.execute(f"CREATE SCHEMA IF NOT EXISTS {FRESH}")
+    for name in wanted:
+        con.execute(f'CREATE OR REPLACE VIEW {FRESH}."{name}" AS SELECT * FROM "_tail_{name}".rows')
+
+
 def _materialize_fresh(con: duckdb.DuckDBPyConnection, wanted: Collection[str]) -> dict[str, str]:
     """The ``wanted`` views of schema ``_fresh`` computed once into tables ``_fresh."<view>_rows"`` (returned by
     view), and the typed rows and views they came from dropped: each question then reads a small table instead of
@@ -208,13 +266,17 @@ def _materialize_fresh(con: duckdb.DuckDBPyConnection, wanted: Collection[str]) 
     rows = {name: f'{FRESH}."{name}_rows"' for name in wanted}
     for name, table in rows.items():
         con.execute(f'CREATE OR REPLACE TABLE {table} AS SELECT * FROM {FRESH}."{name}"')
-    kept = {f"{name}_rows" for name in wanted}
+    _drop_fresh(con, kept={f"{name}_rows" for name in wanted})
+    return rows
+
+
+def _drop_fresh(con: duckdb.DuckDBPyConnection, *, kept: Collection[str]) -> None:
+    """Drop every view and table of schema ``_fresh`` but ``kept``."""
     for kind in ("VIEW", "BASE TABLE"):  # views first: they read the tables
         for (name,) in con.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = ? AND "
                                    "table_type = ?", [FRESH, kind]).fetchall():
             if name not in kept:
                 con.execute(f'DROP {"VIEW" if kind == "VIEW" else "TABLE"} {FRESH}."{name}"')
-    return rows
 
 
 def _touched_table(con: duckdb.DuckDBPyConnection, touched: list[str]) -> str:
@@ -399,7 +461,7 @@ def define_fresh(con: duckdb.DuckDBPyConnection, statements: Mapping[str, str], 
     con.execute(f"CREATE SCHEMA IF NOT EXISTS {FRESH}")
     kind = "TABLE" if materialize else "VIEW"
     for source in SOURCES:
-        if any(source in PREJOINED[name][2] for name in wanted):
+        if any(source in PREJOINED[name][1] for name in wanted):
             con.execute(f'CREATE OR REPLACE {kind} {FRESH}."{source}" AS SELECT * FROM main."{source}" WHERE {where}')
     for name in RECOMPUTED_VIEWS if ROLLOUTS_VIEW in wanted else [v for v in RECOMPUTED_VIEWS if v in wanted]:
         statement, n = re.subn(rf'CREATE VIEW "?{name}"? AS', f'CREATE OR REPLACE VIEW {FRESH}."{name}" AS',
@@ -534,7 +596,7 @@ def _deleted_since(lake: Lake, versions: Mapping[str, int], *, any_commit: bool 
 def reset(lake: Lake) -> None:
     """Forget what the pre-joined tables cover: readers use views.sql's views, the next ``refresh`` writes whole."""
     if _is_table(lake, COMPACTION_MARKS_TABLE):
-        _overwrite(lake, COMPACTION_MARKS_TABLE, COMPACTION_MARKS.empty_table())
+        _overwrite(lake, COMPACTION_MARKS_TABLE, _schema(COMPACTION_MARKS_TABLE).empty_table())
 
 
 def rewind(lake: Lake, topic: str, partitions: Collection[int]) -> None:
@@ -549,7 +611,7 @@ def rewind(lake: Lake, topic: str, partitions: Collection[int]) -> None:
         for row in rows:
             if row["kafka_topic"] == topic and row["kafka_partition"] in partitions:
                 row["kafka_offset"] = -1
-        _append(lake, handle, pa.Table.from_pylist(rows, schema=COMPACTION_MARKS), mode="overwrite")
+        _append(lake, handle, _marks_table(rows), mode="overwrite")
 
     if _is_table(lake, COMPACTION_MARKS_TABLE):  # a compaction writing its marks meanwhile: read them again
         _until_committed(rewound, what="the compaction marks kept changing while partitions were rewound",
@@ -586,15 +648,15 @@ def _write_whole(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapping
     """Every bucket committed on top of this run's previous commit (``pinned``): a concurrent whole write or forget
     in between conflicts, instead of this run appending its later buckets to another run's tables."""
     if had_marks:  # readers must not pair the old marks with half-written tables
-        _commit(lake, COMPACTION_MARKS_TABLE, pinned, COMPACTION_MARKS.empty_table(), mode="overwrite")
+        _commit(lake, COMPACTION_MARKS_TABLE, pinned, _schema(COMPACTION_MARKS_TABLE).empty_table(), mode="overwrite")
     (calls,) = con.execute(f'SELECT count(*) FROM "{LLM_REQUESTS_TABLE}"').fetchone()
     bounds = _bucket_bounds(con, max(1, -(-calls // BUCKET_CALLS)))
     written = {name: 0 for name in PREJOINED}
     for bucket, where in enumerate(_bucket_filters(bounds)):
         define_fresh(con, statements, where)
-        for name, (table, schema, _) in PREJOINED.items():
+        for name, (table, _) in PREJOINED.items():
             rows = con.execute(f'SELECT * FROM {FRESH}."{name}" ORDER BY {_ORDER[name]}').to_arrow_table()
-            _commit(lake, table, pinned, rows.cast(schema), mode="overwrite" if bucket == 0 else "append")
+            _commit(lake, table, pinned, rows.cast(_schema(table)), mode="overwrite" if bucket == 0 else "append")
             written[name] += rows.num_rows
         log.info("prejoin.bucket bucket=%d of=%d calls=%d", bucket + 1, len(bounds) + 1, written[LLM_CALLS_VIEW])
     return Prejoined(False, written[ROLLOUTS_VIEW], written[LLM_CALLS_VIEW], len(bounds) + 1)
@@ -640,9 +702,9 @@ def _write_touched(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mappi
     written = {name: 0 for name in PREJOINED}
     if touched:  # the typed rows read once (each view's statement reads them again: three scans, then two)
         define_fresh(con, statements, _touched_filter(touched), materialize=len(touched) <= MAX_TOUCHED)
-        for name, (table, schema, _) in PREJOINED.items():
+        for name, (table, _) in PREJOINED.items():
             rows = con.execute(f'SELECT * FROM {FRESH}."{name}" ORDER BY {_ORDER[name]}').to_arrow_table()
-            _commit(lake, table, pinned, rows.cast(schema), mode="overwrite", predicate=_in(touched))
+            _commit(lake, table, pinned, rows.cast(_schema(table)), mode="overwrite", predicate=_in(touched))
             written[name] = rows.num_rows
     return Prejoined(True, len(touched), written[LLM_CALLS_VIEW], 0)
 
@@ -704,7 +766,7 @@ def _mark_rows(lake: Lake, versions: Mapping[str, int], highest: Mapping[str, di
                 or [((None, None), None)]:
             rows.append({"source": source, "source_version": versions[source], "kafka_topic": topic,
                          "kafka_partition": partition, "kafka_offset": offset, "compacted_at": now})
-    return pa.Table.from_pylist(rows, schema=COMPACTION_MARKS)
+    return _marks_table(rows)
 
 
 def _capped(lake: Lake, source: str, version: int, highest: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
@@ -717,6 +779,22 @@ def _capped(lake: Lake, source: str, version: int, highest: dict[tuple[str, int]
     positions = ingest_positions(lake, source, version) if version >= 0 else {}
     return {key: offset if offset is None or key not in positions else min(offset, positions[key])
             for key, offset in highest.items()}
+
+
+def _schema(table: str) -> pa.Schema:
+    """The Arrow schema of a pre-joined table or of the marks (loaded by writers only)."""
+    from schemas import tables
+
+    return {COMPACTED_LLM_CALLS_TABLE: tables.COMPACTED_LLM_CALLS,
+            COMPACTED_TOOL_STEPS_TABLE: tables.COMPACTED_TOOL_STEPS,
+            COMPACTED_ROLLOUTS_TABLE: tables.COMPACTED_ROLLOUTS,
+            COMPACTION_MARKS_TABLE: tables.COMPACTION_MARKS}[table]
+
+
+def _marks_table(rows: list[dict]) -> pa.Table:
+    import pyarrow as pa
+
+    return pa.Table.from_pylist(rows, schema=_schema(COMPACTION_MARKS_TABLE))
 
 
 def _overwrite(lake: Lake, table: str, data: pa.Table) -> None:

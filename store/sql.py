@@ -182,7 +182,9 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, views: Collectio
     connection; open a new connection to see later commits. ``one_query``: the
     connection answers one statement (``run_query``): rows that arrived since the
     last ``trajlake compact`` are recomputed by that statement over the columns it
-    reads instead of once at connect for every later one (``store.prejoin``).
+    reads instead of once at connect for every later one (``store.prejoin``), or,
+    on a local lake, read from the files where the first one-shot over that tail
+    kept them (``store.tail_cache``).
 
     >>> con = connect(Lake("./lake"))  # doctest: +SKIP
     >>> con.sql("SELECT status, count(*) FROM rollouts GROUP BY ALL").fetchall()  # doctest: +SKIP
@@ -198,9 +200,10 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, views: Collectio
         present = set(INGESTED_TABLE_NAMES) | set(found) | set(JOINED_VIEWS) if views is None else set(views)
         prejoined = bool(present & set(PREJOINED_VIEW_NAMES))
         if prejoined:  # only then load the pre-joined tables' reader (Arrow schemas)
-            from store.prejoin import prejoined_views, read_marks
+            from store.prejoin import prejoined_views, read_marks, tail_heads
 
             marks = read_marks(con, lake)  # before the typed tables are pinned: they are then never older than it
+            heads = tail_heads(lake, marks, present) if one_query else None  # so are these versions
         for name, path in found.items():
             attach_table(con, lake.uri(path), name)
         if views is None or set(views) & (set(INGESTED_TABLE_NAMES) - set(found)):  # an ingested table not written
@@ -211,7 +214,8 @@ def connect(lake: Lake, *, tables: Iterable[str] | None = None, views: Collectio
                     con.register(name, schema.empty_table())
         statements = dict(zip(JOINED_VIEWS, joined_view_statements()))
         if prejoined:  # the compacted tables, where current
-            statements.update(prejoined_views(con, lake, statements, present, marks, keep=not one_query))
+            statements.update(prejoined_views(con, lake, statements, present, marks, keep=not one_query,
+                                              heads=heads))
         for name, statement in statements.items():
             if views is not None and name not in views:
                 continue

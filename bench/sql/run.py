@@ -145,12 +145,17 @@ def _bench_question(con: Any, q: Question, rounds: int, *, floor: str | None = N
 
 
 def _one_query(lake: Lake, q: Question, expected: list[dict[str, Any]]) -> dict[str, Any]:
-    """``q`` asked as ``trajlake sql`` asks it: ``run_query`` opens a connection for it alone (timed with it)."""
-    rows: list[dict[str, Any]] = []
-    started = time.process_time()
-    wall = seconds(lambda: rows.extend(run_query(lake, q.view).to_pylist()))
-    return {"one_query_s": round(wall, 3), "one_query_cpu_s": round(time.process_time() - started, 3),
-            "one_query_same_answer": sorted(rows, key=repr) == sorted(expected, key=repr)}
+    """``q`` asked as ``trajlake sql`` asks it: ``run_query`` opens a connection for it alone (timed with it); then
+    again (``one_query_again_s``): the first one-shot over a tail keeps the rows it recomputed (``store.tail_cache``),
+    so the first figure of the questions over the same views is the one that paid for it."""
+    result: dict[str, Any] = {}
+    for prefix in ("one_query", "one_query_again"):
+        rows: list[dict[str, Any]] = []
+        started = time.process_time()
+        wall = seconds(lambda: rows.extend(run_query(lake, q.view).to_pylist()))
+        result.update({f"{prefix}_s": round(wall, 3), f"{prefix}_cpu_s": round(time.process_time() - started, 3),
+                       f"{prefix}_same_answer": sorted(rows, key=repr) == sorted(expected, key=repr)})
+    return result
 
 
 def ratios(results: dict[str, Any]) -> list[Ratio]:
@@ -234,7 +239,8 @@ def main() -> int:
         print(f"== {name}", flush=True)
         bench_lake(args.workdir / name, args.rounds, results.setdefault(name, {}), save, floors=name == "compacted")
     differ = [q["question"] for lake in LAKES for q in results.get(lake, {}).get("questions", [])
-              if not q["same_answer"] or not q.get("one_query_same_answer", True)]
+              if not q["same_answer"] or not q.get("one_query_same_answer", True)
+              or not q.get("one_query_again_same_answer", True)]
     if differ:
         print(f"answers differ: {', '.join(differ)}", file=sys.stderr)
     return 1 if differ else 0

@@ -1,0 +1,197 @@
+"""The tail's recomputed rows kept on disk (store.tail_cache): a one-shot query (``run_query``) after the first reads
+them instead of recomputing the tail; every answer stays what views.sql computes over the typed tables, whatever
+commits, forgets or compactions land before, between or during the queries."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.store.lake_builder import event, sample_rollout
+from tests.store.test_prejoin import Offsets, answers, raw_answers, same
+
+import store.sql as sql_module
+from schemas.tables import TYPED_TABLES
+from store import prejoin, tail_cache
+from store.forget import ForgetRequest, forget
+from store.lake import Lake
+from store.prejoin import refresh
+from store.sql import run_query
+
+
+@pytest.fixture
+def offsets() -> Offsets:
+    return Offsets()
+
+
+@pytest.fixture(autouse=True)
+def quiet_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests' tails are written just before they are read: kept without waiting (``QUIET_S``)."""
+    monkeypatch.setattr(tail_cache, "QUIET_S", 0.0)
+
+
+def kept_files(lake: Lake) -> list[str]:
+    root = Path(lake.root) / tail_cache.CACHE_DIR
+    return sorted(str(p.relative_to(root)) for p in root.glob("*/*.duckdb")) if root.exists() else []
+
+
+def recomputes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A list that gets one entry per recompute of the tail from the typed tables."""
+    calls: list[str] = []
+    real = prejoin.define_fresh
+
+    def counted(*args: Any, **kwargs: Any) -> None:
+        calls.append("recomputed")
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(prejoin, "define_fresh", counted)
+    return calls
+
+
+def with_tail(lake: Lake, offsets: Offsets) -> None:
+    offsets.write(lake, sample_rollout("r1") + sample_rollout("r2"))
+    refresh(lake)
+    offsets.write(lake, sample_rollout("r3") + [event("reward", {"name": "late", "value": 1.0}, seq=20,
+                                                       rollout_id="r1")])
+
+
+def test_the_next_one_shot_reads_the_kept_rows(lake, offsets, tmp_path, monkeypatch):
+    with_tail(lake, offsets)
+    first = answers(lake)
+    assert kept_files(lake), "the first one-shot queries kept what they recomputed"
+    calls = recomputes(monkeypatch)
+    assert answers(lake) == first == raw_answers(lake, tmp_path)
+    assert calls == [], "a later one-shot query recomputed the tail"
+
+
+def test_a_commit_after_the_rows_were_kept_is_seen(lake, offsets, tmp_path):
+    with_tail(lake, offsets)
+    answers(lake)
+    offsets.write(lake, sample_rollout("r4") + [event("reward", {"name": "later", "value": 2.0}, seq=21,
+                                                       rollout_id="r3")])
+    got = same(lake, tmp_path, "+tail")
+    assert [(r["rollout_id"], r["n_rewards"]) for r in got["rollouts"]] == [("r1", 4), ("r2", 3), ("r3", 4),
+                                                                            ("r4", 3)]
+    refresh(lake)  # the tail folded in: nothing to keep, the kept rows never read again
+    assert same(lake, tmp_path, "compacted") == got
+
+
+def test_a_commit_while_a_one_shot_pins_the_tables_keeps_nothing_stale(lake, offsets, tmp_path, monkeypatch):
+    """A commit lands after the versions were walked, before the typed tables were pinned: the connection's tables
+    are newer than the walk, so it keeps nothing under that walk's key; the next query sees the commit."""
+    with_tail(lake, offsets)
+    real, raced = sql_module.attach_table, []
+
+    def commit_meanwhile(*args: Any, **kwargs: Any) -> None:
+        if not raced:
+            raced.append(True)
+            offsets.write(lake, sample_rollout("r4"))
+        real(*args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(sql_module, "attach_table", commit_meanwhile)
+        got = run_query(lake, "SELECT rollout_id, n_llm_calls FROM rollouts ORDER BY 1").to_pylist()
+    assert raced
+    assert [r["rollout_id"] for r in got] in (["r1", "r2", "r3"], ["r1", "r2", "r3", "r4"])
+    assert kept_files(lake) == []
+    assert [r["rollout_id"] for r in same(lake, tmp_path, "+tail")["rollouts"]] == ["r1", "r2", "r3", "r4"]
+
+
+def test_a_forget_while_rows_are_kept_leaves_none_of_them(lake, offsets, tmp_path, monkeypatch):
+    """A forget whose delete commits while a one-shot writes the tail's rows: the written key is stale (its files
+    removed), and the forget removes every kept file; the forgotten rollout is in no answer and no file."""
+    with_tail(lake, offsets)
+    real, raced = tail_cache.write, []
+
+    def forget_meanwhile(*args: Any, **kwargs: Any) -> bool:
+        written = real(*args, **kwargs)
+        if not raced:
+            raced.append(True)
+            forget(lake, ForgetRequest(rollouts=("r3",)))
+        return written
+
+    with monkeypatch.context() as patched:
+        patched.setattr(tail_cache, "write", forget_meanwhile)
+        run_query(lake, "SELECT count(*) FROM llm_calls")
+    assert raced
+    assert kept_files(lake) == []
+    got = same(lake, tmp_path, "+tail")
+    assert "r3" not in {r["rollout_id"] for rows in got.values() for r in rows if "rollout_id" in r}
+    refresh(lake)  # a forget drops the log entries before it: a tail is kept again once compacted since
+    offsets.write(lake, sample_rollout("r4"))
+    answers(lake)
+    assert kept_files(lake)
+    forget(lake, ForgetRequest(rollouts=("r1",)))
+    assert kept_files(lake) == []
+
+
+def test_a_compaction_between_one_shots_reads_the_new_marks(lake, offsets, tmp_path, monkeypatch):
+    with_tail(lake, offsets)
+    answers(lake)
+    refresh(lake)
+    offsets.write(lake, sample_rollout("r4"))
+    calls = recomputes(monkeypatch)
+    assert same(lake, tmp_path, "+tail") == raw_answers(lake, tmp_path)
+    assert calls, "rows kept for the old marks were read for the new ones"
+
+
+def test_a_tail_still_being_written_is_recomputed_in_the_statement(lake, offsets, tmp_path, monkeypatch):
+    """A typed table took a commit less than ``QUIET_S`` ago: keeping the rows would cost this question a whole
+    recompute for a key the next commit makes stale; nothing is written, answers as views.sql."""
+    monkeypatch.setattr(tail_cache, "QUIET_S", 3600.0)
+    with_tail(lake, offsets)
+    assert answers(lake) == raw_answers(lake, tmp_path)
+    assert kept_files(lake) == []
+
+
+def test_a_lake_whose_folder_cannot_be_written_still_answers(lake, offsets, tmp_path):
+    with_tail(lake, offsets)
+    (Path(lake.root) / "_sql_cache").write_text("not a folder")  # the kept rows cannot be written under it
+    assert answers(lake) == raw_answers(lake, tmp_path)
+    assert kept_files(lake) == []
+
+
+def test_only_the_newest_keys_are_kept(lake, offsets, monkeypatch):
+    monkeypatch.setattr(tail_cache, "KEEP", 2)
+    with_tail(lake, offsets)
+    for rollout in ("r4", "r5", "r6"):
+        offsets.write(lake, sample_rollout(rollout))
+        run_query(lake, "SELECT count(*) FROM llm_calls")
+    assert len({path.split("/")[0] for path in kept_files(lake)}) == 2
+
+
+ONE_SHOT = """
+import json, sys
+sys.argv = ["trajlake", "sql", "--lake", sys.argv[1], "SELECT count(*) AS n FROM llm_calls"]
+from trajlake.cli import main
+try:
+    main()
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_a_one_shot_over_kept_rows_loads_no_arrow(lake, offsets):
+    """``trajlake sql`` over a tail kept by an earlier one-shot reads the marks, the log and DuckDB files only: it loads
+    neither pyarrow nor deltalake nor the catalogue's Arrow schemas (0.1-0.3 s of start-up)."""
+    with_tail(lake, offsets)
+    run_query(lake, "SELECT count(*) AS n FROM llm_calls")
+    assert kept_files(lake)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")}
+    done = subprocess.run([sys.executable, "-c", ONE_SHOT, lake.root], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "6" in done.stdout and "1 row" in done.stdout  # r1, r2, r3: two calls each
+    modules = set(json.loads(done.stdout.splitlines()[-1]))
+    assert {m.partition(".")[0] for m in modules} & {"pyarrow", "deltalake", "polars"} == set()
+    assert "schemas.tables" not in modules
+
+
+def test_the_sources_are_the_typed_tables():
+    assert prejoin.SOURCES == tuple(name for name, _ in TYPED_TABLES.values())
