@@ -38,6 +38,9 @@ _RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-
 """Date and time; the offset is checked after parsing, to name a missing one precisely."""
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
+FLOAT32_LIMIT = 2.0**128 - 2.0**103
+"""Magnitudes from here up round to infinity as float32, the lake's logprobs type: a finite double such as -1e39 (or
+``-sys.float_info.max`` standing in for minus infinity) would be stored as -inf and reach training."""
 
 TokenIds = list[StrictInt]
 """Token ids exactly as the engine sampled them (stored as list<int32>); strings are refused."""
@@ -58,7 +61,9 @@ def _compact_logprobs(v: Any) -> Any:
     return compact_logprobs.decode(v) if isinstance(v, str) else v
 
 
-Logprobs = Annotated[list[Number], BeforeValidator(_compact_logprobs), WithJsonSchema({"anyOf": [
+Logprob = Annotated[Number, Field(gt=-FLOAT32_LIMIT, lt=FLOAT32_LIMIT)]
+"""A logprob the lake's float32 column holds as a finite number."""
+Logprobs = Annotated[list[Logprob], BeforeValidator(_compact_logprobs), WithJsonSchema({"anyOf": [
     {"type": "array", "items": {"type": "number"}},
     {"type": "string", "contentEncoding": "base64",
      "description": "the compact form: base64 of the values as little-endian float32"}]})]

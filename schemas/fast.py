@@ -33,7 +33,7 @@ import msgspec
 from msgspec import Meta
 
 from schemas import versions
-from schemas.events import _RFC3339, INT32_MAX, INT64_MAX, reference_problem
+from schemas.events import _RFC3339, FLOAT32_LIMIT, INT32_MAX, INT64_MAX, reference_problem
 from schemas.versions import MAX_EVENT_BYTES
 
 Id = Annotated[str, Meta(min_length=1, max_length=200)]
@@ -101,7 +101,7 @@ class LlmResponse(_Struct, kw_only=True):
     tool_calls: list[Json] | None = None
     finish_reason: str | None = None
     response_token_ids: TokenIds | None = None
-    logprobs: list[float] | None = None
+    logprobs: list[Annotated[float, Meta(gt=-FLOAT32_LIMIT, lt=FLOAT32_LIMIT)]] | None = None
     token_source: Literal["engine", "retokenized", "none"] = "none"
     usage: Json | None = None
     latency_ms: NonNegative | None = None

@@ -15,7 +15,7 @@ every row is kept).
 
 What the contract says about those fields is checked on the slices and the
 parsed arrays: a flat array (or null); token ids JSON integers in [0,
-INT32_MAX]; logprobs JSON numbers, finite; one logprob per response token;
+INT32_MAX]; logprobs JSON numbers, finite and within float32's range; one logprob per response token;
 ``token_source="engine"`` has ids. Logprobs in the compact form (a base64
 float32 string, ``schemas.compact_logprobs``) are decoded straight into the
 column. An event whose token fields fail any of these checks is refused here (None) and takes the per-event path
@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 import simdjson
 
 from schemas import compact_logprobs, fast
-from schemas.events import INT32_MAX, reference_problem
+from schemas.events import FLOAT32_LIMIT, INT32_MAX, reference_problem
 from schemas.tables import EVENTS, LOGPROBS, TOKENS
 from schemas.versions import MAX_EVENT_BYTES
 
@@ -191,7 +191,7 @@ def decode_batch_columnar(values: Sequence[bytes | None], *, max_bytes: int = MA
     """
     events: list[Any] = []
     ids = _TokenColumn("i", TOKENS, lambda v: (v >= 0) & (v <= INT32_MAX))
-    logprobs = _TokenColumn("d", LOGPROBS, np.isfinite, compact=True)
+    logprobs = _TokenColumn("d", LOGPROBS, lambda v: np.abs(v) < FLOAT32_LIMIT, compact=True)  # NaN: False
     for row, raw in enumerate(values):
         event, cuts = None, {}
         if raw is not None and len(raw) <= max_bytes:

@@ -9,6 +9,7 @@ also when they sit among valid events of the same batch.
 from __future__ import annotations
 
 import json
+import sys
 from datetime import datetime, timezone
 
 import pyarrow as pa
@@ -157,6 +158,7 @@ INVALID = [
     extending([1], tokens=None), extending([1], call=None), extending(None), extending([1], tokens=-1),
     extending([1], tokens=2**31), extending([1], tokens="5"), extending([1], call=""),
     request([1], call_id="c9", extends_call_id="c9", extends_tokens=1),
+    response([1], [-1e39]), response([1], [-sys.float_info.max]),  # finite doubles that float32 makes -inf
 ]
 
 
@@ -244,3 +246,16 @@ def test_timestamps_mix_batch_rows_and_the_ts_of_events_decoded_one_by_one():
     assert batch.timestamps([1, own, 0]).to_pylist() == [
         datetime(2026, 1, 1, 0, 0, 2, tzinfo=timezone.utc), own, datetime(2026, 1, 1, 0, 0, 1, tzinfo=timezone.utc)]
     assert batch.timestamps([1]).type == batch.timestamps([own]).type == EVENTS.field("ts").type
+
+
+@pytest.mark.parametrize("logprob", [-1e39, -sys.float_info.max, 3.5e38])
+def test_a_logprob_past_float32s_range_is_quarantined_not_stored_as_infinity(logprob):
+    value = json.dumps(response([1], [logprob])).encode()
+    rows, reasons = batch_outcome([value])
+    assert rows == [] and [field for field, _ in reasons] == ["payload.logprobs.0"]
+
+
+def test_the_largest_logprob_float32_holds_is_stored_as_sent():
+    value = json.dumps(response([1], [-3.4e38])).encode()
+    rows, reasons = batch_outcome([value])
+    assert reasons == [] and rows[0]["logprobs"] == pytest.approx([-3.4e38], rel=1e-7)
