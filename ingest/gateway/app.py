@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -56,6 +57,31 @@ def _token_sessions(settings: GatewayConfig, retokenizer: Retokenizer | None) ->
     return Stitcher(tokenizer, store, parser=settings.session_parser)
 
 
+_frozen_lock = threading.Lock()
+_frozen_gateways = 0
+"""Gateways running in this process with their startup frozen: the freeze is the process's, so the last one to stop
+hands the objects back."""
+
+
+def _freeze_startup() -> None:
+    """Keep what startup built out of the collector's full passes, which otherwise walk it all on the request path
+    (a tokenizer brings transformers and torch, ~300k objects: ~0.25 s a pass). Garbage is collected first, so
+    none of it is kept with them."""
+    global _frozen_gateways
+    with _frozen_lock:
+        gc.collect()
+        gc.freeze()
+        _frozen_gateways += 1
+
+
+def _thaw_startup() -> None:
+    global _frozen_gateways
+    with _frozen_lock:
+        _frozen_gateways -= 1
+        if _frozen_gateways == 0:
+            gc.unfreeze()
+
+
 def create_gateway_app(settings: GatewayConfig, *, emitter: Emitter | None = None) -> FastAPI:
     """The gateway app. ``emitter`` replaces the Kafka+spool emitter (tests); the app starts and closes it,
     and applies the configured redaction rules to it.
@@ -99,15 +125,13 @@ def create_gateway_app(settings: GatewayConfig, *, emitter: Emitter | None = Non
             proxy=proxy, emitter=emitter, metrics=metrics, keys=keys, max_body_bytes=settings.max_body_bytes
         )
         emitter.start()
-        # What startup built stays for the process's life: out of the collector's full passes, which otherwise walk
-        # it all (a tokenizer brings transformers and torch, ~300k objects: ~0.25 s a pass on the request path).
-        gc.freeze()
+        _freeze_startup()
         log.info("gateway up upstream=%s topic=%s spool=%s redaction_rules=%d", settings.upstream_url, settings.topic,
                  settings.spool_dir, len(redactor.rules) if redactor else 0)
         try:
             yield
         finally:
-            gc.unfreeze()
+            _thaw_startup()
             await pool.aclose()
             emitter.close()
             log.info("gateway stopped produced=%d spooled=%d dropped=%d", emitter.produced, emitter.spooled, emitter.dropped)

@@ -300,3 +300,16 @@ def test_the_gateway_keeps_what_its_startup_built_out_of_full_collections(sessio
     with serve(create_gateway_app(session_settings, emitter=emitter)):
         assert gc.get_freeze_count() > 100_000
     assert gc.get_freeze_count() == 0  # a stopped gateway hands them back
+
+
+def test_a_stopping_gateway_leaves_another_ones_startup_frozen(session_settings, tmp_path):
+    """The freeze is the process's: the last gateway to stop hands the objects back, not the first (review2)."""
+    gc.unfreeze()
+    first, _ = memory_emitter(tmp_path / "first")
+    second, _ = memory_emitter(tmp_path / "second")
+    with serve(create_gateway_app(session_settings, emitter=first)):
+        with serve(create_gateway_app(session_settings, emitter=second)):
+            pass
+        assert gc.get_freeze_count() > 100_000
+    assert gc.get_freeze_count() == 0
+
