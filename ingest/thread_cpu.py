@@ -17,33 +17,27 @@ _TASKS = Path("/proc/self/task")
 
 
 class ThreadsCpu:
-    """CPU seconds run so far by the live threads whose name starts with ``prefix`` (Linux ``/proc``, nanosecond
-    run times from ``schedstat``; 0.0 where ``/proc`` cannot be read). Names are read once per thread id."""
+    """CPU seconds run so far by the threads whose name starts with ``prefix`` (Linux ``/proc``, nanosecond run
+    times from ``schedstat``; 0.0 where ``/proc`` cannot be read). A thread is known by its id and start time (Linux
+    reuses ids), and one that ended keeps its last reading, so the figure never falls when a thread ends (librdkafka
+    ends a broker's thread when the broker leaves the cluster): what it ran after its last reading is lost."""
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
-        self._named: dict[str, bool] = {}
+        self._seen: dict[tuple[str, str], int] = {}
+        """(thread id, start time) of each matching thread seen -> its nanoseconds at the last reading."""
 
     def __call__(self) -> float:
         try:
             tids = os.listdir(_TASKS)
         except OSError:
             return 0.0
-        total = 0
         for tid in tids:
-            if self._matches(tid):
-                try:
-                    total += int((_TASKS / tid / "schedstat").read_text().split()[0])
-                except (OSError, ValueError, IndexError):  # the thread ended meanwhile
-                    continue
-        return total / 1e9
-
-    def _matches(self, tid: str) -> bool:
-        named = self._named.get(tid)
-        if named is None:
             try:
-                named = (_TASKS / tid / "comm").read_text().startswith(self.prefix)
-            except OSError:
-                return False
-            self._named[tid] = named
-        return named
+                stat = (_TASKS / tid / "stat").read_text()
+                name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+                if name.startswith(self.prefix):
+                    self._seen[(tid, rest[19])] = int((_TASKS / tid / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):  # the thread ended meanwhile
+                continue
+        return sum(self._seen.values()) / 1e9

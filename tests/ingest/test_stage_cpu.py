@@ -75,3 +75,15 @@ def test_a_commit_is_charged_with_its_worker_threads_but_not_the_fetch_threads()
     writer.end()
     fetcher.end()
     assert 0.25 <= stats.cpu_s["commit"] < 0.45
+
+
+def test_a_fetch_thread_that_ends_during_a_commit_keeps_its_cpu_out_of_the_commit():
+    """librdkafka ends a broker's thread when the broker leaves the cluster's metadata (review2)."""
+    stats, kafka = IngestStats(), ThreadsCpu("rdk:")
+    broker = Spinner("rdk:broker7", 0.5)
+    broker.run()
+    kafka()  # read while it lives, as the ingester reads before each commit
+    with _cpu_but(stats, "commit", kafka):
+        broker.done.set()
+        broker.thread.join()
+    assert stats.cpu_s["commit"] < 0.2
