@@ -477,13 +477,17 @@ def _refresh_once(lake: Lake) -> Prejoined:
     from store.sql import JOINED_VIEWS, connect, joined_view_statements
 
     marks_table = lake.table(COMPACTION_MARKS_TABLE) if _is_table(lake, COMPACTION_MARKS_TABLE) else None
-    if marks_table is not None and _unchanged(lake, marks_table):
+    marked = {} if marks_table is None else {
+        row["source"]: row["source_version"] for row in lake.read(marks_table, columns=["source", "source_version"])
+        .to_pylist()}
+    if _unchanged(lake, marked):
         log.info("prejoin.refresh unchanged: no typed table moved past its marked version")
         return Prejoined(True, 0, 0, 0)
     pinned = {table: lake.table(table) for table in PREJOINED_TABLES if _is_table(lake, table)}
     if marks_table is not None:
         pinned[COMPACTION_MARKS_TABLE] = marks_table
-    versions = {source: _version(lake, source) for source in SOURCES}  # before the snapshot: never newer than it
+    # before the snapshot: never newer than it
+    versions = {source: _latest(lake, source, marked.get(source, -1)) for source in SOURCES}
     con = connect(lake, tables=SOURCES, views=set(SOURCES))  # one pinned snapshot of every typed table
     try:
         con.execute("SET preserve_insertion_order = false")
@@ -518,14 +522,31 @@ def _refresh_once(lake: Lake) -> Prejoined:
     return result
 
 
-def _unchanged(lake: Lake, marks_table: DeltaTable) -> bool:
-    """Whether the marks cover every typed table at its current version (one probe of the next log entry each,
-    ``_moved``) and every pre-joined table exists: a refresh then has nothing to do and commits nothing. Measured
-    against moto (README, "Operations"): this is what a 5-minute compaction of an idle lake costs."""
-    marked = {row["source"]: row["source_version"]
-              for row in lake.read(marks_table, columns=["source", "source_version"]).to_pylist()}
+def _unchanged(lake: Lake, marked: Mapping[str, int]) -> bool:
+    """Whether the marks (``marked``: typed table -> its marked version) cover every typed table at its current
+    version (one probe of the next log entry each, ``_moved``) and every pre-joined table exists: a refresh then has
+    nothing to do and commits nothing (measured against moto: README, "Operations")."""
     return (all(source in marked for source in SOURCES) and all(_is_table(lake, t) for t in PREJOINED_TABLES)
             and not any(_moved(lake, source, marked[source]) for source in SOURCES))
+
+
+PROBED_COMMITS = 32
+"""Log entries past a marked version probed one by one for a table's current version before its log is loaded."""
+
+
+def _latest(lake: Lake, table: str, since: int) -> int:
+    """``table``'s current version (-1: none), probed from the log entries after version ``since`` (a file stat
+    each: a 5-minute tail is a few commits) instead of loading the log (on an object store ~100 GETs of the entries
+    since its checkpoint); loaded when the table did not exist at ``since``, moved more than ``PROBED_COMMITS`` since
+    or lost the entry after it (a forget drops the entries before its checkpoint)."""
+    if since < 0:
+        return _version(lake, table)
+    current = since
+    while current - since < PROBED_COMMITS and _exists(lake, f"{table}/_delta_log/{current + 1:020d}.json"):
+        current += 1
+    if current - since < PROBED_COMMITS and (current > since or not _moved(lake, table, since)):
+        return current
+    return _version(lake, table)
 
 
 def _deleted_since(lake: Lake, versions: Mapping[str, int], *, any_commit: bool = False) -> str | None:

@@ -662,3 +662,24 @@ def test_a_refresh_pinned_inside_a_forget_starts_again(lake, offsets):
         prejoin._capped(lake, LLM_REQUESTS_TABLE, before + 1, {("trajlake.events", 0): 21})
     assert prejoin._capped(lake, LLM_REQUESTS_TABLE, lake.version(LLM_REQUESTS_TABLE),
                            {("trajlake.events", 0): 40}) == {("trajlake.events", 0): 32}
+
+
+def test_a_refresh_of_a_short_tail_probes_the_typed_tables_versions(lake, offsets, monkeypatch):
+    """The versions a refresh pins are probed from the marked ones (a file stat per new entry), not loaded (a full
+    log load each: ~100 GETs on S3); a table that moved more than ``PROBED_COMMITS`` since, or never marked, loads."""
+    from schemas.tables import LLM_REQUESTS_TABLE
+
+    offsets.write(lake, sample_rollout("r1"))
+    refresh(lake)
+    offsets.write(lake, sample_rollout("r2"))
+    loads, version = [], prejoin._version
+    monkeypatch.setattr(prejoin, "_version", lambda lake, table: loads.append(table) or version(lake, table))
+    assert refresh(lake).rollouts == 1
+    assert loads == []
+    marked = lake.version(LLM_REQUESTS_TABLE)
+    monkeypatch.setattr(prejoin, "PROBED_COMMITS", 1)
+    offsets.write(lake, sample_rollout("r3"))
+    offsets.write(lake, sample_rollout("r4"))
+    assert prejoin._latest(lake, LLM_REQUESTS_TABLE, marked) == marked + 2
+    assert prejoin._latest(lake, LLM_REQUESTS_TABLE, -1) == marked + 2
+    assert loads == [LLM_REQUESTS_TABLE, LLM_REQUESTS_TABLE]
