@@ -6,7 +6,8 @@ tokio's blocking pool, which grows to the most reads ever in flight and keeps it
 reused within 10 s. Measured on a table 95 commits past its checkpoint: one call took the process from 4
 to 63 threads; the ingester made 4 such calls per table per commit cycle, 9 tables side by side, and held
 80-306 threads (bench/ingest/README.md, memory). Here each version is read that way once per app id, and
-afterwards only the commits since are read, one after another (one entry per table per commit cycle).
+afterwards only the commits since are read (one entry per table per commit cycle; several are read
+``ENTRY_READERS`` at a time).
 """
 
 from __future__ import annotations
