@@ -6,7 +6,8 @@ tokio's blocking pool, which grows to the most reads ever in flight and keeps it
 reused within 10 s. Measured on a table 95 commits past its checkpoint: one call took the process from 4
 to 63 threads; the ingester made 4 such calls per table per commit cycle, 9 tables side by side, and held
 80-306 threads (bench/ingest/README.md, memory). Here each version is read that way once per app id, and
-afterwards only the commits since are read, one after another (one entry per table per commit cycle).
+afterwards only the commits since are read (one entry per table per commit cycle; several are read
+``ENTRY_READERS`` at a time).
 """
 
 from __future__ import annotations
@@ -53,10 +54,10 @@ class AppTransactions:
 
 def _txn_versions(lake: Lake, log: str, first: int, last: int) -> dict[str, int] | None:
     """App id -> the version its latest ``txn`` action in commits ``first .. last`` of the log folder ``log`` set;
-    None when one of those commits cannot be read."""
+    None when one of those commits cannot be read. More than one entry is read ``ENTRY_READERS`` at a time (an
+    object store's round trips, not its bandwidth, are the cost; measured in README, "Operations")."""
     versions: dict[str, int] = {}
-    for version in range(first, last + 1):
-        entry = lake.read_file(f"{log}/{version:020d}.json")
+    for entry in _read_entries(lake, [f"{log}/{version:020d}.json" for version in range(first, last + 1)]):
         if entry is None:
             return None
         for line in entry.splitlines():
@@ -65,17 +66,41 @@ def _txn_versions(lake: Lake, log: str, first: int, last: int) -> dict[str, int]
     return versions
 
 
-def ingest_positions(lake: Lake, table: str, version: int) -> dict[tuple[str, int], int]:
+ENTRY_READERS = 16
+"""Log entries read at once by ``_read_entries`` (Python threads over pyarrow's filesystem, not tokio's pool)."""
+
+
+def _read_entries(lake: Lake, paths: list[str]) -> list[bytes | None]:
+    """``Lake.read_file`` of each of ``paths``, in order; several at once when there are several."""
+    if len(paths) <= 1:
+        return [lake.read_file(path) for path in paths]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(ENTRY_READERS, len(paths))) as pool:
+        return list(pool.map(lake.read_file, paths))
+
+
+def ingest_positions(lake: Lake, table: str, version: int, *,
+                     interval: int | None = None) -> dict[tuple[str, int], int] | None:
     """(topic, partition) -> the furthest offset an ingester committed into ``table`` as of ``version``, from its
-    exactly-once markers (``store.commit.marker_app_id``; the furthest over consumer groups): the last checkpoint at or
-    before ``version``, then the commits after it. Empty when the log cannot be read through ``version`` (no cap)."""
-    from store.commit import MARKER_PREFIX
+    exactly-once markers (``store.commit.marker_app_id``): the last checkpoint at or before ``version``, then the
+    commits after it. None when the log cannot be read through ``version``: e.g. a version inside a ``trajlake
+    forget``, after its delete and before its new checkpoint, whose older entries and checkpoints it dropped (the
+    caller reads a newer version instead). ``interval``: the table's ``delta.checkpointInterval`` (default:
+    ``store.commit.DELTA_CHECKPOINT_INTERVAL``), whose multiples are probed for that checkpoint.
+
+    The furthest marker over consumer groups counts, so a group that no longer runs keeps lifting the cap after a
+    ``trajlake ingest --recover`` of another group (its marker stays on the old log's offsets, and the new log's rows
+    below it count as compacted): a user recovers every group that ever wrote the topic (``trajlake ingest
+    --recover --group G``; it re-reads the log and writes only what the lake lacks), then runs ``trajlake rebuild``
+    if a compaction ran in between."""
+    from store.commit import DELTA_CHECKPOINT_INTERVAL, MARKER_PREFIX
 
     log = f"{table}/_delta_log"
-    start, versions = _checkpoint_at_most(lake, log, version) or (0, {})
+    start, versions = _checkpoint_at_most(lake, log, version, interval or DELTA_CHECKPOINT_INTERVAL) or (0, {})
     since = _txn_versions(lake, log, start, version)
     if since is None:
-        return {}
+        return None
     versions.update(since)
     positions: dict[tuple[str, int], int] = {}
     for app_id, offset in versions.items():
@@ -86,23 +111,38 @@ def ingest_positions(lake: Lake, table: str, version: int) -> dict[tuple[str, in
     return positions
 
 
-def _checkpoint_at_most(lake: Lake, log: str, version: int) -> tuple[int, dict[str, int]] | None:
+CHECKPOINT_PROBES = 3
+"""Multiples of the checkpoint interval probed (newest first) before the log folder is listed."""
+
+
+def _checkpoint_at_most(lake: Lake, log: str, version: int, interval: int) -> tuple[int, dict[str, int]] | None:
     """(the version after the newest single-file checkpoint at or before ``version``, the app transactions it holds);
-    None when there is none (the commits are then read from the first). ``_last_checkpoint`` names the newest, which
-    is past ``version`` when one was written since: the log is then listed."""
-    import io
-
-    import pyarrow.parquet as pq
-
+    None when there is none (the commits are then read from the first). ``_last_checkpoint`` names the newest; when
+    one was written since (past ``version``), the ``CHECKPOINT_PROBES`` multiples of ``interval`` at or below
+    ``version`` are tried (the ingester's checkpoints), and only then the log folder listed (a forget's checkpoint
+    sits at its own version; a 30-day log holds ~1M objects, 1,000+ LIST pages)."""
     pointer = lake.read_file(f"{log}/_last_checkpoint")
     try:
         newest = json.loads(pointer) if pointer else None
         at = int(newest["version"]) if newest and not newest.get("parts") else None
     except (ValueError, KeyError, TypeError):
         at = None
-    if at is None or at > version:
-        at = max((v for v in _checkpoint_versions(lake, log) if v <= version), default=None)
-    data = lake.read_file(f"{log}/{at:020d}.checkpoint.parquet") if at is not None else None
+    if at is not None and at <= version:
+        return _checkpoint_txns(lake, log, at)
+    for probe in range(version - version % interval, -1, -interval)[:CHECKPOINT_PROBES]:
+        if (found := _checkpoint_txns(lake, log, probe)) is not None:
+            return found
+    at = max((v for v in _checkpoint_versions(lake, log) if v <= version), default=None)
+    return None if at is None else _checkpoint_txns(lake, log, at)
+
+
+def _checkpoint_txns(lake: Lake, log: str, at: int) -> tuple[int, dict[str, int]] | None:
+    """(``at + 1``, the app transactions of the single-file checkpoint at ``at``); None when it is absent."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    data = lake.read_file(f"{log}/{at:020d}.checkpoint.parquet")
     if data is None:
         return None
     txns = pq.read_table(io.BytesIO(data), columns=["txn"]).column("txn").to_pylist()

@@ -91,3 +91,40 @@ def test_ingest_positions_from_the_newest_checkpoint_at_or_before_the_version(la
     monkeypatch.setattr(type(lake), "read_file", counting)
     assert ingest_positions(lake, "t", 30) == {("events", 0): 30}
     assert len([p for p in reads if p.endswith(".json")]) <= 2, len(reads)
+
+
+def test_ingest_positions_below_the_newest_checkpoint_probes_the_interval_without_listing(lake, monkeypatch):
+    """A checkpoint landing while a refresh runs: the ingester's checkpoints sit at multiples of the interval, which
+    are probed; the log folder (a 30-day log holds ~1M objects: 1,000+ LIST pages) is listed only when none is there."""
+    import store.app_transactions as app_transactions
+
+    for offset in range(5):
+        commit(lake, {marker_app_id("g", "events", 0): offset})  # v0..v4
+    lake.table("t").create_checkpoint()  # v4: a multiple of the interval (2)
+    commit(lake, {marker_app_id("g", "events", 0): 5})  # v5: pinned by the refresh
+    commit(lake, {marker_app_id("g", "events", 0): 6})  # v6
+    lake.table("t").create_checkpoint()  # v6 > pinned
+    listed, real = [], app_transactions._checkpoint_versions
+    monkeypatch.setattr(app_transactions, "_checkpoint_versions",
+                        lambda lake, log: listed.append(log) or real(lake, log))
+    assert ingest_positions(lake, "t", 5, interval=2) == {("events", 0): 5}
+    assert listed == []
+    assert ingest_positions(lake, "t", 5, interval=4) == {("events", 0): 5}  # probes 4, 0: v4 found
+    assert ingest_positions(lake, "t", 5, interval=3) == {("events", 0): 5}  # probes 3, 0: none, the list finds v4
+    assert listed == ["t/_delta_log"]
+
+
+def test_ingest_positions_inside_a_forget_cannot_be_told(lake):
+    """forget deletes, checkpoints its last version and drops the entries and checkpoints before it: a version after
+    its delete and before that checkpoint has neither a checkpoint at or before it nor entry 0 (None, not "no cap");
+    from the forget's checkpoint on, the markers read again."""
+    from store.forget import _drop_log_history
+
+    for offset in range(3):
+        commit(lake, {marker_app_id("g", "events", 0): offset})  # v0..v2
+    lake.table("t").create_checkpoint()  # v2: the ingester's own
+    lake.table("t").delete("a = 1")  # v3: the forget's delete
+    commit(lake, {marker_app_id("g", "events", 0): 3})  # v4
+    _drop_log_history(lake, "t", through=2)  # checkpoint v4, entries and checkpoint through v2 gone
+    assert ingest_positions(lake, "t", 3) is None
+    assert ingest_positions(lake, "t", 4) == {("events", 0): 3}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 import pyarrow.compute as pc
 from deltalake import write_deltalake
 
@@ -26,3 +27,15 @@ def test_scan_projects_filters_and_reads_old_versions(lake: Lake) -> None:
     assert reader.schema == pa.schema([pa.field("n", pa.int64())])
     assert sorted(reader.read_all().column("n").to_pylist()) == [1, 3]
     assert lake.read("t", version=0).num_rows == 2
+
+
+def test_version_loads_the_log_once(lake: Lake, monkeypatch) -> None:
+    """``DeltaTable.is_deltatable`` is itself a full load of the log (on an object store ~200 requests for a table 96
+    commits past its checkpoint): ``version`` opens the table once, and a missing table is None."""
+    from deltalake import DeltaTable
+
+    write_deltalake(lake.uri("t"), pa.table({"a": [1]}))
+    write_deltalake(lake.uri("t"), pa.table({"a": [2]}), mode="append")
+    monkeypatch.setattr(DeltaTable, "is_deltatable", staticmethod(lambda *a, **k: pytest.fail("loaded twice")))
+    assert lake.version("t") == 1
+    assert lake.version("missing") is None
