@@ -199,7 +199,7 @@ def prejoined_views(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapp
     fresh = {name: f'{FRESH}."{name}"' for name in wanted}
     if touched:
         _touched_table(con, touched)  # the compacted rows of the touched rollouts are left out by a hash lookup
-        if not cached and cache_key and len(touched) <= MAX_MATERIALIZED and heads.quiet(time.time()):
+        if not cached and cache_key and len(touched) <= MAX_MATERIALIZED and heads.keepable(time.time()):
             cached = _write_cache(con, lake, statements, touched, wanted, cache_key, heads)
         if cached:
             _fresh_from_cache(con, wanted)
@@ -241,9 +241,13 @@ def _write_cache(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapping
     recomputes them in the statement). Drops what the recompute defined in schema ``_fresh``. A typed table that
     moved meanwhile (a forget's delete: its rows must not stay on disk) makes the key stale: its files are removed
     (a forget that commits after this check removes them itself)."""
-    define_fresh(con, statements, _touched_filter(touched), wanted=wanted, materialize=True)
-    written = tail_cache.write(con, lake, cache_key, {name: f'SELECT * FROM {FRESH}."{name}"' for name in wanted},
-                               f"SELECT rollout_id FROM {TOUCHED}")
+    try:
+        define_fresh(con, statements, _touched_filter(touched), wanted=wanted, materialize=True)
+        written = tail_cache.write(con, lake, cache_key, {name: f'SELECT * FROM {FRESH}."{name}"' for name in wanted},
+                                   f"SELECT rollout_id FROM {TOUCHED}")
+    except duckdb.Error as exc:  # out of memory reading the tail's rows: the statement recomputes them, streaming
+        log.info("prejoin.tail_not_kept error=%r", str(exc).splitlines()[0])
+        written = False
     _drop_fresh(con, kept=())
     if written and not tail_cache.unchanged(lake, heads):
         tail_cache.discard(lake, cache_key)

@@ -14,8 +14,11 @@ and DuckDB's version. Only a local lake keeps one (an object store would pay a r
 writable folder; it recomputes as before), and only when the typed tables the connection pinned are the versions
 hashed (``Heads``: read before they were pinned, checked after). Files are written under a temporary name and
 renamed, so a reader sees a whole file or none; ``store.forget`` removes the folder (a forgotten rollout's rows must
-not stay in it), and a write keeps the newest ``KEEP`` keys. A folder that cannot be written (a read-only lake)
-only costs the recompute.
+not stay in it), and a write keeps the newest ``KEEP`` keys. A folder that cannot be written (a read-only lake, a
+full disk), a tail too big to hold in memory (``MAX_TAIL_BYTES``), running out of memory, or a damaged kept file
+(discarded, written again) only costs the recompute; a failed write leaves no scratch file. Known limit: a one-shot
+killed (SIGKILL) between renaming its files and checking that no forget landed meanwhile leaves rows of a forgotten
+rollout under a key that never matches again, until four newer keys are written or the next forget clears the folder.
 """
 
 from __future__ import annotations
@@ -47,6 +50,11 @@ that does it about what a kept connection's connect costs (every column of the t
 lake 1.5-1.9 CPU s against 0.9-1.0 for ``count(*)`` of ``llm_calls`` recomputed in the statement), and an ingester
 that commits every ~20 s would make each kept tail stale before the next question: a lake still being written
 recomputes in the statement, as before."""
+MAX_TAIL_BYTES = 32 << 20
+"""A tail is kept only when the data files its log entries add hold at most this many bytes (Parquet, compressed):
+writing it reads every column of the tail's typed rows into memory at once (~8-10x the files' bytes: 150 rollouts of
+200k-token prompts took a one-shot from ~130 MiB to 1.0-1.3 GiB); a bigger tail is recomputed in the statement,
+which streams."""
 FORMAT = "1"
 """Changes when what a file holds changes: older files then never match."""
 
@@ -61,9 +69,20 @@ class Heads:
     newest: float | None = None
     """When the newest of those entries was written (epoch seconds; None: no entry past the marks)."""
 
-    def quiet(self, now: float) -> bool:
-        """Whether no typed table has taken a commit for ``QUIET_S`` (what ``write`` waits for)."""
-        return self.newest is not None and now - self.newest >= QUIET_S
+    def keepable(self, now: float) -> bool:
+        """Whether to write the tail's rows: no typed table has taken a commit for ``QUIET_S``, and the files the
+        entries add are small enough to hold in memory (``MAX_TAIL_BYTES``)."""
+        return self.newest is not None and now - self.newest >= QUIET_S and self.added_bytes() <= MAX_TAIL_BYTES
+
+    def added_bytes(self) -> int:
+        """Bytes of the data files the entries past the marks add."""
+        total = 0
+        for texts in self.entries.values():
+            for text in texts:
+                for line in text.splitlines():
+                    if line.startswith(b'{"add"'):
+                        total += int(json.loads(line)["add"].get("size") or 0)
+        return total
 
 
 def heads(lake: Lake, marked: Mapping[str, int], sources: Iterable[str]) -> Heads | None:
@@ -121,14 +140,14 @@ def attach(con: duckdb.DuckDBPyConnection, lake: Lake, cache_key: str, views: It
         for view, path in paths.items():
             con.execute(f"ATTACH '{_quote(str(path))}' AS \"_tail_{view}\" (READ_ONLY)")
             attached.append(view)
-    except duckdb.Error as exc:  # removed meanwhile (a forget, another key's write): recompute
+        return [row[0] for row in con.execute(f'SELECT rollout_id FROM "_tail_{attached[0]}".touched '
+                                              f'ORDER BY rollout_id').fetchall()]
+    except duckdb.Error as exc:  # removed meanwhile (a forget, another key's write) or damaged: recompute
         log.info("tail_cache.attach_failed error=%r", str(exc).splitlines()[0])
         for view in attached:
             con.execute(f'DETACH "_tail_{view}"')
+        discard(lake, cache_key)  # a damaged file is written again by the next one-shot
         return None
-    first = attached[0]
-    return [row[0] for row in con.execute(f'SELECT rollout_id FROM "_tail_{first}".touched ORDER BY rollout_id')
-            .fetchall()]
 
 
 def write(con: duckdb.DuckDBPyConnection, lake: Lake, cache_key: str, rows: Mapping[str, str], touched: str) -> bool:
@@ -142,14 +161,19 @@ def write(con: duckdb.DuckDBPyConnection, lake: Lake, cache_key: str, rows: Mapp
             if path.exists():
                 continue
             scratch = target / f".{view}.{uuid.uuid4().hex}.tmp"
-            con.execute(f"ATTACH '{_quote(str(scratch))}' AS _tail_write")
             try:
-                con.execute(f"CREATE TABLE _tail_write.rows AS {query}")
-                con.execute(f"CREATE TABLE _tail_write.touched AS {touched}")
-            finally:
-                con.execute("DETACH _tail_write")
-            os.replace(scratch, path)
-    except (OSError, duckdb.IOException, duckdb.PermissionException) as exc:
+                con.execute(f"ATTACH '{_quote(str(scratch))}' AS _tail_write")
+                try:
+                    con.execute(f"CREATE TABLE _tail_write.rows AS {query}")
+                    con.execute(f"CREATE TABLE _tail_write.touched AS {touched}")
+                finally:
+                    con.execute("DETACH DATABASE IF EXISTS _tail_write")
+                os.replace(scratch, path)
+            except BaseException:  # a full disk, out of memory, Ctrl-C: no scratch left behind
+                for leftover in (scratch, scratch.with_name(scratch.name + ".wal")):
+                    leftover.unlink(missing_ok=True)
+                raise
+    except (OSError, duckdb.Error) as exc:
         log.info("tail_cache.write_failed error=%r", str(exc).splitlines()[0])
         return False
     _prune(target.parent, keep=target.name)

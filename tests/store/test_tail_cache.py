@@ -195,3 +195,77 @@ def test_a_one_shot_over_kept_rows_loads_no_arrow(lake, offsets):
 
 def test_the_sources_are_the_typed_tables():
     assert prejoin.SOURCES == tuple(name for name, _ in TYPED_TABLES.values())
+
+
+def scratch_files(lake: Lake) -> list[str]:
+    """Files of the cache that are not kept rows (a write's scratch and its write-ahead log)."""
+    root = Path(lake.root) / tail_cache.CACHE_DIR
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.suffix != ".duckdb") \
+        if root.exists() else []
+
+
+@pytest.mark.parametrize("failure", ["disk full", "interrupted"])
+def test_a_write_that_fails_leaves_no_scratch_and_the_answer_stands(lake, offsets, tmp_path, monkeypatch, failure):
+    """review3: a failing CREATE (a full disk) escaped as an error of the query, and it or a Ctrl-C before the
+    rename left the scratch file behind for good, one more each try."""
+    with_tail(lake, offsets)
+    real = tail_cache.write
+
+    def interrupted(*args: Any) -> None:
+        raise KeyboardInterrupt
+
+    def failing(con: Any, lk: Lake, key: str, rows: dict[str, str], touched: str) -> bool:
+        if failure == "disk full":
+            rows = {view: f"SELECT * FROM ({q}) WHERE error('No space left on device') IS NULL" for view, q in rows.items()}
+        return real(con, lk, key, rows, touched)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(tail_cache, "write", failing)
+        if failure == "interrupted":
+            patched.setattr(tail_cache.os, "replace", interrupted)
+        if failure == "interrupted":
+            with pytest.raises(KeyboardInterrupt):
+                run_query(lake, "SELECT count(*) FROM llm_calls")
+        else:
+            for _ in range(2):
+                assert run_query(lake, "SELECT count(*) FROM llm_calls").num_rows == 1
+    assert scratch_files(lake) == []
+    assert answers(lake) == raw_answers(lake, tmp_path)
+    assert kept_files(lake), "a later one-shot keeps the rows"
+
+
+def test_a_damaged_kept_file_is_recomputed_and_written_again(lake, offsets, tmp_path):
+    """review3: a kept file cut short (an interrupted copy of the lake) failed every one-shot as "a bug"."""
+    with_tail(lake, offsets)
+    answers(lake)
+    for kept in kept_files(lake):
+        path = Path(lake.root) / tail_cache.CACHE_DIR / kept
+        with open(path, "r+b") as f:
+            f.truncate(path.stat().st_size // 2)
+    assert answers(lake) == raw_answers(lake, tmp_path)
+    assert answers(lake) == raw_answers(lake, tmp_path)  # the damaged key discarded, written again, read
+
+
+def test_a_tail_too_big_to_hold_in_memory_is_not_kept(lake, offsets, tmp_path, monkeypatch):
+    """review3: writing the rows reads every column of the tail at once (1 GiB for 150 long-context rollouts)."""
+    monkeypatch.setattr(tail_cache, "MAX_TAIL_BYTES", 1)
+    with_tail(lake, offsets)
+    assert answers(lake) == raw_answers(lake, tmp_path)
+    assert kept_files(lake) == []
+
+
+def test_running_out_of_memory_while_keeping_the_rows_answers_by_recomputing(lake, offsets, tmp_path, monkeypatch):
+    """review3: under a memory cap the one-shot that keeps the rows failed with DuckDB's OutOfMemoryException."""
+    import duckdb
+
+    with_tail(lake, offsets)
+    real = prejoin.define_fresh
+
+    def out_of_memory(*args: Any, materialize: bool = False, **kwargs: Any) -> None:
+        if materialize:
+            raise duckdb.OutOfMemoryException("Out of Memory Error: could not allocate block of size 256.0 KiB")
+        real(*args, materialize=materialize, **kwargs)
+
+    monkeypatch.setattr(prejoin, "define_fresh", out_of_memory)
+    assert answers(lake) == raw_answers(lake, tmp_path)
+    assert kept_files(lake) == []
