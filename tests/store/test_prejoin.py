@@ -645,6 +645,20 @@ def test_deleted_since_reads_the_new_log_entries_without_loading_a_table(lake, o
     assert prejoin._deleted_since(lake, pinned) == LLM_REQUESTS_TABLE
 
 
+def test_deleted_since_counts_a_log_entry_it_cannot_read_as_a_delete(lake, offsets, monkeypatch):
+    """An entry that is there but unreadable (an object store's 503) is not the end of the log: a forget's delete
+    behind it must not be missed, or a refresh could write the forgotten rollout back (review4)."""
+    from schemas.tables import LLM_REQUESTS_TABLE
+
+    offsets.write(lake, sample_rollout("r1"))
+    pinned = {LLM_REQUESTS_TABLE: lake.version(LLM_REQUESTS_TABLE)}
+    offsets.write(lake, sample_rollout("r2"))
+    lake.table(LLM_REQUESTS_TABLE).delete("rollout_id = 'r1'")
+    unreadable = f"{LLM_REQUESTS_TABLE}/_delta_log/{lake.version(LLM_REQUESTS_TABLE):020d}.json"  # the delete
+    real = Lake.read_file
+    monkeypatch.setattr(Lake, "read_file", lambda self, path: None if path == unreadable else real(self, path))
+    assert prejoin._deleted_since(lake, pinned) == LLM_REQUESTS_TABLE
+
 def test_a_refresh_pinned_inside_a_forget_starts_again(lake, offsets):
     """A refresh that pinned a typed table after a forget's delete and before its new checkpoint (which drops the
     entries and checkpoints before the forget) cannot read the ingester's markers as of that version: it starts
