@@ -47,17 +47,21 @@ def test_kill_9_at_random_points_stores_each_event_exactly_once(broker, topic, l
                                                max_context_tokens=256)))
     assert len(sent) >= 50_000
     chunks = [sent[i:i + 2500] for i in range(0, len(sent), 2500)]
-    producer = threading.Thread(target=lambda: [produce(broker.bootstrap_servers, topic, c) or time.sleep(0.3)
-                                                for c in chunks])
-    producer.start()
     rng = random.Random(2026)
-    for _ in range(KILLS):
+    for kill in range(KILLS):
+        # Each ingester gets its share of the stream produced while it runs, so it always has events left to commit
+        # and the kill lands mid-stream (one producer for the whole stream let a fast ingester catch up with it, and
+        # a restart then had nothing to commit: "no progress").
+        share = chunks[kill * len(chunks) // KILLS:(kill + 1) * len(chunks) // KILLS]
+        producer = threading.Thread(target=lambda share=share: [
+            produce(broker.bootstrap_servers, topic, c) or time.sleep(0.3) for c in share])
+        producer.start()
         proc = start_ingester(broker, topic, lake)
         wait_for_progress(lake, proc, events_version(lake))
         time.sleep(rng.uniform(0.0, 1.5))  # a random point: mid-poll, mid-decode or mid-commit
         proc.kill()
         assert proc.wait(30) == -9
-    producer.join()
+        producer.join()
     final = start_ingester(broker, topic, lake, "--stop-after-idle-s", "3")
     assert final.wait(240) == 0, final.stderr.read().decode()[-2000:]
 
