@@ -54,15 +54,18 @@ class AppTransactions:
 
 def _txn_versions(lake: Lake, log: str, first: int, last: int) -> dict[str, int] | None:
     """App id -> the version its latest ``txn`` action in commits ``first .. last`` of the log folder ``log`` set;
-    None when one of those commits cannot be read. More than one entry is read ``ENTRY_READERS`` at a time (an
-    object store's round trips, not its bandwidth, are the cost; measured in README, "Operations")."""
+    None when one of those commits cannot be read. Entries are read ``ENTRY_READERS`` at a time (an object store's
+    round trips, not its bandwidth, are the cost; measured in README, "Operations"), and no further than the first
+    group holding one that cannot be read (a log cleaned up below its checkpoint must not cost a read per version)."""
     versions: dict[str, int] = {}
-    for entry in _read_entries(lake, [f"{log}/{version:020d}.json" for version in range(first, last + 1)]):
-        if entry is None:
-            return None
-        for line in entry.splitlines():
-            if b'"txn"' in line and (txn := json.loads(line).get("txn")):
-                versions[txn["appId"]] = int(txn["version"])
+    paths = [f"{log}/{version:020d}.json" for version in range(first, last + 1)]
+    for start in range(0, len(paths), ENTRY_READERS):
+        for entry in _read_entries(lake, paths[start:start + ENTRY_READERS]):
+            if entry is None:
+                return None
+            for line in entry.splitlines():
+                if b'"txn"' in line and (txn := json.loads(line).get("txn")):
+                    versions[txn["appId"]] = int(txn["version"])
     return versions
 
 
