@@ -302,6 +302,7 @@ class _Loop:
                 self._idle_log_check()
         if not self.resuming:
             self._commit_batch()
+        self._report()  # the last report is the final count, whatever path the last batch took
 
     def _reassigned(self) -> None:
         """The assignment changed, or the log must be checked again: drop the batch in hand, and take no records
@@ -475,6 +476,7 @@ class _Loop:
             log.warning("offset conflict, re-seeking error=%s", exc)
             self.flag.raise_()
             self.batch.clear()
+            self._report()  # tables committed before the conflict were counted
             return
         for p, record in last_records.items():
             self.guard.remember(p, record.offset, record.value)

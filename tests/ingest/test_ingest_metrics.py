@@ -73,3 +73,30 @@ def test_served_over_http_and_a_dead_broker_is_a_gauge_not_an_error(lake):
     got = samples(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=60).text)
     assert got[("trajlake_ingester_broker_up", ())] == 0
     assert got[("trajlake_ingester_events_total", ())] == 0
+
+
+def test_the_last_progress_report_is_the_final_count_after_an_offset_conflict(broker, topic, group, lake,
+                                                                             monkeypatch):
+    """A batch whose `events` rows were committed before another table's commit lost to a moved marker counted them,
+    but the loop re-seeked without reporting, and nothing was left to commit: the counters stayed behind the stats
+    (CI saw events_total 0 against 11 committed)."""
+    from ingest.ingester import _Loop
+    from store.commit import OffsetConflict
+
+    good = rollout_events("r-1", rng=random.Random(0), calls=2)
+    produce_one_batch_each(broker.bootstrap_servers, topic, good)
+    real, raised = _Loop._write, []
+
+    def write_then_conflict(self, decoded):
+        real(self, decoded)
+        if not raised:
+            raised.append(True)
+            raise OffsetConflict("a marker moved under us", hint="re-seek")
+
+    monkeypatch.setattr(_Loop, "_write", write_then_conflict)
+    config = IngesterConfig(lake=lake.root, bootstrap_servers=broker.bootstrap_servers, topic=topic, group=group,
+                            dlq_topic="")
+    metrics = IngesterMetrics(config)
+    stats = ingest_until_idle(config, idle_s=1.0, on_progress=metrics.feeding(lambda _: None))
+    assert raised and stats.conflicts == 1 and stats.events == len(good)
+    assert scrape(metrics)[("trajlake_ingester_events_total", ())] == stats.events
