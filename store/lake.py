@@ -25,6 +25,7 @@ table's own schema in plain Arrow types (``string``, ``list<int32>``):
 from __future__ import annotations
 
 import functools
+import json
 import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -218,6 +219,18 @@ class Lake:
                 return stream.read()
         except OSError:
             return None
+
+    def checkpointed_past(self, table: str, version: int) -> bool:
+        """Whether ``table``'s last checkpoint (``_last_checkpoint``) is past ``version``: the table moved on even
+        where log entry ``version + 1`` is gone (a forget drops the entries before its checkpoint, log cleanup the
+        old ones). An unreadable pointer counts as past; no pointer as not."""
+        pointer = self.read_file(f"{table}/_delta_log/_last_checkpoint")
+        if pointer is None:
+            return False
+        try:
+            return int(json.loads(pointer)["version"]) > version
+        except (ValueError, KeyError, TypeError):
+            return True
 
     @functools.cached_property
     def _filesystem(self) -> tuple[pafs.FileSystem, str]:

@@ -480,15 +480,7 @@ def _moved(lake: Lake, table: str, version: int) -> bool:
     ``version + 1`` is absent, its last checkpoint's version (forget deletes the log entries up to the version
     before it, log cleanup the old ones: the table may have moved on without that entry). An unreadable checkpoint
     counts as moved (the tail is then found by the marked offsets)."""
-    if _exists(lake, f"{table}/_delta_log/{version + 1:020d}.json"):
-        return True
-    checkpoint = lake.read_file(f"{table}/_delta_log/_last_checkpoint")
-    if checkpoint is None:
-        return False
-    try:
-        return int(json.loads(checkpoint)["version"]) > version
-    except (ValueError, KeyError, TypeError):
-        return True
+    return _exists(lake, f"{table}/_delta_log/{version + 1:020d}.json") or lake.checkpointed_past(table, version)
 
 
 def _is_table(lake: Lake, table: str) -> bool:

@@ -96,7 +96,7 @@ def heads(lake: Lake, marked: Mapping[str, int], sources: Iterable[str]) -> Head
         while (text := lake.read_file(f"{source}/_delta_log/{version + 1:020d}.json")) is not None:
             texts.append(text)
             version += 1
-        if version == marked.get(source, -1) and _checkpointed_past(lake, source, version):
+        if version == marked.get(source, -1) and lake.checkpointed_past(source, version):
             return None  # entries past the mark were cleaned up: the tail is told by offsets, not cached
         if texts:
             written = _mtime(lake, f"{source}/_delta_log/{version:020d}.json")
@@ -207,14 +207,6 @@ def _mtime(lake: Lake, path: str) -> float:
         return os.stat(os.path.join(lake.root.removeprefix("file://"), path)).st_mtime
     except OSError:
         return time.time()  # gone meanwhile: as if just written
-
-
-def _checkpointed_past(lake: Lake, source: str, version: int) -> bool:
-    text = lake.read_file(f"{source}/_delta_log/_last_checkpoint")
-    try:
-        return text is not None and int(json.loads(text)["version"]) > version
-    except (ValueError, KeyError, TypeError):
-        return True
 
 
 def _quote(s: str) -> str:
