@@ -211,26 +211,35 @@ class Lake:
         True
         """
         try:
-            if self.is_local:
-                with open(f"{self.root.removeprefix('file://').rstrip('/')}/{path}", "rb") as f:
-                    return f.read()
-            filesystem, root = self._filesystem
-            with filesystem.open_input_stream(f"{root.rstrip('/')}/{path}") as stream:
-                return stream.read()
+            return self._read_bytes(path)
         except OSError:
             return None
 
     def checkpointed_past(self, table: str, version: int) -> bool:
         """Whether ``table``'s last checkpoint (``_last_checkpoint``) is past ``version``: the table moved on even
         where log entry ``version + 1`` is gone (a forget drops the entries before its checkpoint, log cleanup the
-        old ones). An unreadable pointer counts as past; no pointer as not."""
-        pointer = self.read_file(f"{table}/_delta_log/_last_checkpoint")
-        if pointer is None:
+        old ones). A pointer that is there but cannot be read (an object store's 503) or parsed counts as past (what
+        the table holds is not known); no pointer as not."""
+        try:
+            pointer = self._read_bytes(f"{table}/_delta_log/_last_checkpoint")
+        except FileNotFoundError:
             return False
+        except OSError:
+            return True
         try:
             return int(json.loads(pointer)["version"]) > version
         except (ValueError, KeyError, TypeError):
             return True
+
+    def _read_bytes(self, path: str) -> bytes:
+        """The bytes at ``path`` under the root; raises ``FileNotFoundError`` when nothing is there, another
+        ``OSError`` when it cannot be read."""
+        if self.is_local:
+            with open(f"{self.root.removeprefix('file://').rstrip('/')}/{path}", "rb") as f:
+                return f.read()
+        filesystem, root = self._filesystem
+        with filesystem.open_input_stream(f"{root.rstrip('/')}/{path}") as stream:
+            return stream.read()
 
     @functools.cached_property
     def _filesystem(self) -> tuple[pafs.FileSystem, str]:

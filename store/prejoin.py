@@ -199,7 +199,8 @@ def prejoined_views(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapp
     fresh = {name: f'{FRESH}."{name}"' for name in wanted}
     if touched:
         _touched_table(con, touched)  # the compacted rows of the touched rollouts are left out by a hash lookup
-        if not cached and cache_key and len(touched) <= MAX_MATERIALIZED and heads.keepable(time.time()):
+        if not cached and cache_key and len(touched) <= MAX_MATERIALIZED and heads.keepable(time.time()) \
+                and tail_cache.writable(lake) and _compacted_tokens(con, wanted) <= tail_cache.MAX_KEPT_TOKENS:
             cached = _write_cache(con, lake, statements, touched, wanted, cache_key, heads)
         if cached:
             _fresh_from_cache(con, wanted)
@@ -232,6 +233,18 @@ def _wanted(lake: Lake, views: Collection[str]) -> list[str]:
     """The pre-joined views among ``views`` whose typed tables are there too and whose table exists."""
     wanted = [name for name in PREJOINED if name in views and set(PREJOINED[name][1]) <= set(views)]
     return [name for name in wanted if _is_table(lake, PREJOINED[name][0])]  # a lake compacted before one existed
+
+
+def _compacted_tokens(con: duckdb.DuckDBPyConnection, wanted: Collection[str]) -> int:
+    """Prompt and response tokens the touched rollouts (``_touched``) held when compacted, from the attached compacted
+    table's counts (``rollouts``: a row per rollout; else ``llm_calls``: a row per call); 0 when neither is wanted
+    (tool steps hold no token lists)."""
+    for name in (ROLLOUTS_VIEW, LLM_CALLS_VIEW):
+        if name in wanted:
+            return con.execute(
+                f'SELECT coalesce(sum(coalesce(n_prompt_tokens, 0) + coalesce(n_response_tokens, 0)), 0) '
+                f'FROM "_{PREJOINED[name][0]}" WHERE rollout_id IN (SELECT rollout_id FROM {TOUCHED})').fetchone()[0]
+    return 0
 
 
 def _write_cache(con: duckdb.DuckDBPyConnection, lake: Lake, statements: Mapping[str, str], touched: list[str],

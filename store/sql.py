@@ -40,6 +40,7 @@ import duckdb
 
 from schemas.errors import NotFound, TrajlakeError
 from schemas.table_names import ADDED_COLUMNS, INGESTED_TABLE_NAMES, LLM_CALLS_VIEW, ROLLOUTS_VIEW, TOOL_STEPS_VIEW
+from store import tail_cache
 from store.lake import Lake, list_tables
 from store.query_reads import created_view, views_read_by
 from store.storage import duckdb_secret, store_problem
@@ -68,6 +69,10 @@ ViewKind = Literal["delta", "empty", "joined"]
 
 class QueryError(TrajlakeError):
     """A query DuckDB refused (or we did), with a hint on what to do next."""
+
+
+class UnreadableFile(QueryError):
+    """DuckDB could not read a file the statement needed (its "IO Error"): gone, damaged, or the store failed."""
 
 
 class WriteRefused(QueryError):
@@ -326,12 +331,21 @@ def query_lake(lake: Lake, sql: str, fetch: Callable[[duckdb.DuckDBPyConnection]
 
 
 def _run_on_views(lake: Lake, sql: str, views: Collection[str] | None,
-                  fetch: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+                  fetch: Callable[[duckdb.DuckDBPyConnection], T], *, again: bool = True) -> T:
+    """The statement on a one-shot connection; when a file kept by ``store.tail_cache`` was attached and a read
+    failed (a kept file damaged past what ATTACH checks), those files are discarded and it runs once more."""
     con = connect(lake, views=views, sandbox=True, one_query=True)
     try:
         return read_only(con, sql, fetch)
+    except UnreadableFile:
+        if not again or not (kept := tail_cache.attached_keys(con)):
+            raise
+        for cache_key in kept:
+            tail_cache.discard(lake, cache_key)
+        log.info("sql.kept_tail_discarded keys=%s", ",".join(kept))
     finally:
         con.close()
+    return _run_on_views(lake, sql, views, fetch, again=False)
 
 
 def run_read_only(con: duckdb.DuckDBPyConnection, sql: str, *, max_rows: int | None = None) -> pa.Table:
@@ -358,7 +372,8 @@ def read_only(con: duckdb.DuckDBPyConnection, sql: str, fetch: Callable[[duckdb.
     try:
         return fetch(con.execute(sql))
     except duckdb.Error as e:
-        raise QueryError(str(e).strip(), hint=_hint(con, e)) from None
+        error = UnreadableFile if isinstance(e, duckdb.IOException) else QueryError
+        raise error(str(e).strip(), hint=_hint(con, e)) from None
 
 
 def arrow_at_most(executed: duckdb.DuckDBPyConnection, max_rows: int | None) -> pa.Table:

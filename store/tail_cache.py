@@ -15,7 +15,7 @@ writable folder; it recomputes as before), and only when the typed tables the co
 hashed (``Heads``: read before they were pinned, checked after). Files are written under a temporary name and
 renamed, so a reader sees a whole file or none; ``store.forget`` removes the folder (a forgotten rollout's rows must
 not stay in it), and a write keeps the newest ``KEEP`` keys. A folder that cannot be written (a read-only lake, a
-full disk), a tail too big to hold in memory (``MAX_TAIL_BYTES``), running out of memory, or a damaged kept file
+full disk), a tail too big to hold in memory (``MAX_TAIL_BYTES``, ``MAX_KEPT_TOKENS``), running out of memory, or a damaged kept file
 (discarded, written again) only costs the recompute; a failed write leaves no scratch file. Known limit: a one-shot
 killed (SIGKILL) between renaming its files and checking that no forget landed meanwhile leaves rows of a forgotten
 rollout under a key that never matches again, until four newer keys are written or the next forget clears the folder.
@@ -55,6 +55,12 @@ MAX_TAIL_BYTES = 32 << 20
 writing it reads every column of the tail's typed rows into memory at once (~8-10x the files' bytes: 150 rollouts of
 200k-token prompts took a one-shot from ~130 MiB to 1.0-1.3 GiB); a bigger tail is recomputed in the statement,
 which streams."""
+MAX_KEPT_TOKENS = 4_000_000
+"""A tail is kept only when the rollouts it touched held at most this many prompt and response tokens when they were
+compacted (``store.prejoin``'s estimate from the compacted tables' counts): writing the rows reads every typed row of
+those rollouts, old ones included, and late rewards for long-context rollouts are a small tail over big rows
+(measured: ~35-40 bytes of a one-shot's memory per token; 60 rollouts of 200k-token prompts took it from 175 to
+642 MB behind a 7.8 KB tail). About 150 MB here; a bigger one is recomputed in the statement, which streams."""
 FORMAT = "1"
 """Changes when what a file holds changes: older files then never match."""
 
@@ -178,6 +184,24 @@ def write(con: duckdb.DuckDBPyConnection, lake: Lake, cache_key: str, rows: Mapp
         return False
     _prune(target.parent, keep=target.name)
     return True
+
+
+def writable(lake: Lake) -> bool:
+    """Whether kept files can be written under the lake (checked before the tail's rows are read to keep them: a
+    read-only lake would pay that read on every one-shot for nothing)."""
+    parent = Path(lake.root.removeprefix("file://")) / CACHE_DIR
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(parent, os.W_OK)
+
+
+def attached_keys(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The keys whose kept files ``attach`` attached to ``con``."""
+    paths = con.execute("SELECT path FROM duckdb_databases() WHERE database_name LIKE '\\_tail\\_%' ESCAPE '\\'"
+                        ).fetchall()
+    return sorted({Path(path).parent.name for (path,) in paths if path})
 
 
 def discard(lake: Lake, cache_key: str) -> None:

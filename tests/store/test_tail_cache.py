@@ -269,3 +269,66 @@ def test_running_out_of_memory_while_keeping_the_rows_answers_by_recomputing(lak
     monkeypatch.setattr(prejoin, "define_fresh", out_of_memory)
     assert answers(lake) == raw_answers(lake, tmp_path)
     assert kept_files(lake) == []
+
+
+def long_rollout(rollout_id: str, tokens: int) -> list[dict[str, Any]]:
+    ids = [(i * 7919) % 150_000 for i in range(tokens)]
+    return [
+        event("rollout.started", {"policy_version": "p7"}, seq=0, rollout_id=rollout_id),
+        event("llm.request", {"call_id": "c1", "model": "qwen", "prompt_token_ids": ids}, seq=1, rollout_id=rollout_id),
+        event("llm.response", {"call_id": "c1", "text": "ok", "finish_reason": "stop", "response_token_ids": [4],
+                               "logprobs": [-0.5], "token_source": "engine"}, seq=2, rollout_id=rollout_id),
+        event("rollout.finished", {"status": "succeeded", "steps": 1}, seq=3, rollout_id=rollout_id),
+    ]
+
+
+@pytest.mark.parametrize("question", ["SELECT count(*) FROM rollouts", "SELECT count(*) FROM llm_calls"])
+def test_a_small_tail_over_long_rollouts_is_not_kept(lake, offsets, tmp_path, monkeypatch, question):
+    """Late rewards for long-context rollouts: the tail's files are a few KB, but keeping it reads every typed row of
+    those rollouts (review: 60 rollouts of 200k-token prompts took a one-shot from 175 to 642 MB behind a 7.8 KB
+    tail). Bounded by the compacted tokens of the touched rollouts (``MAX_KEPT_TOKENS``); answers unchanged."""
+    monkeypatch.setattr(tail_cache, "MAX_KEPT_TOKENS", 50_000)
+    offsets.write(lake, [e for r in range(4) for e in long_rollout(f"r{r}", 20_000)])
+    refresh(lake)
+    offsets.write(lake, [e for r in range(4) for e in (  # late, small: a reward and a short call per rollout
+        event("reward", {"name": "late", "value": 1.0}, seq=9, rollout_id=f"r{r}"),
+        event("llm.request", {"call_id": "c2", "model": "qwen", "prompt_token_ids": [1, 2]}, seq=10, rollout_id=f"r{r}"))])
+    expected = run_query(lake, question).to_pylist()
+    assert kept_files(lake) == [], "a tail over 80,000 compacted tokens was kept past a 50,000 bound"
+    monkeypatch.setattr(tail_cache, "MAX_KEPT_TOKENS", 100_000)
+    assert run_query(lake, question).to_pylist() == expected
+    assert kept_files(lake), "under the bound the tail is kept"
+
+
+def test_a_kept_file_damaged_in_its_rows_is_discarded_and_the_answer_recomputed(lake, offsets):
+    """A page damaged past the header: ATTACH succeeds, the read fails ("Corrupt database file"). The one-shot
+    discards the key and answers from the typed tables; the next one writes the files again."""
+    with_tail(lake, offsets)
+    want = run_query(lake, "SELECT * FROM rollouts ORDER BY rollout_id").to_pylist()
+    paths = sorted((Path(lake.root) / tail_cache.CACHE_DIR).glob("*/rollouts.duckdb"))
+    assert paths
+    for path in paths:
+        with open(path, "r+b") as f:  # block 1 (after DuckDB's 3 header pages): the rows' data
+            f.seek(3 * 4096 + 262_144)
+            f.write(b"\xff" * 4096)
+    for _ in range(2):
+        assert run_query(lake, "SELECT * FROM rollouts ORDER BY rollout_id").to_pylist() == want
+    assert kept_files(lake), "written again"
+
+
+def test_a_cache_folder_that_cannot_be_written_costs_no_read_of_the_rows(lake, offsets, monkeypatch):
+    """A read-only lake (stand-in: ``_sql_cache`` is a file) must not read every column of the tail's rows for a
+    write that cannot happen, on every one-shot."""
+    with_tail(lake, offsets)
+    (Path(lake.root) / "_sql_cache").write_text("not a folder")
+    materialized: list[bool] = []
+    real = prejoin.define_fresh
+
+    def counted(*args: Any, materialize: bool = False, **kwargs: Any) -> None:
+        materialized.append(materialize)
+        real(*args, materialize=materialize, **kwargs)
+
+    monkeypatch.setattr(prejoin, "define_fresh", counted)
+    for _ in range(2):
+        run_query(lake, "SELECT count(*) FROM llm_calls")
+    assert materialized == [False, False]
