@@ -90,7 +90,7 @@ from bench.results import Ratio, Recorder, peak_rss_mb  # noqa: E402
 from devkit.broker import EmbeddedBroker  # noqa: E402
 from ingest import allocators  # noqa: E402
 from devkit.workload import WorkloadConfig, generate_events  # noqa: E402
-from ingest.consumer import AssignmentFlag, open_consumer  # noqa: E402
+from ingest.consumer import AssignmentFlag, Record, open_consumer  # noqa: E402
 from ingest.ingester import IngesterConfig, IngestStats, run_ingester  # noqa: E402
 import store.commit  # noqa: E402
 from schemas.tables import EVENTS_TABLE, QUARANTINE_TABLE, TYPED_TABLES  # noqa: E402
@@ -440,16 +440,21 @@ def baseline(bootstrap_servers: str, topic: str, out: Path, *, expected: int, ba
             records = consumer.poll(timeout_ms=200, max_records=batch_max_events)
             if not records:
                 continue
-            table = pa.table({
-                "value": pa.array([r.value for r in records], pa.binary()),
-                "key": pa.array([r.key for r in records], pa.binary()),
-                "partition": pa.array([r.partition for r in records], pa.int32()),
-                "offset": pa.array([r.offset for r in records], pa.int64()),
-            })
-            pq.write_table(table, out / f"part-{files:05d}.parquet")
+            write_raw(records, out / f"part-{files:05d}.parquet")
             got, size, files = got + len(records), size + sum(len(r.value) for r in records), files + 1
         consumer.close()
     return Run("baseline", time.perf_counter() - start, time.process_time() - cpu, got, size, rss.peak)
+
+
+def write_raw(records: list[Record], path: Path) -> None:
+    """The baseline's work per batch: the raw messages (value, key, partition, offset) as one plain Parquet file."""
+    table = pa.table({
+        "value": pa.array([r.value for r in records], pa.binary()),
+        "key": pa.array([r.key for r in records], pa.binary()),
+        "partition": pa.array([r.partition for r in records], pa.int32()),
+        "offset": pa.array([r.offset for r in records], pa.int64()),
+    })
+    pq.write_table(table, path)
 
 
 def ingester(bootstrap_servers: str, topic: str, lake: Path, *, expected: int, batch_max_events: int) -> Run:
