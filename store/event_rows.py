@@ -139,8 +139,11 @@ def typed_tables(events: pa.Table) -> dict[str, pa.Table]:
 
 
 def _rows_where(rows: pa.Table, mask: pa.ChunkedArray) -> pa.Table:
-    """``rows.filter(mask)``, with list columns (token arrays) filtered by ``_lists_where``."""
+    """``rows.filter(mask)``, with list columns (token arrays) filtered by ``_lists_where``; ``rows`` themselves
+    when every row is kept (a batch of one event type: no copy)."""
     keep = mask.to_numpy(zero_copy_only=False)
+    if keep.all():
+        return rows
     columns = [_lists_where(c, keep) if pa.types.is_list(c.type) else c.filter(mask) for c in rows.columns]
     return pa.Table.from_arrays(columns, schema=rows.schema)
 

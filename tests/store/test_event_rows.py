@@ -107,5 +107,7 @@ def test_typed_rows_from_events_read_back_in_chunks_match_arrows_filter():
     for event_type in [*PAYLOADS, "none"]:
         mask = pc.equal(chunked.column("type"), event_type)
         assert _rows_where(chunked, mask).equals(chunked.filter(mask))
+    only_requests = chunked.filter(pc.equal(chunked.column("type"), "llm.request"))
+    assert _rows_where(only_requests, pc.equal(only_requests.column("type"), "llm.request")).equals(only_requests)
     for name, typed in typed_tables(chunked).items():
         assert typed.equals(typed_tables(table)[name])
