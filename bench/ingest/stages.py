@@ -181,7 +181,7 @@ def floor_summary(us: dict[str, float], baseline_us: float) -> None:
         + us["commit: typed tables"],
         "arrays only in events": decode + typed_rows + us["commit: events"]
         + us["commit: typed tables, no token arrays"],
-        "typed-table home, decode by the best native reader": native + rows
+        "typed-table home, native reader for decode and events rows": native + rows
         + us["commit: events, no token arrays"] + us["commit: typed tables"],
         "typed-table home, decode and rows free (commits only)": us["commit: events, no token arrays"]
         + us["commit: typed tables"],
@@ -191,7 +191,7 @@ def floor_summary(us: dict[str, float], baseline_us: float) -> None:
     print(f"\nfloor, baseline / design (goal 0.70): the stages alone (baseline: its write, {write:.1f} us/event), and "
           f"with the {shared:.1f} us/event the baseline spends beside its write (run.py's {baseline_us:.0f} less it)")
     for name, cost in designs.items():
-        print(f"  {name:55s} {cost:6.1f} us/event  {write / cost:5.2f}x  {baseline_us / (cost + shared):5.2f}x")
+        print(f"  {name:60s} {cost:6.1f} us/event  {write / cost:5.2f}x  {baseline_us / (cost + shared):5.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
