@@ -89,3 +89,25 @@ def test_quarantine_rows_keep_raw_bytes_whole():
     row = table.to_pylist()[0]
     assert row["raw"] == raw and row["kafka_key"] == b"k" and row["event_id"] is None
     assert isinstance(table.column("quarantined_at").type, pa.TimestampType)
+
+
+def test_typed_rows_from_events_read_back_in_chunks_match_arrows_filter():
+    """``typed_tables`` filters token lists with NumPy (``_rows_where``): on events in several chunks, one a slice
+    with its list offsets not starting at 0, with null and empty lists, it gives what Arrow's own filter gives."""
+    from store.event_rows import _rows_where
+    import pyarrow.compute as pc
+
+    table = rows(*(event(t, seq=i) for i, t in enumerate([*PAYLOADS, "llm.request", "llm.response"])))
+    token_ids = table.column("token_ids").to_pylist()
+    token_ids[0], token_ids[-1] = [], None
+    table = table.set_column(table.schema.get_field_index("token_ids"), EVENTS.field("token_ids"),
+                             pa.array(token_ids, EVENTS.field("token_ids").type))
+    chunked = pa.concat_tables([table.slice(0, 3), table.slice(3, 1), table.slice(4)])
+    assert chunked.column("token_ids").num_chunks == 3 and chunked.column("token_ids").chunk(2).offset == 4
+    for event_type in [*PAYLOADS, "none"]:
+        mask = pc.equal(chunked.column("type"), event_type)
+        assert _rows_where(chunked, mask).equals(chunked.filter(mask))
+    only_requests = chunked.filter(pc.equal(chunked.column("type"), "llm.request"))
+    assert _rows_where(only_requests, pc.equal(only_requests.column("type"), "llm.request")).equals(only_requests)
+    for name, typed in typed_tables(chunked).items():
+        assert typed.equals(typed_tables(table)[name])
