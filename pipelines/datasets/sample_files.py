@@ -17,7 +17,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -45,12 +45,9 @@ def write_version(
 ) -> None:
     """Replace ``table``'s rows with ``batches`` in one Delta commit (creating the table if absent).
 
-    Batch n is encoded and ``observe``d (e.g. the content hash, in order) on
-    two helper threads while the caller's iterator makes batch n + 1 (the
-    build's merge): Parquet encoding and hashlib release the GIL, and the
-    encode had been a third of the build's time on its one thread. Both are
-    done with batch n before batch n + 1 is handed to them: one batch is
-    written while one is made.
+    ``observe`` (e.g. the content hash) sees every batch in order, on a helper
+    thread while the batch is encoded (both release the GIL), and is done with
+    it before the next batch is taken: no batch is held longer than without it.
     """
     lake.write_uri(table)  # TableNotCatalogued before any file is written
     filesystem, root = arrow_filesystem(lake.root, lake.storage_options)
@@ -58,16 +55,12 @@ def write_version(
     filesystem.create_dir(folder, recursive=True)
     files = _Files(filesystem, folder, schema)
     try:
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="trajlake-dataset-write") as helpers:
-            writing: list[Future[None]] = []
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajlake-dataset-observe") as helper:
             for batch in batches:
-                for done in writing:
-                    done.result()
-                writing = [helpers.submit(files.write, batch)]
-                if observe is not None:
-                    writing.append(helpers.submit(observe, batch))
-            for done in writing:
-                done.result()
+                observing = helper.submit(observe, batch) if observe is not None else None
+                files.write(batch)
+                if observing is not None:
+                    observing.result()
         _commit(lake, table, files.close(), schema)
     except BaseException:
         files.abandon()
