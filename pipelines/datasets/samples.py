@@ -174,7 +174,8 @@ def calls_by_rollout(batch: BatchTokens) -> Iterator[tuple[str, list[Call]]]:
     """Group a batch's calls (sorted by rollout, seq) into ``Call`` lists, tokens as numpy views.
 
     Every call's token rows are found in one lookup per table (``pc.index_in`` on event_id) and its
-    scalars taken in one ``take`` per column; only the ``Call`` objects are made one by one.
+    scalars taken in one ``take`` per column; the ``Call`` objects are made in one ``map`` over the columns
+    (positional: keyword construction per call took a quarter of the grouping) and sliced by rollout.
     """
     calls = batch.calls
     if calls.num_rows == 0:
@@ -188,16 +189,15 @@ def calls_by_rollout(batch: BatchTokens) -> Iterator[tuple[str, list[Call]]]:
     policies = responses.scalars("policy_version", r)
     rollout_ids, call_ids = calls["rollout_id"].to_pylist(), calls["call_id"].to_pylist()
     resolved = _full_prompts(batch.links, requests, responses)
+    if resolved:
+        prompts = [resolved[rollout].get(call, prompt) if rollout in resolved else prompt
+                   for rollout, call, prompt in zip(rollout_ids, call_ids, prompts)]
+    made = list(map(Call, call_ids, spans, tokenizers, templates, prompts, answers, logprobs, policies))
+    runs = pc.run_end_encode(calls["rollout_id"].combine_chunks())
     start = 0
-    for end in range(1, len(rollout_ids) + 1):
-        if end == len(rollout_ids) or rollout_ids[end] != rollout_ids[start]:
-            full = resolved.get(rollout_ids[start], {})
-            yield rollout_ids[start], [
-                Call(call_id=call_ids[i], span_id=spans[i], tokenizer=tokenizers[i], chat_template_hash=templates[i],
-                     prompt=full.get(call_ids[i], prompts[i]), response=answers[i], logprobs=logprobs[i],
-                     policy_version=policies[i])
-                for i in range(start, end)]
-            start = end
+    for rollout_id, end in zip(runs.values.to_pylist(), runs.run_ends.to_pylist()):
+        yield rollout_id, made[start:end]
+        start = end
 
 
 def _full_prompts(links: pa.Table, requests: _TokenRows, responses: _TokenRows) -> dict[str, dict[str, np.ndarray]]:
@@ -240,6 +240,8 @@ class _TokenRows:
     def scalars(self, name: str, rows: np.ndarray) -> list[object]:
         found = np.maximum(rows, 0)
         values = self._table[name].take(pa.array(found)).to_pylist() if len(self._table) else [None] * len(rows)
+        if len(rows) == 0 or rows.min() >= 0:
+            return values
         return [v if row >= 0 else None for v, row in zip(values, rows.tolist())]
 
     def cells(self, name: str, rows: np.ndarray) -> list[np.ndarray | None]:
