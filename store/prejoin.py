@@ -238,12 +238,17 @@ def _wanted(lake: Lake, views: Collection[str]) -> list[str]:
 def _compacted_tokens(con: duckdb.DuckDBPyConnection, wanted: Collection[str]) -> int:
     """Prompt and response tokens the touched rollouts (``_touched``) held when compacted, from the attached compacted
     table's counts (``rollouts``: a row per rollout; else ``llm_calls``: a row per call); 0 when neither is wanted
-    (tool steps hold no token lists)."""
+    (tool steps hold no token lists); over ``MAX_KEPT_TOKENS`` when they cannot be read."""
     for name in (ROLLOUTS_VIEW, LLM_CALLS_VIEW):
         if name in wanted:
-            return con.execute(
-                f'SELECT coalesce(sum(coalesce(n_prompt_tokens, 0) + coalesce(n_response_tokens, 0)), 0) '
-                f'FROM "_{PREJOINED[name][0]}" WHERE rollout_id IN (SELECT rollout_id FROM {TOUCHED})').fetchone()[0]
+            try:
+                return con.execute(
+                    f'SELECT coalesce(sum(coalesce(n_prompt_tokens, 0) + coalesce(n_response_tokens, 0)), 0) '
+                    f'FROM "_{PREJOINED[name][0]}" WHERE rollout_id IN (SELECT rollout_id FROM {TOUCHED})'
+                ).fetchone()[0]
+            except duckdb.Error as exc:  # a compacted file unreadable: the statement reports it as a query error
+                log.info("prejoin.tail_not_kept error=%r", str(exc).splitlines()[0])
+                return tail_cache.MAX_KEPT_TOKENS + 1
     return 0
 
 

@@ -327,22 +327,22 @@ def query_lake(lake: Lake, sql: str, fetch: Callable[[duckdb.DuckDBPyConnection]
     except QueryError:
         if views is None:
             raise
-    return _run_on_views(lake, sql, None, fetch)
+    return _run_on_views(lake, sql, None, fetch, again=False)
 
 
 def _run_on_views(lake: Lake, sql: str, views: Collection[str] | None,
                   fetch: Callable[[duckdb.DuckDBPyConnection], T], *, again: bool = True) -> T:
-    """The statement on a one-shot connection; when a file kept by ``store.tail_cache`` was attached and a read
-    failed (a kept file damaged past what ATTACH checks), those files are discarded and it runs once more."""
+    """The statement on a one-shot connection; when a read of a file kept by ``store.tail_cache`` failed (damaged
+    past what ATTACH checks), that key is discarded and the statement runs once more (``again``)."""
     con = connect(lake, views=views, sandbox=True, one_query=True)
     try:
         return read_only(con, sql, fetch)
-    except UnreadableFile:
-        if not again or not (kept := tail_cache.attached_keys(con)):
+    except UnreadableFile as exc:
+        if not again or not (damaged := tail_cache.damaged_keys(con, str(exc))):
             raise
-        for cache_key in kept:
+        for cache_key in damaged:
             tail_cache.discard(lake, cache_key)
-        log.info("sql.kept_tail_discarded keys=%s", ",".join(kept))
+        log.info("sql.kept_tail_discarded keys=%s", ",".join(damaged))
     finally:
         con.close()
     return _run_on_views(lake, sql, views, fetch, again=False)

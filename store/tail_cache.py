@@ -197,11 +197,14 @@ def writable(lake: Lake) -> bool:
     return os.access(parent, os.W_OK)
 
 
-def attached_keys(con: duckdb.DuckDBPyConnection) -> list[str]:
-    """The keys whose kept files ``attach`` attached to ``con``."""
-    paths = con.execute("SELECT path FROM duckdb_databases() WHERE database_name LIKE '\\_tail\\_%' ESCAPE '\\'"
-                        ).fetchall()
-    return sorted({Path(path).parent.name for (path,) in paths if path})
+def damaged_keys(con: duckdb.DuckDBPyConnection, error: str) -> list[str]:
+    """The keys attached to ``con`` whose files ``error`` (DuckDB's IO error of a failed statement) is about: one
+    that names a path under a key's folder, or DuckDB's "Corrupt database file" (only kept files are DuckDB
+    databases here; it names no path): every attached key. Any other IO error (a lake file gone) names none."""
+    paths = [Path(path) for (path,) in con.execute(
+        "SELECT path FROM duckdb_databases() WHERE database_name LIKE '\\_tail\\_%' ESCAPE '\\'").fetchall() if path]
+    corrupt = "Corrupt database file" in error
+    return sorted({path.parent.name for path in paths if corrupt or str(path.parent) in error})
 
 
 def discard(lake: Lake, cache_key: str) -> None:

@@ -16,6 +16,7 @@ from tests.store.lake_builder import event, sample_rollout
 from tests.store.test_prejoin import Offsets, answers, raw_answers, same
 
 import store.sql as sql_module
+from schemas.table_names import COMPACTED_ROLLOUTS_TABLE, COMPACTED_TOOL_STEPS_TABLE
 from schemas.tables import TYPED_TABLES
 from store import prejoin, tail_cache
 from store.forget import ForgetRequest, forget
@@ -332,3 +333,23 @@ def test_a_cache_folder_that_cannot_be_written_costs_no_read_of_the_rows(lake, o
     for _ in range(2):
         run_query(lake, "SELECT count(*) FROM llm_calls")
     assert materialized == [False, False]
+
+
+def test_an_unreadable_compacted_file_is_a_query_error_and_keeps_the_kept_rows(lake, offsets, monkeypatch):
+    """A lake file gone under the compacted tables (a vacuum, the store's error) is the user's query error, worded
+    as any other; the kept rows of the tail are not about it: neither discarded nor recomputed (review2)."""
+    with_tail(lake, offsets)
+    run_query(lake, "SELECT count(*) FROM tool_steps")
+    before = kept_files(lake)
+    assert before
+    for data in (Path(lake.root) / COMPACTED_TOOL_STEPS_TABLE).glob("*.parquet"):
+        data.unlink()
+    for data in (Path(lake.root) / COMPACTED_ROLLOUTS_TABLE).glob("*.parquet"):
+        data.unlink()
+    discarded: list[str] = []
+    real = tail_cache.discard
+    monkeypatch.setattr(tail_cache, "discard", lambda lake, key: (discarded.append(key), real(lake, key)))
+    for question in ("SELECT count(*) FROM tool_steps", "SELECT count(*) FROM rollouts"):
+        with pytest.raises(sql_module.QueryError):
+            run_query(lake, question)
+    assert discarded == [] and kept_files(lake)[:len(before)] == before
