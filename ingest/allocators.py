@@ -12,9 +12,9 @@ reuse, per thread or per arena, and the ingester runs ~140 threads (delta-rs's b
   freed, up to 32 MB, after which a batch's buffers are carved from the heaps and leave holes there);
 * Arrow: the system pool (``ARROW_DEFAULT_MEMORY_POOL=system``: glibc, so its frees join the
   above instead of mimalloc's segments);
-* delta-rs's jemalloc: dirty pages returned after 1 s instead of 10 (``_RJEM_MALLOC_CONF``, which
-  jemalloc reads from the environment when it initialises); thread caches kept: without them
-  (and with decay 0) the ingester spent 1.46x the CPU per event.
+* delta-rs's jemalloc: dirty pages returned after 1 s instead of 10, and ``JEMALLOC_ARENAS`` arenas instead of
+  4 per core (``_RJEM_MALLOC_CONF``, which jemalloc reads from the environment when it initialises); thread
+  caches kept: without them (and with decay 0) the ingester spent 1.46x the CPU per event.
 
 The last two are read once, when the library first allocates: ``configure`` must run before
 ``pyarrow`` or ``deltalake`` is imported, and says which settings it could not apply. A setting
@@ -33,9 +33,16 @@ import time
 from store.arenas import ARENAS as GLIBC_ARENAS
 from store.arenas import limit_arenas, mallopt
 
+JEMALLOC_ARENAS = 2
+"""delta-rs's jemalloc arenas (``narenas``; jemalloc's default is 4 per core, 8 on 2 cores). Each of the ~130 threads
+(tokio's blocking pool: one per local file operation in flight) allocates from one arena, and each arena keeps its
+own partly used slabs. Two 10-minute soaks each at 200 events/s (bench/ingest/README.md, memory, 2026-12-03): RSS
+slope after minute 2 +0.92, +1.08 MB/min with 2 arenas against +2.23, +1.76 with 8, peak 309-314 vs 326-328 MB;
+jemalloc's own region (-0.40, +0.73 vs +1.12, +0.68 MB/min) did not move consistently: a lower level, not a
+removed trend."""
 ENVIRONMENT = {
     "ARROW_DEFAULT_MEMORY_POOL": "system",
-    "_RJEM_MALLOC_CONF": "dirty_decay_ms:1000,muzzy_decay_ms:0",
+    "_RJEM_MALLOC_CONF": f"dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:{JEMALLOC_ARENAS}",
 }
 """Variables read by Arrow C++ and by delta-rs's jemalloc (prefixed ``_RJEM_``) when they first allocate."""
 GLIBC_MMAP_THRESHOLD = 128 << 10
