@@ -36,10 +36,9 @@ from store.arenas import limit_arenas, mallopt
 JEMALLOC_ARENAS = 2
 """delta-rs's jemalloc arenas (``narenas``; jemalloc's default is 4 per core, 8 on 2 cores). Each of the ~130 threads
 (tokio's blocking pool: one per local file operation in flight) allocates from one arena, and each arena keeps its
-own partly used slabs. Two 10-minute soaks each at 200 events/s (bench/ingest/README.md, memory, 2026-12-03): RSS
-slope after minute 2 +0.92, +1.08 MB/min with 2 arenas against +2.23, +1.76 with 8, peak 309-314 vs 326-328 MB;
-jemalloc's own region (-0.40, +0.73 vs +1.12, +0.68 MB/min) did not move consistently: a lower level, not a
-removed trend."""
+own partly used slabs. 10-minute soaks at 200 events/s (bench/ingest/README.md, memory, 2026-12-03): RSS after
+minute 1 263-267 vs 274 MB, peak 309-317 vs 326-328 (3 runs vs 2); the slope after minute 2 (+0.92, +1.08, +2.64
+vs +2.23, +1.76 MB/min) did not separate: a lower level, not a removed trend. CPU per event 0.955x."""
 ENVIRONMENT = {
     "ARROW_DEFAULT_MEMORY_POOL": "system",
     "_RJEM_MALLOC_CONF": f"dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:{JEMALLOC_ARENAS}",
