@@ -12,9 +12,9 @@ reuse, per thread or per arena, and the ingester runs ~140 threads (delta-rs's b
   freed, up to 32 MB, after which a batch's buffers are carved from the heaps and leave holes there);
 * Arrow: the system pool (``ARROW_DEFAULT_MEMORY_POOL=system``: glibc, so its frees join the
   above instead of mimalloc's segments);
-* delta-rs's jemalloc: dirty pages returned after 1 s instead of 10 (``_RJEM_MALLOC_CONF``, which
-  jemalloc reads from the environment when it initialises); thread caches kept: without them
-  (and with decay 0) the ingester spent 1.46x the CPU per event.
+* delta-rs's jemalloc: dirty pages returned after 1 s instead of 10, and ``JEMALLOC_ARENAS`` arenas instead of
+  4 per core (``_RJEM_MALLOC_CONF``, which jemalloc reads from the environment when it initialises); thread
+  caches kept: without them (and with decay 0) the ingester spent 1.46x the CPU per event.
 
 The last two are read once, when the library first allocates: ``configure`` must run before
 ``pyarrow`` or ``deltalake`` is imported, and says which settings it could not apply. A setting
@@ -33,9 +33,15 @@ import time
 from store.arenas import ARENAS as GLIBC_ARENAS
 from store.arenas import limit_arenas, mallopt
 
+JEMALLOC_ARENAS = 2
+"""delta-rs's jemalloc arenas (``narenas``; jemalloc's default is 4 per core, 8 on 2 cores). Each of the ~130 threads
+(tokio's blocking pool: one per local file operation in flight) allocates from one arena, and each arena keeps its
+own partly used slabs. 10-minute soaks at 200 events/s (bench/ingest/README.md, memory, 2026-12-03): RSS after
+minute 1 263-267 vs 274 MB, peak 309-317 vs 326-328 (3 runs vs 2); the slope after minute 2 (+0.92, +1.08, +2.64
+vs +2.23, +1.76 MB/min) did not separate: a lower level, not a removed trend. CPU per event 0.955x."""
 ENVIRONMENT = {
     "ARROW_DEFAULT_MEMORY_POOL": "system",
-    "_RJEM_MALLOC_CONF": "dirty_decay_ms:1000,muzzy_decay_ms:0",
+    "_RJEM_MALLOC_CONF": f"dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:{JEMALLOC_ARENAS}",
 }
 """Variables read by Arrow C++ and by delta-rs's jemalloc (prefixed ``_RJEM_``) when they first allocate."""
 GLIBC_MMAP_THRESHOLD = 128 << 10

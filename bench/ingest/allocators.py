@@ -31,9 +31,12 @@ VARIANTS: dict[str, dict[str, str]] = {
     "default": {},
     "glibc_arenas": {"MALLOC_ARENA_MAX": str(GLIBC_ARENAS)},
     "arrow_system_pool": {"ARROW_DEFAULT_MEMORY_POOL": ENVIRONMENT["ARROW_DEFAULT_MEMORY_POOL"]},
-    "jemalloc_decay_1s": {"_RJEM_MALLOC_CONF": ENVIRONMENT["_RJEM_MALLOC_CONF"]},
+    "jemalloc_decay_1s": {"_RJEM_MALLOC_CONF": "dirty_decay_ms:1000,muzzy_decay_ms:0"},
     "jemalloc_no_tcache_decay_0": {"_RJEM_MALLOC_CONF": "tcache:false,dirty_decay_ms:0,muzzy_decay_ms:0"},
     "configured_before_mmap_threshold": {**ENVIRONMENT, "MALLOC_ARENA_MAX": str(GLIBC_ARENAS)},
+    "configured_before_jemalloc_arenas": {**ENVIRONMENT, "_RJEM_MALLOC_CONF": "dirty_decay_ms:1000,muzzy_decay_ms:0",
+                                          "MALLOC_ARENA_MAX": str(GLIBC_ARENAS),
+                                          "MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD)},
     "configured": {**ENVIRONMENT, "MALLOC_ARENA_MAX": str(GLIBC_ARENAS),
                    "MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD)},
 }
@@ -74,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     from devkit.broker import EmbeddedBroker
 
     recorder = Recorder("ingest_allocators", "the ingester under allocator settings (2 glibc arenas, Arrow's system "
-                                             "pool, jemalloc's decay 1 s; each alone, together as configured, and "
+                                             "pool, jemalloc's decay 1 s, its 2 arenas; each alone, together as configured, and "
                                              "jemalloc without thread caches) vs the libraries' defaults, fresh "
                                              "processes over the same full_prompt events")
     runs: dict[str, list[dict]] = {v: [] for v in variants}

@@ -54,7 +54,8 @@ As the deployed service runs, the scheduler's compaction job (``trajlake schedul
 no vacuum) runs beside the ingester in its own process at ``--soak-compact-cron`` (the service's default, every
 5 minutes; '' for none), and its runs are recorded (``scheduled_compactions``). Once a minute the anonymous
 mappings with >= 1 MB resident (``anon_mappings_at_minutes``: which mapping grows) and glibc's arenas
-(``glibc_heaps_at_minutes``: held, free, free in sub-page fragments) are taken too; ``--soak-tracemalloc FRAMES``
+(``glibc_heaps_at_minutes``: held, free, free in sub-page fragments) and the threads by name
+(``threads_by_name_at_minutes``) are taken too; ``--soak-tracemalloc FRAMES``
 traces Python's heap and lists the allocation sites that grew after minute 2 (a diagnostic: at 5 frames and
 200 events/s on this machine the ingester fell behind and committed one batch).
 
@@ -152,9 +153,11 @@ class RssSampler:
         self.threads: list[int] = []
         self.regions: list[dict[str, float]] = []
         self.mappings: list[dict[str, list[float]]] = []
+        """Once a minute (``by_region``): every anonymous mapping with >= 1 MB resident, by start address."""
         self.glibc_heaps: list[list[dict[str, float]]] = []
         """Once a minute (``by_region``): glibc's arenas (``glibc_heaps_mb``)."""
-        """Once a minute (``by_region``): every anonymous mapping with >= 1 MB resident, by start address."""
+        self.threads_by_name: list[dict[str, int]] = []
+        """Once a minute (``by_region``): threads by name (``threads_by_name``: which pool the count is)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.started = time.monotonic()
@@ -174,6 +177,7 @@ class RssSampler:
             if self.by_region and time.monotonic() - self.started >= 60 * len(self.mappings):
                 self.mappings.append(anon_mappings_mb())
                 self.glibc_heaps.append(glibc_heaps_mb())
+                self.threads_by_name.append(threads_by_name())
             if self._stop.wait(self.every_s):
                 return
 
@@ -206,6 +210,20 @@ def data_files(lake: Path) -> int:
 def threading_native_count() -> int:
     """Threads of this process, native ones included (delta-rs's tokio pool, librdkafka's)."""
     return len(list(Path("/proc/self/task").iterdir()))
+
+
+def threads_by_name() -> dict[str, int]:
+    """Threads of this process by name (``/proc/self/task/*/comm``), most first: delta-rs's tokio runtime
+    (``tokio-rt-worker``: its workers and its blocking pool, one thread per local file operation in flight),
+    librdkafka's (``rdk:``), jemalloc's background threads, Python's (``python``, the commit pool among them)."""
+    names: dict[str, int] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        names[name] = names.get(name, 0) + 1
+    return dict(sorted(names.items(), key=lambda item: -item[1]))
 
 
 GLIBC_HEAP_MB = 64
@@ -682,6 +700,7 @@ def main_soak(args: argparse.Namespace) -> int:
               "tracemalloc_frames": args.soak_tracemalloc, "python_heap_growth": heap.growth(),
               "python_heap_traced_mb_at_minutes": heap.traced_mb,
               "anon_mappings_at_minutes": sampler.mappings, "glibc_heaps_at_minutes": sampler.glibc_heaps,
+              "threads_by_name_at_minutes": sampler.threads_by_name,
               "live_files_per_min_after_minute_2": slope_mb_per_min(
                   [(t, n) for (t, _), n in zip(sampler.samples, sampler.files)], after_s=120),
               "resident_mb_by_region_samples": sampler.regions}

@@ -56,3 +56,21 @@ def test_heap_snapshots_name_the_site_that_grew():
     top = heap.growth()[0]
     assert top["kb"] > 1500
     assert any(where.startswith("tests/bench/test_ingest_soak_probes.py:") for where in top["where"])
+
+
+@linux
+def test_threads_by_name_counts_a_named_pool():
+    import threading
+
+    release = threading.Event()
+    started = [threading.Thread(target=release.wait, daemon=True) for _ in range(3)]
+    libc = ctypes.CDLL(None)
+    for thread in started:
+        thread.start()
+        libc.pthread_setname_np(ctypes.c_ulong(thread.ident), b"soak-probe")
+    try:
+        assert run.threads_by_name().get("soak-probe") == 3
+    finally:
+        release.set()
+        for thread in started:
+            thread.join()

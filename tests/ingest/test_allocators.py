@@ -81,3 +81,22 @@ def test_big_blocks_keep_mappings_of_their_own_after_a_bigger_one_is_freed():
 
     assert own_mapping("from ingest import allocators; assert allocators.configure() == []")
     assert not own_mapping("")  # glibc's default: the threshold rose, the block came from the heap
+
+
+JEMALLOC_PROBE = """
+import os, tempfile
+from ingest import allocators
+assert allocators.configure() == []
+os.environ["_RJEM_MALLOC_CONF"] += ",stats_print:true"  # jemalloc prints its options and statistics at exit
+import pyarrow
+from deltalake import write_deltalake
+write_deltalake(tempfile.mkdtemp(), pyarrow.table({"a": [1]}))
+"""
+
+
+def test_delta_rs_jemalloc_takes_the_settings_with_its_arenas_capped():
+    env = {k: v for k, v in os.environ.items() if k not in ("ARROW_DEFAULT_MEMORY_POOL", "_RJEM_MALLOC_CONF")}
+    out = subprocess.run([sys.executable, "-c", JEMALLOC_PROBE], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "Invalid conf" not in out.stderr  # jemalloc ignores a setting it does not know, and says only this
+    assert f"opt.narenas: {allocators.JEMALLOC_ARENAS}\n" in out.stderr
