@@ -60,6 +60,9 @@ def test_build_show_list_diff_export_lineage(cli, tmp_path):
         (["build-dataset", "ds", "--reward-rule", "weighted:a"], "NAME=NUMBER"),
         (["build-dataset", "ds", "--where", "nope = 1"], "Columns you can use"),
         (["build-dataset", "ds", "--where", "x" * 3000], "where"),
+        (["build-dataset", "ds", "--task", "none", "--where", "1=1) or (1=1"], "parentheses do not balance"),
+        (["build-dataset", "ds", "--task", "none", "--where", "steps > 0 /* ) or (1=1 */"], "no comments"),
+        (["failures", "--tenant", "nobody", "--no-store", "--where", "1=1) or (1=1"], "parentheses do not balance"),
         (["build-dataset", "ds", "--status", "done"], "statuses"),
         (["build-dataset", "ds", "--batch-tokens", "0"], "batch-tokens"),
         (["build-dataset", "a/b"], "dataset name"),
@@ -72,6 +75,12 @@ def test_bad_input_gets_a_clear_error(cli, args, message):
     result = cli(*args)
     assert result.exit_code != 0
     assert message in result.output
+
+
+def test_a_predicate_with_parentheses_and_quoted_parentheses_still_selects(cli):
+    built = cli("build-dataset", "ds", "--where", "(steps > 0 AND task_id <> ')') OR (tenant = '(')")
+    assert built.exit_code == 0, built.output
+    assert "ds@0" in built.output
 
 
 def test_build_publishes_dataset_version_on_the_control_topic(cli, broker):
