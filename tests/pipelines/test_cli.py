@@ -77,6 +77,14 @@ def test_bad_input_gets_a_clear_error(cli, args, message):
     assert message in result.output
 
 
+def test_a_version_past_int64_is_not_in_the_registry(cli):
+    assert cli("build-dataset", "ds").exit_code == 0
+    huge = "9" * 20
+    for args in (["lineage", f"ds@{huge}"], ["datasets", "show", f"ds@{huge}"], ["datasets", "diff", "ds@0", f"ds@{huge}"]):
+        result = cli(*args)
+        assert result.exit_code == 1 and f"version {huge} is not in the registry" in result.output, result.output
+
+
 def test_a_predicate_with_parentheses_and_quoted_parentheses_still_selects(cli):
     built = cli("build-dataset", "ds", "--where", "(steps > 0 AND task_id <> ')') OR (tenant = '(')")
     assert built.exit_code == 0, built.output

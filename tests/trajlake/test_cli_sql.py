@@ -194,6 +194,7 @@ def test_an_unwritable_output_fails_cleanly(run, tmp_path, fmt):
     ["sql", "SELECT 1", "--format", "xml"],
     ["sql", "SELECT 1", "--max-rows", "many"],
     ["sql", "SELECT 1", "--max-rows", "-1"],
+    ["sql", "SELECT 1", "--max-rows", "99999999999999999999999"],  # past int64: a TypeError in fetchmany once
     ["sql"],
     ["rollout", "show"],
     ["rollout", "show", "r1", "--excerpt-chars", "x"],
@@ -201,6 +202,12 @@ def test_an_unwritable_output_fails_cleanly(run, tmp_path, fmt):
 def test_wrong_option_types_are_usage_errors(run, args):
     result = run(*args)
     assert result.exit_code == 2 and "Traceback" not in result.output
+
+
+def test_a_default_row_limit_past_int64_is_a_settings_error(app, sample_lake):
+    result = CliRunner(env={"TRAJLAKE_LAKE": sample_lake.root, "TRAJLAKE_SQL_MAX_ROWS": "9" * 23}).invoke(
+        app, ["sql", "SELECT 1"])
+    assert result.exit_code == 2 and "TRAJLAKE_SQL_MAX_ROWS" in result.output, result.output
 
 
 # ------------------------------------------------------------------ tables
