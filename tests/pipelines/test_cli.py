@@ -66,6 +66,7 @@ def test_build_show_list_diff_export_lineage(cli, tmp_path):
         (["build-dataset", "ds", "--status", "done"], "statuses"),
         (["build-dataset", "ds", "--batch-tokens", "0"], "batch-tokens"),
         (["build-dataset", "a/b"], "dataset name"),
+        (["build-dataset", "ds", "--tokenizer", "/no/such/tokenizer"], "--tokenizer /no/such/tokenizer: no such folder"),
         (["build-dataset", "ds", "--task", "none"], "no rollout is left"),
         (["datasets", "show", "nope"], "no dataset has been built"),
         (["lineage", "nope"], "is no dataset version"),
@@ -75,6 +76,13 @@ def test_bad_input_gets_a_clear_error(cli, args, message):
     result = cli(*args)
     assert result.exit_code != 0
     assert message in result.output
+    assert "a bug" not in result.output, result.output
+
+
+def test_a_folder_without_a_tokenizer_is_bad_input(cli, tmp_path):
+    result = cli("build-dataset", "ds", "--tokenizer", str(tmp_path))
+    assert result.exit_code == 1, result.output
+    assert "no tokenizer could be loaded" in result.output and "a bug" not in result.output, result.output
 
 
 def test_a_version_past_int64_is_not_in_the_registry(cli):

@@ -90,6 +90,10 @@ def build_dataset_command(
         )
     except ValueError as exc:  # pydantic's ValidationError included
         raise InputError(first_error(exc)) from None
+    for folder in tokenizer:  # before transformers reads a name that is no folder as a Hub repo id
+        if not Path(folder).is_dir():
+            raise InputError(f"--tokenizer {folder}: no such folder: give a local Hugging Face tokenizer folder "
+                             "(with its tokenizer.json)")
     console = Console(stderr=as_json)
     lineage = open_lineage(settings)
     producer = _producer(settings, console) if publish and settings.broker_configured else None
