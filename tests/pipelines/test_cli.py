@@ -93,6 +93,19 @@ def test_a_version_past_int64_is_not_in_the_registry(cli):
         assert result.exit_code == 1 and f"version {huge} is not in the registry" in result.output, result.output
 
 
+def test_ctrl_c_after_the_commit_names_the_committed_version(cli, monkeypatch):
+    """A Ctrl-C between the registry commit and the version line (simulated where that line is printed)."""
+    def stopped(*_args, **_options):
+        raise KeyboardInterrupt
+    monkeypatch.setattr("trajlake.commands.datasets.render_manifest", stopped)
+    result = cli("build-dataset", "ds")
+    assert result.exit_code == 130, result.output
+    assert "stopped by Ctrl-C after ds@0 was committed" in result.output, result.output
+    monkeypatch.setattr("pipelines.lineage.openlineage.traced_build", stopped)  # a stop before the commit
+    result = cli("build-dataset", "ds")
+    assert result.exit_code == 130 and "committed" not in result.output, result.output  # ds@0 is older
+
+
 def test_a_predicate_with_parentheses_and_quoted_parentheses_still_selects(cli):
     built = cli("build-dataset", "ds", "--where", "(steps > 0 AND task_id <> ')') OR (tenant = '(')")
     assert built.exit_code == 0, built.output
