@@ -65,11 +65,19 @@ def _http_error(request: Request, exc: HTTPException) -> ApiError:
     if exc.status_code == 405:
         return ApiError(405, "method_not_allowed", f"{request.method} is not allowed on {request.url.path}",
                         hint="see /openapi.json for the methods of each route", headers=dict(exc.headers or {}))
-    if exc.status_code == 400:  # FastAPI could not parse the JSON body: too deeply nested (RecursionError)
-        return ApiError(400, "invalid_json", "the request body could not be parsed: JSON nested about 1,000 levels "
-                        "or deeper (Python's JSON parser stops there)",
-                        hint='send a flat JSON object, e.g. {"sql": "SELECT 1"}')
+    if exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI could not parse the body: the cause says why
+        return ApiError(400, "invalid_json", f"the request body could not be parsed: {_unparsable(exc.__cause__)}",
+                        hint='send a flat JSON object in UTF-8, e.g. {"sql": "SELECT 1"}')
     return ApiError(exc.status_code, "http_error", str(exc.detail), headers=dict(exc.headers or {}))
+
+
+def _unparsable(cause: BaseException) -> str:
+    """Why FastAPI could not parse a JSON body (a malformed one is a 422 before this: these are the rest)."""
+    if isinstance(cause, RecursionError):
+        return "JSON nested about 1,000 levels or deeper (Python's JSON parser stops there)"
+    if isinstance(cause, UnicodeDecodeError):
+        return f"it is not UTF-8 (byte 0x{cause.object[cause.start]:02x} at offset {cause.start})"
+    return f"{type(cause).__name__}: {cause}"
 
 
 def install_error_handlers(app: FastAPI) -> None:

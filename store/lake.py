@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from schemas.errors import NotFound
-from store.storage import StoreUnreachable, arrow_filesystem, is_local, storage_options, store_problem
+from store.storage import StoreUnreachable, arrow_filesystem, check_root, is_local, storage_options, store_problem
 
 if TYPE_CHECKING:  # deltalake, Arrow and the catalogue's Arrow schemas load when a table is opened, scanned or
     import pyarrow as pa  # written: a DuckDB query over a local lake (``store.sql``, ``trajlake sql``) needs none
@@ -56,6 +56,7 @@ class Lake:
     storage_options: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        check_root(self.root)
         if "://" not in self.root:
             object.__setattr__(self, "root", str(Path(self.root).expanduser().resolve()))
         elif not self.storage_options:

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from schemas.errors import EXIT_BAD_SETTINGS, Unreachable
+from schemas.errors import EXIT_BAD_SETTINGS, SettingsInvalid, Unreachable
 
 if TYPE_CHECKING:  # pyarrow loads when a filesystem is built: a local ``trajlake sql`` never needs one
     import pyarrow.fs as pafs
@@ -45,6 +45,28 @@ class CredentialsMissing(StoreUnreachable):
     """An S3 lake without keys, and the credential chain (instance metadata) not asked for."""
 
     exit_code = EXIT_BAD_SETTINGS
+
+
+LAKE_SCHEMES = ("file://", "s3://", "s3a://")
+"""The URI schemes a lake root may have (a root without ``://`` is a folder): every reader and writer here builds
+a local or an S3 filesystem; another scheme (gs://, az://) would reach a library that can wait for minutes on
+credentials it cannot find, or fail with its own words."""
+
+
+def check_root(root: str) -> None:
+    """``SettingsInvalid`` (exit 2) unless ``root`` is a folder, ``file://...`` or ``s3://bucket/prefix``: checked
+    before any filesystem is built.
+
+    >>> check_root("gs://b/lake")
+    Traceback (most recent call last):
+    schemas.errors.SettingsInvalid: lake 'gs://b/lake': a lake is a folder or s3://bucket/prefix (gs:// is not supported); check --lake / TRAJLAKE_LAKE
+    """
+    if not root.strip():
+        raise SettingsInvalid("the lake root is empty: give --lake / TRAJLAKE_LAKE a folder or s3://bucket/prefix")
+    if "://" in root and not root.startswith(LAKE_SCHEMES):
+        scheme = root.split("://", 1)[0]
+        raise SettingsInvalid(f"lake {root!r}: a lake is a folder or s3://bucket/prefix ({scheme}:// is not "
+                              "supported); check --lake / TRAJLAKE_LAKE")
 
 
 def is_local(root: str) -> bool:
@@ -70,8 +92,10 @@ def storage_options(root: str, env: Mapping[str, str] | None = None) -> dict[str
     >>> storage_options("s3://b/lake", {"AWS_REGION": "eu-west-1", "TRAJLAKE_AWS_CREDENTIAL_CHAIN": "true"})
     {'AWS_REGION': 'eu-west-1', 'aws_conditional_put': 'etag'}
 
-    Raises ``CredentialsMissing`` for an S3 lake with neither keys nor ``TRAJLAKE_AWS_CREDENTIAL_CHAIN=true``.
+    Raises ``CredentialsMissing`` for an S3 lake with neither keys nor ``TRAJLAKE_AWS_CREDENTIAL_CHAIN=true``, and
+    ``SettingsInvalid`` for a root ``check_root`` refuses.
     """
+    check_root(root)
     if is_local(root):
         return {}
     env = os.environ if env is None else env

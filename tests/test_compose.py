@@ -21,6 +21,7 @@ import typer
 import yaml
 from pydantic_settings import BaseSettings
 
+from schemas.errors import SettingsInvalid
 import trajlake.commands
 from trajlake.cli import build_app
 
@@ -210,5 +211,6 @@ def test_storage_options_come_from_the_environment_for_object_store_lakes() -> N
         "AWS_SECRET_ACCESS_KEY": "s", "aws_conditional_put": "etag"}
     locked = storage_options("s3://b/l", {"AWS_S3_LOCKING_PROVIDER": "dynamodb", "TRAJLAKE_AWS_CREDENTIAL_CHAIN": "1"})
     assert "aws_conditional_put" not in locked
-    assert storage_options("az://c/l", {"AZURE_STORAGE_ACCOUNT_NAME": "a"}) == {"AZURE_STORAGE_ACCOUNT_NAME": "a"}
+    with pytest.raises(SettingsInvalid, match="a lake is a folder or s3://bucket/prefix"):  # no reader has a filesystem for it
+        storage_options("az://c/l", {"AZURE_STORAGE_ACCOUNT_NAME": "a"})
     assert list_tables(Lake(str(ROOT / "no-such-lake"))) == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import signal
 import sys
 import traceback
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -101,11 +102,27 @@ class Shell(typer.core.TyperGroup):
         except TrajlakeError as exc:
             _exit(str(exc), exc.exit_code)
         except Exception as exc:
+            if _interrupted_query(exc):
+                _exit("stopped by Ctrl-C during a query, before the command finished", EXIT_STOPPED_BY_CTRL_C)
             if (problem := _store_problem(argv)) is not None:
                 _exit(problem, EXIT_BAD_SETTINGS)
             first_line = str(exc).strip().partition("\n")[0]
             _exit(f"{type(exc).__name__}: {first_line}\n(a bug: trajlake --debug shows where it happened; please "
                   "report it)", EXIT_FAILED)
+
+
+EXIT_STOPPED_BY_CTRL_C = 128 + signal.SIGINT
+"""What a one-shot command stopped by Ctrl-C exits with (typer's own for a ``KeyboardInterrupt``; the help's 128+N)."""
+
+
+def _interrupted_query(exc: Exception) -> bool:
+    """Whether ``exc`` is DuckDB's answer to a Ctrl-C during a query: DuckDB takes the SIGINT itself and raises
+    ``RuntimeError("Query interrupted")`` (or its ``InterruptException``) instead of ``KeyboardInterrupt``."""
+    duckdb = sys.modules.get("duckdb")  # not imported here: a command that never queried cannot have been interrupted
+    if duckdb is None:
+        return False
+    return isinstance(exc, duckdb.InterruptException) or (
+        type(exc) is RuntimeError and str(exc).strip() == "Query interrupted")
 
 
 def _exit(message: str, code: int) -> NoReturn:

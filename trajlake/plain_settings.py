@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 ENV_PREFIX = "trajlake_"
 SQL_MAX_ROWS = 100
 """Rows the table format of ``trajlake sql`` prints when --max-rows is not given (TRAJLAKE_SQL_MAX_ROWS)."""
+SQL_MAX_ROWS_CAP = 10**18
+"""The most rows --max-rows / TRAJLAKE_SQL_MAX_ROWS may ask for: one more must still fit DuckDB's int64 fetch size."""
 FREE_TEXT = frozenset({"lake", "bootstrap_servers", "topic", "home", "openlineage_transport", "openlineage_url",
                        "openlineage_endpoint", "openlineage_api_key", "openlineage_file", "openlineage_namespace"})
 """Fields of ``SqlSettings`` that take any text (str or Path): no value of theirs is an error."""

@@ -21,7 +21,7 @@ from pydantic_settings import SettingsError as SettingsSourceError
 
 from schemas.errors import SettingsInvalid
 from schemas.options import CommonOptions
-from trajlake.plain_settings import SQL_MAX_ROWS, open_lake
+from trajlake.plain_settings import SQL_MAX_ROWS, SQL_MAX_ROWS_CAP, open_lake
 
 if TYPE_CHECKING:  # pyarrow and deltalake load when a command opens the lake, not at start-up
     from store.lake import Lake
@@ -83,7 +83,7 @@ class CommonSettings(ShellSettings, CommonOptions):
 class SqlSettings(CommonSettings):
     """Settings of ``trajlake sql`` (read without pydantic when plainly valid: ``trajlake.plain_settings``)."""
 
-    sql_max_rows: int = SQL_MAX_ROWS
+    sql_max_rows: int = Field(SQL_MAX_ROWS, ge=0, le=SQL_MAX_ROWS_CAP)
     """Rows the table format prints when --max-rows is not given (TRAJLAKE_SQL_MAX_ROWS)."""
 
 

@@ -60,9 +60,34 @@ class Selection(BaseModel):
     @field_validator("where")
     @classmethod
     def _one_predicate(cls, v: str | None) -> str | None:
-        if v is not None and (";" in v or "--" in v):
+        if v is not None and (";" in v or "--" in v or "/*" in v):
             raise InputError("--where takes one SQL predicate: no ';' and no comments")
+        if v is not None and not parentheses_balance(v):
+            raise InputError(f"--where {v!r}: its parentheses do not balance (outside quotes): give one predicate "
+                             "that stands alone, e.g. \"(steps > 2 OR reward > 0.5)\"")
         return v
+
+
+def parentheses_balance(predicate: str) -> bool:
+    """Whether every ')' of ``predicate`` outside string literals and quoted names closes an earlier '(' and every
+    '(' is closed: the selection joins the predicate to its other filters as ``(predicate) AND ...``, so
+    ``1=1) OR (1=1`` would otherwise escape them. DuckDB's own tokenizer finds the literals (E'\\'' included).
+
+    >>> parentheses_balance("steps > 2 AND (x = ')' OR y)"), parentheses_balance("1=1) OR (1=1")
+    (True, False)
+    """
+    import duckdb
+
+    tokens = duckdb.tokenize(predicate)
+    depth = 0
+    for (start, kind), (end, _) in zip(tokens, [*tokens[1:], (len(predicate), None)]):
+        if kind in (duckdb.token_type.string_const, duckdb.token_type.identifier):
+            continue  # a literal or a name: its parentheses, quoted, are text
+        for char in predicate[start:end]:
+            depth += {"(": 1, ")": -1}.get(char, 0)
+            if depth < 0:
+                return False
+    return depth == 0
 
 
 class RewardRule(BaseModel):

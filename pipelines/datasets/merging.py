@@ -292,7 +292,7 @@ def _start_reason(samples: list[Sample], call: Call, decoders: Mapping[str, Deco
 def tokenizer_decoders(folders: Sequence[str | Path]) -> dict[str, Decoder]:
     """Decoders of local Hugging Face tokenizer folders, by tokenizer identity (what ``llm.request`` records).
 
-    Raises ``ValueError`` naming a folder that holds no loadable tokenizer.
+    Raises ``InputError`` (a ``ValueError``) naming a folder that holds no loadable tokenizer.
 
     >>> tokenizer_decoders(["models/qwen"])  # doctest: +SKIP
     {'bpe-151643@4f1c09a2e7b3': <function ...>}
@@ -301,6 +301,7 @@ def tokenizer_decoders(folders: Sequence[str | Path]) -> dict[str, Decoder]:
         return {}
     from transformers import AutoTokenizer
 
+    from schemas.errors import InputError
     from schemas.tokenizer_identity import tokenizer_identity
 
     out: dict[str, Decoder] = {}
@@ -308,7 +309,7 @@ def tokenizer_decoders(folders: Sequence[str | Path]) -> dict[str, Decoder]:
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(folder))
         except (OSError, ValueError) as exc:
-            raise ValueError(f"no tokenizer could be loaded from {folder}: {exc}; give a local Hugging Face "
+            raise InputError(f"no tokenizer could be loaded from {folder}: {exc}; give a local Hugging Face "
                              "tokenizer folder (tokenizer.json)") from None
         out[tokenizer_identity(tokenizer)] = _decoder(tokenizer)
     return out

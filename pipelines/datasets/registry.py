@@ -33,6 +33,9 @@ from schemas.errors import InputError, NotFound
 class DatasetNotFound(NotFound):
     """No such dataset or version in the registry."""
 
+MAX_VERSION = 2**63 - 1
+"""The largest dataset version the registry can hold (``version`` is an int64 column)."""
+
 
 def check_name(name: str) -> str:
     if not DATASET_NAME.match(name):
@@ -89,8 +92,8 @@ def get_manifest(lake: Lake, name: str, version: int | None = None) -> dict[str,
         raise DatasetNotFound(f"no dataset has been built in lake {lake.root!r} yet: run trajlake build-dataset NAME")
     table = lake.read(DATASET_VERSIONS_TABLE, columns=["dataset", "version", "manifest"])
     table = table.filter(pc.equal(table["dataset"], name))
-    if version is not None:
-        table = table.filter(pc.equal(table["version"], version))
+    if version is not None:  # past int64, the column's type, no version exists (and pyarrow refuses to compare)
+        table = table.filter(pc.equal(table["version"], version)) if version <= MAX_VERSION else table.slice(0, 0)
     if table.num_rows == 0:
         known = sorted(set(list_versions(lake, name)["version"].to_pylist()))
         raise DatasetNotFound(

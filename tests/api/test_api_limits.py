@@ -175,9 +175,19 @@ def test_deep_json_is_400_and_shallow_nesting_is_a_validation_error(client):
     response = client.post("/v1/sql", content=deep, headers={**ACME, "Content-Type": "application/json"})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["code"] == "invalid_json"
+    assert "nested about 1,000 levels" in response.json()["error"]["message"]
     shallow = '{"sql": ' + "[" * 500 + "]" * 500 + "}"
     response = client.post("/v1/sql", content=shallow, headers={**ACME, "Content-Type": "application/json"})
     assert response.status_code == 422, response.text
+
+
+def test_a_body_that_is_not_utf8_is_400_and_says_so(client):
+    response = client.post("/v1/sql", content=b'{"sql": "SELECT \xff\xfe"}',
+                           headers={**ACME, "Content-Type": "application/json"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_json" and "not UTF-8 (byte 0xff at offset 16)" in error["message"], error
+    assert "nested" not in error["message"]
 
 
 @pytest.mark.parametrize(("method", "path", "status", "code"), [

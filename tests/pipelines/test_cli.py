@@ -60,9 +60,13 @@ def test_build_show_list_diff_export_lineage(cli, tmp_path):
         (["build-dataset", "ds", "--reward-rule", "weighted:a"], "NAME=NUMBER"),
         (["build-dataset", "ds", "--where", "nope = 1"], "Columns you can use"),
         (["build-dataset", "ds", "--where", "x" * 3000], "where"),
+        (["build-dataset", "ds", "--task", "none", "--where", "1=1) or (1=1"], "parentheses do not balance"),
+        (["build-dataset", "ds", "--task", "none", "--where", "steps > 0 /* ) or (1=1 */"], "no comments"),
+        (["failures", "--tenant", "nobody", "--no-store", "--where", "1=1) or (1=1"], "parentheses do not balance"),
         (["build-dataset", "ds", "--status", "done"], "statuses"),
         (["build-dataset", "ds", "--batch-tokens", "0"], "batch-tokens"),
         (["build-dataset", "a/b"], "dataset name"),
+        (["build-dataset", "ds", "--tokenizer", "/no/such/tokenizer"], "--tokenizer /no/such/tokenizer: no such folder"),
         (["build-dataset", "ds", "--task", "none"], "no rollout is left"),
         (["datasets", "show", "nope"], "no dataset has been built"),
         (["lineage", "nope"], "is no dataset version"),
@@ -72,6 +76,40 @@ def test_bad_input_gets_a_clear_error(cli, args, message):
     result = cli(*args)
     assert result.exit_code != 0
     assert message in result.output
+    assert "a bug" not in result.output, result.output
+
+
+def test_a_folder_without_a_tokenizer_is_bad_input(cli, tmp_path):
+    result = cli("build-dataset", "ds", "--tokenizer", str(tmp_path))
+    assert result.exit_code == 1, result.output
+    assert "no tokenizer could be loaded" in result.output and "a bug" not in result.output, result.output
+
+
+def test_a_version_past_int64_is_not_in_the_registry(cli):
+    assert cli("build-dataset", "ds").exit_code == 0
+    huge = "9" * 20
+    for args in (["lineage", f"ds@{huge}"], ["datasets", "show", f"ds@{huge}"], ["datasets", "diff", "ds@0", f"ds@{huge}"]):
+        result = cli(*args)
+        assert result.exit_code == 1 and f"version {huge} is not in the registry" in result.output, result.output
+
+
+def test_ctrl_c_after_the_commit_names_the_committed_version(cli, monkeypatch):
+    """A Ctrl-C between the registry commit and the version line (simulated where that line is printed)."""
+    def stopped(*_args, **_options):
+        raise KeyboardInterrupt
+    monkeypatch.setattr("trajlake.commands.datasets.render_manifest", stopped)
+    result = cli("build-dataset", "ds")
+    assert result.exit_code == 130, result.output
+    assert "stopped by Ctrl-C after ds@0 was committed" in result.output, result.output
+    monkeypatch.setattr("pipelines.lineage.openlineage.traced_build", stopped)  # a stop before the commit
+    result = cli("build-dataset", "ds")
+    assert result.exit_code == 130 and "committed" not in result.output, result.output  # ds@0 is older
+
+
+def test_a_predicate_with_parentheses_and_quoted_parentheses_still_selects(cli):
+    built = cli("build-dataset", "ds", "--where", "(steps > 0 AND task_id <> ')') OR (tenant = '(')")
+    assert built.exit_code == 0, built.output
+    assert "ds@0" in built.output
 
 
 def test_build_publishes_dataset_version_on_the_control_topic(cli, broker):

@@ -154,3 +154,15 @@ def test_debug_shows_the_traceback_of_an_anticipated_error_too(tmp_path: Path):
                            "--lake", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "Traceback" in proc.stderr and "DatasetNotFound" in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: no dataset")  # then the line users see
+
+
+@pytest.mark.parametrize("root", ["gs://bucket/lake", "http://host/lake", "az://container/lake", ""])
+@pytest.mark.parametrize("args", [["tables"], ["sql", "SELECT 1"], ["health"], ["datasets", "list"],
+                                  ["build-dataset", "ds", "--no-publish"], ["lineage", "ds@0"]], ids=" ".join)
+def test_a_lake_root_that_is_no_folder_and_no_s3_is_refused_before_it_is_opened(args: list[str], root: str):
+    """gs:// used to hang for minutes (a credential lookup, deaf to Ctrl-C), http:// was 'a bug', "" the cwd."""
+    proc = subprocess.run([sys.executable, "-m", "trajlake.cli", *args, "--lake", root], capture_output=True,
+                          text=True, timeout=120, env={k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")})
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output
+    assert output.strip().splitlines() == [output.strip()] and "s3://bucket/prefix" in output, output

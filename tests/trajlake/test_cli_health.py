@@ -43,3 +43,13 @@ def test_broker_down_is_unhealthy(tmp_path):
 
     result = health("--lake", str(tmp_path), "--broker", "--bootstrap-servers", f"127.0.0.1:{free_port()}")
     assert result.exit_code == 1 and "does not answer" in result.output
+
+
+def test_a_missing_local_lake_or_a_file_is_unhealthy_and_an_empty_folder_is_healthy(tmp_path):
+    (tmp_path / "a-file").write_text("not a lake")
+    (tmp_path / "empty").mkdir()
+    for root in (tmp_path / "no-such-lake", tmp_path / "a-file", f"file://{tmp_path / 'no-such-lake'}"):
+        result = health("--lake", str(root))
+        assert result.exit_code == 1 and "unhealthy" in result.output and "not a folder" in result.output, result.output
+    result = health("--lake", str(tmp_path / "empty"))
+    assert result.exit_code == 0 and "(0 tables)" in result.output, result.output

@@ -5,6 +5,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import pyarrow.parquet as pq
 import pytest
@@ -12,6 +16,7 @@ import typer
 from typer.testing import CliRunner
 
 
+from tests.processes import wait_until_it_has_computed
 from tests.store.lake_builder import sample_rollout, write_events
 
 from schemas.tables import TOKENS  # noqa: E402
@@ -179,6 +184,25 @@ def test_bad_queries_and_options_fail_cleanly(run, args, messages):
     failed(run("sql", *args), *messages)
 
 
+def test_ctrl_c_during_a_query_stops_it_with_130_and_says_so(sample_lake):
+    """DuckDB takes the SIGINT itself and raises RuntimeError('Query interrupted'): once reported as a bug, exit 1.
+
+    The range is one DuckDB task (~13 s of CPU): closing the interrupted connection can wait for it to end."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trajlake.cli", "sql", "SELECT sum(hash(a)) FROM range(1000000000) t(a)",
+         "--lake", sample_lake.root], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal's Ctrl-C finds it
+    try:
+        wait_until_it_has_computed(proc.pid, cpu_s=3.0)  # start-up is < 1 s of CPU: the query is running
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "stopped by Ctrl-C" in err and "a bug" not in err, err
+
+
 def test_a_missing_lake_fails_cleanly(run, tmp_path):
     failed(run("sql", "SELECT 1", "--lake", str(tmp_path / "nowhere")), "no lake at", "TRAJLAKE_LAKE")
     failed(run("tables", "--lake", str(tmp_path / "nowhere")), "no lake at")
@@ -194,6 +218,7 @@ def test_an_unwritable_output_fails_cleanly(run, tmp_path, fmt):
     ["sql", "SELECT 1", "--format", "xml"],
     ["sql", "SELECT 1", "--max-rows", "many"],
     ["sql", "SELECT 1", "--max-rows", "-1"],
+    ["sql", "SELECT 1", "--max-rows", "99999999999999999999999"],  # past int64: a TypeError in fetchmany once
     ["sql"],
     ["rollout", "show"],
     ["rollout", "show", "r1", "--excerpt-chars", "x"],
@@ -201,6 +226,12 @@ def test_an_unwritable_output_fails_cleanly(run, tmp_path, fmt):
 def test_wrong_option_types_are_usage_errors(run, args):
     result = run(*args)
     assert result.exit_code == 2 and "Traceback" not in result.output
+
+
+def test_a_default_row_limit_past_int64_is_a_settings_error(app, sample_lake):
+    result = CliRunner(env={"TRAJLAKE_LAKE": sample_lake.root, "TRAJLAKE_SQL_MAX_ROWS": "9" * 23}).invoke(
+        app, ["sql", "SELECT 1"])
+    assert result.exit_code == 2 and "TRAJLAKE_SQL_MAX_ROWS" in result.output, result.output
 
 
 # ------------------------------------------------------------------ tables

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from kafka import KafkaProducer
 
     from pipelines.datasets.build import BuildResult
+    from store.lake import Lake
 
 
 class DatasetSettings(CommonSettings):
@@ -90,23 +92,46 @@ def build_dataset_command(
         )
     except ValueError as exc:  # pydantic's ValidationError included
         raise InputError(first_error(exc)) from None
+    for folder in tokenizer:  # before transformers reads a name that is no folder as a Hub repo id
+        if not Path(folder).is_dir():
+            raise InputError(f"--tokenizer {folder}: no such folder: give a local Hugging Face tokenizer folder "
+                             "(with its tokenizer.json)")
     console = Console(stderr=as_json)
     lineage = open_lineage(settings)
     producer = _producer(settings, console) if publish and settings.broker_configured else None
+    started = datetime.now(timezone.utc)
     try:
-        with lineage.active(), Progress(TextColumn("merging rollouts"), BarColumn(), MofNCompleteColumn(),
-                                        TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
-            task_id = bar.add_task("merge", total=None)
-            result = traced_build(settings.open_lake(), name, config, producer=producer,
-                                  progress=lambda done, total: bar.update(task_id, completed=done, total=total))
-    finally:
-        if producer is not None:
-            producer.close(timeout=5)
-    if as_json:
-        print(json.dumps(result.manifest, indent=2, sort_keys=True))
-        return
-    render_manifest(console, result.manifest)
-    _render_publish(console, result, settings, asked=publish)
+        try:
+            with lineage.active(), Progress(TextColumn("merging rollouts"), BarColumn(), MofNCompleteColumn(),
+                                            TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+                task_id = bar.add_task("merge", total=None)
+                result = traced_build(settings.open_lake(), name, config, producer=producer,
+                                      progress=lambda done, total: bar.update(task_id, completed=done, total=total))
+        finally:
+            if producer is not None:
+                producer.close(timeout=5)
+        if as_json:
+            print(json.dumps(result.manifest, indent=2, sort_keys=True))
+            return
+        render_manifest(console, result.manifest)
+        _render_publish(console, result, settings, asked=publish)
+    except KeyboardInterrupt:  # still exit 130 (typer's), but a version committed before the stop is named
+        _report_committed_since(settings.open_lake(), name, started)
+        raise
+
+
+def _report_committed_since(lake: Lake, name: str, started: datetime) -> None:
+    """After a Ctrl-C: name the versions of ``name`` committed since ``started`` (the registry row is a build's
+    commit point), so that the user does not take the stop for 'nothing was built' and build it again."""
+    from pipelines.datasets.registry import list_versions
+
+    rows = list_versions(lake, name).to_pylist()
+    committed = [r["version"] for r in rows if r["created_at"].replace(tzinfo=r["created_at"].tzinfo or timezone.utc)
+                 >= started]
+    if committed:
+        Console(stderr=True).print(f"stopped by Ctrl-C after {name}@{committed[-1]} was committed: it is in the "
+                                   f"registry (trajlake datasets show {name}@{committed[-1]}); its dataset.version "
+                                   "may not have been published")
 
 
 def _producer(settings: DatasetSettings, console: Console) -> KafkaProducer | None:

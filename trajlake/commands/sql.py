@@ -17,7 +17,7 @@ import typer
 from schemas.errors import InputError
 from store.text import excerpt
 from trajlake.options import LAKE_OPTION
-from trajlake.plain_settings import PlainSqlSettings, plain_sql_settings
+from trajlake.plain_settings import SQL_MAX_ROWS_CAP, PlainSqlSettings, plain_sql_settings
 
 if TYPE_CHECKING:  # a one-row answer loads neither Arrow nor pydantic (issue 16: < 0.5 s, start-up included)
     import pyarrow as pa
@@ -50,7 +50,7 @@ def sql(
     lake: str | None = LAKE_OPTION,
     format: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help="table (for people), csv, json (one object per line) or parquet."),
     output: Path | None = typer.Option(None, "--output", "-o", help="File to write (csv/json/parquet); csv and json go to stdout without it."),
-    max_rows: int | None = typer.Option(None, "--max-rows", "-n", min=0, help="Stop after N rows (default: TRAJLAKE_SQL_MAX_ROWS=100 for table, all for files)."),
+    max_rows: int | None = typer.Option(None, "--max-rows", "-n", min=0, max=SQL_MAX_ROWS_CAP, help="Stop after N rows (default: TRAJLAKE_SQL_MAX_ROWS=100 for table, all for files)."),
 ) -> None:
     """Run SQL over every lake table (views: trajlake tables) and print or export the result."""
     from store.sql import query_lake, run_query
