@@ -403,8 +403,9 @@ def _check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
         )
     kind = statements[0].type
     if kind not in READ_STATEMENTS:
+        named = sql.split(None, 1)[0].upper() if kind.name == "LOAD" else kind.name  # DuckDB types INSTALL as LOAD
         raise WriteRefused(
-            f"{kind.name} statements are not allowed: the lake is read-only here",
+            f"{named} statements are not allowed: the lake is read-only here",
             hint="use SELECT (or EXPLAIN); to export results use --format csv|json|parquet --output FILE, not COPY",
         )
 

@@ -260,6 +260,13 @@ def test_anything_but_select_is_refused(empty_lake, sql):
     assert sorted(p.name for p in Path(empty_lake.root).iterdir()) == []
 
 
+@pytest.mark.parametrize(("sql", "named"), [("INSTALL httpfs", "INSTALL"), ("  load httpfs", "LOAD"),
+                                             ("DELETE FROM events", "DELETE")])
+def test_a_refused_statement_is_named_as_written(empty_lake, sql, named):
+    with pytest.raises(WriteRefused, match=f"^{named} statements are not allowed"):
+        run_query(empty_lake, sql)
+
+
 def test_a_select_cannot_read_or_write_files_outside_the_lake(empty_lake, tmp_path):
     secret = tmp_path / "secret.csv"
     secret.write_text("a\n1\n")
