@@ -29,7 +29,7 @@ from schemas.errors import InvalidEvent
 from schemas.events import Event
 from schemas.fast import FastEvent, decode_batch
 from schemas.fast_tokens import decode_batch_columnar
-from schemas.versions import decode_event
+from schemas.versions import decode_event, unencodable_path
 from store.event_rows import TOKEN_FIELDS, KafkaCoordinates, Rejected, events_table
 
 log = logging.getLogger(__name__)
@@ -196,4 +196,4 @@ def _event_id(raw: bytes) -> str | None:
     except (ValueError, RecursionError):
         return None
     event_id = doc.get("event_id") if isinstance(doc, dict) else None
-    return event_id if isinstance(event_id, str) else None
+    return event_id if isinstance(event_id, str) and unencodable_path(event_id) is None else None

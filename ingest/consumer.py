@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -39,6 +40,10 @@ store within this wait and starts over on the next fetch: at 100 ms it never ser
 partition in 40 s, at 500 ms 4.7 records/s, at 2,000 ms 70/s (same machine). A broker holding the records
 answers at once whatever the wait (tansu ``memory://``: 11-17 ms median either way)."""
 OUT_OF_RANGE_ERRORS = (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
+UNREADABLE_BATCH_ERRORS = (KafkaError._BAD_COMPRESSION, KafkaError._BAD_MSG, KafkaError.UNSUPPORTED_COMPRESSION_TYPE)
+"""A record batch librdkafka cannot read (damaged bytes, a codec it lacks): it retries the same batch for ever, so the
+partition's later records wait; nothing reaches the ingester to quarantine."""
+UNREADABLE_WARN_EVERY_S = 60.0
 
 
 class Record(NamedTuple):
@@ -87,6 +92,8 @@ class IngestConsumer:
         self._next: dict[int, int] = {}
         """Per partition, the offset the next record should have (-2: the log's beginning)."""
         self._pending: OutOfRange | None = None
+        self._unreadable_warned: dict[int, float] = {}
+        """Per partition, when an unreadable batch was last warned about (``time.monotonic``)."""
 
     def _on_assign(self, client: Consumer, assigned: list[TopicPartition]) -> None:
         """A rebalance gave these partitions: take them paused, from nowhere in particular, and raise the flag."""
@@ -127,6 +134,8 @@ class IngestConsumer:
             elif err.fatal():  # librdkafka gives up on this client (it retries everything else itself)
                 raise Unreachable(f"the Kafka consumer of {topic!r} failed for good: {err.str()}",
                                   hint="restart the ingester: it resumes from the lake's markers")
+            elif err.code() in UNREADABLE_BATCH_ERRORS:
+                self._warn_unreadable(m.partition(), m.offset(), err)
             else:  # transport errors, a broker restarting: librdkafka retries on its own
                 log.debug("consumer error=%s", err)
         nexts = self._next
@@ -135,6 +144,15 @@ class IngestConsumer:
         if refused:
             self._pending = OutOfRange(sorted(refused))
         return out
+
+    def _warn_unreadable(self, partition: int, offset: int | None, err: KafkaError) -> None:
+        """A warning per partition at most every ``UNREADABLE_WARN_EVERY_S`` (librdkafka reports it every fetch)."""
+        now = time.monotonic()
+        if now - self._unreadable_warned.get(partition, -UNREADABLE_WARN_EVERY_S) < UNREADABLE_WARN_EVERY_S:
+            return
+        self._unreadable_warned[partition] = now
+        log.warning("partition %s: the record batch at offset %s cannot be read (%s): this partition's later records "
+                    "wait behind it; repair or remove that batch on the broker", partition, offset, err.str())
 
     def seek(self, resume: Mapping[int, int | None]) -> None:
         """Position each partition where the Delta log says (None: from the beginning) and fetch from there."""

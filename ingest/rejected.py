@@ -74,4 +74,5 @@ def producer_rejection(raw: bytes | None) -> InvalidEvent | None:
     field, problem = reason.get("field"), reason.get("problem")
     if not isinstance(field, str) or not isinstance(problem, str):
         return None
+    field, problem = (text.encode("utf-8", "backslashreplace").decode() for text in (field, problem))  # "\ud800"
     return InvalidEvent(field, f"rejected by the producer: {problem}")

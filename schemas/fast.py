@@ -13,6 +13,10 @@ quarantine reasons stay exactly what the pydantic models say.
 
 The fast path may refuse more than the contract does (a bool sent as ``1``);
 it must never accept what the contract refuses nor read a value differently.
+Two things msgspec does not read: the strings of unknown fields (so a message that is not UTF-8 is refused before
+msgspec sees it, ``is_utf8``) and their numbers: an integer past Python's 4,300-digit conversion limit inside an
+unknown field is accepted here (the field is dropped, never stored) where the contract's text path refuses the
+message as not valid JSON; the one known difference.
 Non-finite floats, which the contract refuses in every float field, never
 decode here: msgspec's JSON reader refuses ``NaN``/``Infinity`` literals and
 numbers that overflow a double (``1e400``), so no Struct checks finiteness. ``tests/schemas/test_fast_decode.py`` holds the two in sync:
@@ -209,7 +213,7 @@ def decode_batch(values: Sequence[bytes | None], *, max_bytes: int = MAX_EVENT_B
     out: list[FastEvent | None] = []
     for raw in values:
         event = None
-        if raw is not None and len(raw) <= max_bytes:
+        if raw is not None and len(raw) <= max_bytes and is_utf8(raw):
             try:
                 event = _DECODER.decode(raw)
             except (msgspec.MsgspecError, ValueError, RecursionError):  # ValueError: invalid UTF-8 in a string
@@ -218,6 +222,18 @@ def decode_batch(values: Sequence[bytes | None], *, max_bytes: int = MAX_EVENT_B
                 event = _finish(event)
         out.append(event)
     return out
+
+
+def is_utf8(raw: bytes) -> bool:
+    """Whether ``raw`` is UTF-8 text: msgspec checks the strings it reads, not the ones it skips (unknown fields),
+    and the contract refuses a message that is not UTF-8 anywhere. ASCII (what ``json.dumps`` writes) costs a scan."""
+    if raw.isascii():
+        return True
+    try:
+        raw.decode()
+        return True
+    except UnicodeDecodeError:
+        return False
 
 
 def _finish(event: FastEvent) -> FastEvent | None:

@@ -194,7 +194,7 @@ def decode_batch_columnar(values: Sequence[bytes | None], *, max_bytes: int = MA
     logprobs = _TokenColumn("d", LOGPROBS, lambda v: np.abs(v) < FLOAT32_LIMIT, compact=True)  # NaN: False
     for row, raw in enumerate(values):
         event, cuts = None, {}
-        if raw is not None and len(raw) <= max_bytes:
+        if raw is not None and len(raw) <= max_bytes and fast.is_utf8(raw):
             doc, cuts = _cut_arrays(raw) if len(raw) >= _CUT_MIN_BYTES else (raw, {})
             event = _decode(doc)
             if cuts and not _cuts_in_place(event, cuts):

@@ -76,12 +76,14 @@ def decode_event(data: bytes | str, *, max_bytes: int = MAX_EVENT_BYTES) -> Even
         pass
     try:
         raw = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # invalid JSON or UTF-8, and integers past Python's 4,300-digit conversion limit
         raise InvalidEvent("(event)", f"not valid JSON: {exc}") from None
     except RecursionError:
         raise InvalidEvent("(event)", "JSON nested too deeply") from None
     if not isinstance(raw, dict):
         raise InvalidEvent("(event)", f"must be a JSON object, got {type(raw).__name__}")
+    if _escapes(data) and (where := unencodable_path(raw)) is not None:
+        raise InvalidEvent(where or "(event)", UNENCODABLE)
     return validate_event(raw)
 
 
@@ -128,12 +130,49 @@ def non_finite_path(value: Any) -> str | None:
     return None
 
 
+UNENCODABLE = ("holds a lone UTF-16 surrogate escape (\\ud800-\\udfff alone is no Unicode character and no stored "
+               "text can hold it): send UTF-8 text")
+
+
+def unencodable_path(value: Any) -> str | None:
+    """Where ``value`` (decoded JSON) holds a string or key that UTF-8 cannot encode: a dotted path (``""`` for the
+    value itself), else None. Python's ``json`` reads a lone surrogate escape (``"\\ud800"``) into such a string; it
+    then fails every encoder after validation (Parquet, Kafka, the quarantine's text), so it is refused here."""
+    try:
+        json.dumps(value, ensure_ascii=False, default=str).encode()  # C speed; the walk below only names the place
+        return None
+    except UnicodeEncodeError:
+        pass
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, str) and not _encodable(node):
+            return path
+        if isinstance(node, dict):
+            for key, child in node.items():
+                where = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str) and not _encodable(key):
+                    return where.encode("utf-8", "backslashreplace").decode()
+                stack.append((where, child))
+        elif isinstance(node, (list, tuple)):
+            stack.extend((f"{path}.{i}" if path else str(i), v) for i, v in enumerate(node))
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 class NonFiniteNumber(ValueError):
     """JSON text holding ``NaN``, ``Infinity`` or a number that overflows a double; ``path`` says where."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, problem: str = NON_FINITE) -> None:
         self.path = path
-        super().__init__(f"{path or '(body)'}: {NON_FINITE}")
+        super().__init__(f"{path or '(body)'}: {problem}")
 
 
 def loads_finite(data: bytes | str) -> Any:
@@ -157,7 +196,14 @@ def loads_finite(data: bytes | str) -> Any:
     value = json.loads(data, parse_constant=constant, parse_float=number)
     if seen:
         raise NonFiniteNumber(non_finite_path(value) or "")
+    if _escapes(data) and (where := unencodable_path(value)) is not None:
+        raise NonFiniteNumber(where, UNENCODABLE)
     return value
+
+
+def _escapes(data: bytes | str) -> bool:
+    """Whether ``data`` has a ``\\u`` escape: only one can make a string UTF-8 cannot encode."""
+    return (b"\\u" in data) if isinstance(data, bytes) else ("\\u" in data)
 
 
 def _finite(event: Event) -> Event:

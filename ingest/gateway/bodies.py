@@ -12,7 +12,6 @@ more than ``MAX_NESTING`` brackets (a C-speed count), so common bodies pay ~noth
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -50,7 +49,7 @@ def parse_object(raw: bytes) -> Any:
         body = loads_finite(raw)
     except NonFiniteNumber as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}", param=exc.path or None) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # invalid JSON or UTF-8, and integers past Python's 4,300-digit conversion limit
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise too_deep from None

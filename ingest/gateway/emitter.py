@@ -211,11 +211,11 @@ class Emitter:
         stopping = False
         while not stopping:
             jobs, stopping = self._take()
-            records = self._build([job for job, _ in jobs])
+            records, failed = self._build([job for job, _ in jobs])
             durable = self._deliver(records) if records else True
-            for _, on_durable in jobs:
+            for index, (_, on_durable) in enumerate(jobs):
                 if on_durable is not None:
-                    on_durable(durable)
+                    on_durable(durable and index not in failed)  # a job that built nothing was not delivered
             if self.spool.depth_records and not stopping:
                 self._replay()
 
@@ -240,16 +240,19 @@ class Emitter:
                 return jobs, False
         return jobs, True
 
-    def _build(self, jobs: list[Job]) -> list[KeyValue]:
+    def _build(self, jobs: list[Job]) -> tuple[list[KeyValue], set[int]]:
+        """The jobs' records, and the indexes of the jobs that failed (none of their events is recorded)."""
         records: list[KeyValue] = []
-        for job in jobs:
+        failed: set[int] = set()
+        for index, job in enumerate(jobs):
             try:
                 events = self._redact(job())
-                records.extend(encode(e, compact_logprobs=self.compact_logprobs) for e in events)
+                records.extend([encode(e, compact_logprobs=self.compact_logprobs) for e in events])
             except Exception as exc:  # noqa: BLE001 - an odd upstream answer must not kill the thread
                 self.invalid += 1
+                failed.add(index)
                 log.error("event build failed error=%r: nothing recorded for this call", exc, exc_info=True)
-        return records
+        return records, failed
 
     def _redact(self, events: Sequence[Event | RejectedInput]) -> Sequence[Event | RejectedInput]:
         if self.redactor is None:

@@ -30,6 +30,7 @@ from devkit.workload import WorkloadConfig, generate_events
 from schemas import events as contract
 from schemas import fast
 from schemas.errors import InvalidEvent
+from schemas.fast_tokens import decode_batch_columnar
 from schemas.versions import MAX_EVENT_BYTES, decode_event
 from store.event_rows import KafkaCoordinates, events_table, typed_tables
 
@@ -251,6 +252,10 @@ def invalid_events() -> list[bytes]:
             json.dumps(event("reward", task_id="t" * 501)).encode(),
             json.dumps(event("reward", ts="2026-01-01T25:00:00Z")).encode(),
             json.dumps(event("reward", ts="2026-01-01T00:00:00.Z")).encode()]
+    # invalid UTF-8 where msgspec reads nothing (an unknown field): the contract refuses the whole text (review3)
+    out += [json.dumps(event("reward", extra="\u00e9")).encode().replace(b"\\u00e9", b"\xff")]
+    out += [json.dumps(event("reward", payload={"name": "n", "value": 1.0, "extra": "\u00e9"})).encode()
+            .replace(b"\\u00e9", b"\xc3")]
     return out
 
 
@@ -259,6 +264,7 @@ def test_every_invalid_event_is_refused_by_both(value):
     with pytest.raises(InvalidEvent):
         decode_event(value)
     assert fast.decode_batch([value]) == [None]
+    assert decode_batch_columnar([value]).events == [None]
 
 
 def float_fields(model: type[BaseModel]) -> set[str]:

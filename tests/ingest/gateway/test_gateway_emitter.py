@@ -108,6 +108,23 @@ def test_a_failing_job_is_counted_and_does_not_stop_the_thread(tmp_path, caplog)
     assert emitter.invalid == 1 and "event build failed" in caplog.text
 
 
+def test_a_job_that_fails_to_build_is_not_reported_durable(tmp_path):
+    """A caller waiting for durability was told True for a job whose events were never built (review3: the HTTP
+    answer said "accepted"); the other jobs of the same pass are delivered and reported as before."""
+    emitter, sink = memory_emitter(tmp_path)
+    results: dict[str, bool] = {}
+
+    def broken():
+        raise ValueError("bad answer")
+
+    emitter.submit(broken, on_durable=lambda ok: results.update(broken=ok))
+    emitter.submit(lambda: [reward(1)], on_durable=lambda ok: results.update(good=ok))
+    emitter.start()  # both jobs taken in one pass
+    wait_for(lambda: len(results) == 2)
+    emitter.close()
+    assert results == {"broken": False, "good": True} and ids(sink) == ["e1"]
+
+
 def test_close_flushes_what_is_queued(tmp_path):
     emitter, sink = memory_emitter(tmp_path)
     emitter.start()

@@ -126,6 +126,7 @@ def test_missing_or_unknown_key_is_401_and_nothing_is_recorded(gateway, headers)
     (b"\xff\xfe", 400, "not valid JSON"),
     (json.dumps(CHAT).encode()[:-1] + b', "temperature": NaN}', 400, "temperature: NaN and Infinity are not JSON"),
     (json.dumps(CHAT).encode()[:-1] + b', "x": [1e400]}', 400, "x.0: NaN and Infinity are not JSON"),
+    (json.dumps(CHAT).encode()[:-1] + b', "user": "\\udfff"}', 400, "user: holds a lone UTF-16 surrogate"),
     (json.dumps({**CHAT, "pad": "x" * 70_000}).encode(), 413, "exceeds"),
 ])
 def test_bad_bodies_get_clear_errors_and_reach_nobody(gateway, engine, body, status, problem):
@@ -321,6 +322,10 @@ def test_post_events_gives_per_event_results_and_forces_the_tenant(gateway):
     (json.dumps([{}] * 1001).encode(), "at most 1000"),
     (b'{"events": [{"type": "tool.call", "payload": {"arguments": {"x": -Infinity}}}]}',
      "events.0.payload.arguments.x: NaN and Infinity are not JSON"),
+    # both were accepted, then failed the emitter's encoding: answered "accepted", never sent (review3)
+    (b'{"events": [{"type": "reward", "payload": {"name": "\\ud800"}}]}',
+     "events.0.payload.name: holds a lone UTF-16 surrogate"),
+    (b'{"events": [{"seq": ' + b"9" * 5000 + b'}]}', "not valid JSON: Exceeds the limit"),
 ])
 def test_post_events_bad_batches(gateway, body, problem):
     url, _, _ = gateway
