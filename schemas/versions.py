@@ -114,20 +114,10 @@ def non_finite_path(value: Any) -> str | None:
     double (``1e400``) into such floats; JSON has no such numbers.
     """
     try:
-        json.dumps(value, allow_nan=False, default=str)  # C speed; the walk below only names the place
+        json.dumps(value, allow_nan=False, default=str)  # C speed; the walk only names the place
         return None
     except ValueError:
-        pass
-    stack: list[tuple[str, Any]] = [("", value)]
-    while stack:
-        path, node = stack.pop()
-        if isinstance(node, float) and not math.isfinite(node):
-            return path
-        if isinstance(node, dict):
-            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in node.items())
-        elif isinstance(node, (list, tuple)):
-            stack.extend((f"{path}.{i}" if path else str(i), v) for i, v in enumerate(node))
-    return None
+        return _first_path(value, lambda node: isinstance(node, float) and not math.isfinite(node))
 
 
 UNENCODABLE = ("holds a lone UTF-16 surrogate escape (\\ud800-\\udfff alone is no Unicode character and no stored "
@@ -139,19 +129,24 @@ def unencodable_path(value: Any) -> str | None:
     value itself), else None. Python's ``json`` reads a lone surrogate escape (``"\\ud800"``) into such a string; it
     then fails every encoder after validation (Parquet, Kafka, the quarantine's text), so it is refused here."""
     try:
-        json.dumps(value, ensure_ascii=False, default=str).encode()  # C speed; the walk below only names the place
+        json.dumps(value, ensure_ascii=False, default=str).encode()  # C speed; the walk only names the place
         return None
     except UnicodeEncodeError:
-        pass
+        return _first_path(value, lambda node: isinstance(node, str) and not _encodable(node))
+
+
+def _first_path(value: Any, bad: Callable[[Any], bool]) -> str | None:
+    """The dotted path of the first value or key in ``value`` for which ``bad`` holds (a key's path is where it
+    leads, written with backslash escapes), else None."""
     stack: list[tuple[str, Any]] = [("", value)]
     while stack:
         path, node = stack.pop()
-        if isinstance(node, str) and not _encodable(node):
+        if bad(node):
             return path
         if isinstance(node, dict):
             for key, child in node.items():
                 where = f"{path}.{key}" if path else str(key)
-                if isinstance(key, str) and not _encodable(key):
+                if bad(key):
                     return where.encode("utf-8", "backslashreplace").decode()
                 stack.append((where, child))
         elif isinstance(node, (list, tuple)):
@@ -167,8 +162,9 @@ def _encodable(text: str) -> bool:
         return False
 
 
-class NonFiniteNumber(ValueError):
-    """JSON text holding ``NaN``, ``Infinity`` or a number that overflows a double; ``path`` says where."""
+class UnstorableValue(ValueError):
+    """JSON text holding a value no table can store: ``NaN``, ``Infinity`` or a number that overflows a double, or a
+    string UTF-8 cannot encode (``problem`` says which); ``path`` says where."""
 
     def __init__(self, path: str, problem: str = NON_FINITE) -> None:
         self.path = path
@@ -176,7 +172,8 @@ class NonFiniteNumber(ValueError):
 
 
 def loads_finite(data: bytes | str) -> Any:
-    """``json.loads`` that refuses the numbers JSON does not have; raises ``NonFiniteNumber`` naming the place.
+    """``json.loads`` that refuses the numbers JSON does not have and strings UTF-8 cannot encode; raises
+    ``UnstorableValue`` naming the place.
 
     The hooks cost a Python call per float only; the walk that names the place runs only when one was seen.
     """
@@ -195,9 +192,9 @@ def loads_finite(data: bytes | str) -> Any:
 
     value = json.loads(data, parse_constant=constant, parse_float=number)
     if seen:
-        raise NonFiniteNumber(non_finite_path(value) or "")
+        raise UnstorableValue(non_finite_path(value) or "")
     if _escapes(data) and (where := unencodable_path(value)) is not None:
-        raise NonFiniteNumber(where, UNENCODABLE)
+        raise UnstorableValue(where, UNENCODABLE)
     return value
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from ingest.gateway.errors import BadRequest, BodyTooLarge
 from ingest.gateway.tokens import Kind
-from schemas.versions import NonFiniteNumber, loads_finite
+from schemas.versions import UnstorableValue, loads_finite
 
 
 async def read_limited(chunks: AsyncIterator[bytes], *, content_length: str | None, limit: int) -> bytes:
@@ -47,7 +47,7 @@ def parse_object(raw: bytes) -> Any:
     too_deep = BadRequest(f"request body nests arrays/objects deeper than {MAX_NESTING} levels: flatten it")
     try:
         body = loads_finite(raw)
-    except NonFiniteNumber as exc:
+    except UnstorableValue as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}", param=exc.path or None) from None
     except ValueError as exc:  # invalid JSON or UTF-8, and integers past Python's 4,300-digit conversion limit
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
