@@ -15,8 +15,8 @@ writable folder; it recomputes as before), and only when the typed tables the co
 hashed (``Heads``: read before they were pinned, checked after). Files are written under a temporary name and
 renamed, so a reader sees a whole file or none; ``store.forget`` removes the folder (a forgotten rollout's rows must
 not stay in it), and a write keeps the newest ``KEEP`` keys. A folder that cannot be written (a read-only lake, a
-full disk), a tail too big to hold in memory (``MAX_TAIL_BYTES``, ``MAX_KEPT_TOKENS``), running out of memory, or a damaged kept file
-(discarded, written again) only costs the recompute; a failed write leaves no scratch file. Known limit: a one-shot
+full disk), a tail too big to hold in memory (``MAX_TAIL_BYTES``, ``MAX_KEPT_TOKENS``), running out of memory, or a
+damaged kept file (discarded, written again) only costs the recompute; a failed write leaves no scratch file. Known limit: a one-shot
 killed (SIGKILL) between renaming its files and checking that no forget landed meanwhile leaves rows of a forgotten
 rollout under a key that never matches again, until four newer keys are written or the next forget clears the folder.
 """
