@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 from store.lake import Lake, list_tables
 from store.storage import store_problem
@@ -21,7 +22,10 @@ def check_bucket(uri: str, options: Mapping[str, str]) -> None:
 
 
 def check_lake(lake: Lake) -> list[str]:
-    """The lake's table names; ``LakeUnreachable`` when its store cannot be listed. An empty lake is healthy."""
+    """The lake's table names; ``LakeUnreachable`` when its store cannot be listed, or when a local root is no folder
+    (listing a missing folder finds 0 tables: a typo in TRAJLAKE_LAKE would pass). An empty lake is healthy."""
+    if lake.is_local and not Path(lake.root.removeprefix("file://")).is_dir():
+        raise LakeUnreachable(f"{lake.root} is not a folder (missing, or a file): check --lake / TRAJLAKE_LAKE")
     if lake.root.startswith(("s3://", "s3a://")):
         check_bucket(lake.root, lake.storage_options)
     try:

@@ -27,18 +27,18 @@ sys.path.insert(0, str(REPO))
 
 from ingest.allocators import ENVIRONMENT, GLIBC_ARENAS, GLIBC_MMAP_THRESHOLD  # noqa: E402
 
+JEMALLOC_DECAY_1S = "dirty_decay_ms:1000,muzzy_decay_ms:0"
+"""jemalloc's settings before its arenas were capped (``ingest.allocators.JEMALLOC_ARENAS``)."""
+CONFIGURED = {**ENVIRONMENT, "MALLOC_ARENA_MAX": str(GLIBC_ARENAS), "MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD)}
 VARIANTS: dict[str, dict[str, str]] = {
     "default": {},
     "glibc_arenas": {"MALLOC_ARENA_MAX": str(GLIBC_ARENAS)},
     "arrow_system_pool": {"ARROW_DEFAULT_MEMORY_POOL": ENVIRONMENT["ARROW_DEFAULT_MEMORY_POOL"]},
-    "jemalloc_decay_1s": {"_RJEM_MALLOC_CONF": "dirty_decay_ms:1000,muzzy_decay_ms:0"},
+    "jemalloc_decay_1s": {"_RJEM_MALLOC_CONF": JEMALLOC_DECAY_1S},
     "jemalloc_no_tcache_decay_0": {"_RJEM_MALLOC_CONF": "tcache:false,dirty_decay_ms:0,muzzy_decay_ms:0"},
     "configured_before_mmap_threshold": {**ENVIRONMENT, "MALLOC_ARENA_MAX": str(GLIBC_ARENAS)},
-    "configured_before_jemalloc_arenas": {**ENVIRONMENT, "_RJEM_MALLOC_CONF": "dirty_decay_ms:1000,muzzy_decay_ms:0",
-                                          "MALLOC_ARENA_MAX": str(GLIBC_ARENAS),
-                                          "MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD)},
-    "configured": {**ENVIRONMENT, "MALLOC_ARENA_MAX": str(GLIBC_ARENAS),
-                   "MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD)},
+    "configured_before_jemalloc_arenas": {**CONFIGURED, "_RJEM_MALLOC_CONF": JEMALLOC_DECAY_1S},
+    "configured": CONFIGURED,
 }
 """Environment of each variant; ``configured`` is what ``ingest.allocators.configure`` sets. Without jemalloc's
 thread caches and with decay 0 (the settings tried first) its CPU per event was 1.46x the defaults'."""
@@ -77,9 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     from devkit.broker import EmbeddedBroker
 
     recorder = Recorder("ingest_allocators", "the ingester under allocator settings (2 glibc arenas, Arrow's system "
-                                             "pool, jemalloc's decay 1 s, its 2 arenas; each alone, together as configured, and "
-                                             "jemalloc without thread caches) vs the libraries' defaults, fresh "
-                                             "processes over the same full_prompt events")
+                                             "pool, jemalloc's decay 1 s, its 2 arenas; each alone, together as "
+                                             "configured, and jemalloc without thread caches) vs the libraries' "
+                                             "defaults, fresh processes over the same full_prompt events")
     runs: dict[str, list[dict]] = {v: [] for v in variants}
     topic = "bench.allocators"
     base_env = {k: v for k, v in os.environ.items() if k not in ALLOCATOR_VARIABLES}

@@ -33,6 +33,7 @@ from schemas.errors import InputError, NotFound
 class DatasetNotFound(NotFound):
     """No such dataset or version in the registry."""
 
+
 MAX_VERSION = 2**63 - 1
 """The largest dataset version the registry can hold (``version`` is an int64 column)."""
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 from rich.console import Console
 from rich.text import Text
@@ -25,13 +23,8 @@ def health(
     from store.health import LakeUnreachable, check_lake
 
     settings = load(CommonSettings, lake=lake, bootstrap_servers=bootstrap_servers, topic=topic)
-    opened = settings.open_lake()
-    if opened.is_local and not Path(opened.root.removeprefix("file://")).is_dir():
-        # listing a missing folder finds 0 tables: a typo in TRAJLAKE_LAKE would pass the probe
-        raise TrajlakeError(f"unhealthy: lake {settings.lake} is not a folder (missing, or a file): check --lake / "
-                            "TRAJLAKE_LAKE")
     try:
-        tables = check_lake(opened)
+        tables = check_lake(settings.open_lake())
     except LakeUnreachable as exc:
         raise TrajlakeError(f"unhealthy: lake {exc}") from None
     report = f"lake {settings.lake} readable ({len(tables)} tables)"
